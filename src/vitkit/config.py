@@ -1,0 +1,192 @@
+"""Model configuration and the variant table.
+
+A ViT is fully described by one frozen :class:`ViTConfig`. The paper's model sizes (Table 1 of
+Dosovitskiy et al., 2021, plus the Ti and S sizes of the follow-up "How to train your ViT") live
+in one table, :data:`SIZES`; a name such as ``"B/16"`` or ``"vit_b16"`` picks a size and a
+patch size from it. Nothing else in vitkit defines a variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vitkit.errors import VitkitError
+
+Pool = Literal["token", "gap"]
+GeluApprox = Literal["tanh", "none"]
+
+
+def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    if len(v) != 2:
+        raise VitkitError(f"expected an int or a pair (height, width), got {v!r}")
+    return (int(v[0]), int(v[1]))
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything needed to build a :class:`vitkit.model.VisionTransformer`."""
+
+    image_size: tuple[int, int] = (224, 224)  # input (height, width); need not be square
+    patch_size: tuple[int, int] = (16, 16)  # (height, width) of one patch
+    in_chans: int = 3  # input channels (1 for grayscale, 3 for RGB)
+    num_classes: int = 1000  # size of the classification head; 0 = no head (features only)
+    width: int = 768  # hidden size D of every token
+    depth: int = 12  # number of encoder blocks L
+    num_heads: int = 12  # attention heads per block
+    mlp_dim: int = 3072  # hidden size of the MLP inside each block
+    pool: Pool = "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token
+    representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
+    dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
+    attn_dropout: float = 0.0  # dropout on the attention weights
+    drop_path: float = 0.0  # stochastic depth of the last block (linear in depth); not in paper
+    layer_norm_eps: float = 1e-6  # flax's default, used by the official code (PyTorch uses 1e-5)
+    gelu: GeluApprox = "tanh"  # flax's nn.gelu default is the tanh approximation
+    qkv_bias: bool = True  # biases on query/key/value projections (official: yes)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        object.__setattr__(self, "patch_size", _pair(self.patch_size))
+        for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
+            if p <= 0 or i <= 0 or i % p:
+                raise VitkitError(
+                    f"image {side} {i} is not a positive multiple of the patch {side} {p}"
+                )
+        if self.width % self.num_heads:
+            raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        if self.pool not in ("token", "gap"):
+            raise VitkitError(f"pool must be 'token' or 'gap', got {self.pool!r}")
+        if self.gelu not in ("tanh", "none"):
+            raise VitkitError(f"gelu must be 'tanh' or 'none', got {self.gelu!r}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Number of patches along (height, width)."""
+        return (
+            self.image_size[0] // self.patch_size[0],
+            self.image_size[1] // self.patch_size[1],
+        )
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens: 1 for the class token, 0 with average pooling."""
+        return 1 if self.pool == "token" else 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the features the head sees (pre-logits size if there is one)."""
+        return self.representation_size or self.width
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["image_size"] = list(self.image_size)
+        d["patch_size"] = list(self.patch_size)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise VitkitError(f"unknown model config fields: {', '.join(unknown)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Size:
+    """One row of the size table: the transformer's shape without patch size."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+
+
+# The paper's Table 1 (B, L, H) and the Ti/S sizes of Steiner et al. (2021), as in vit_jax.
+SIZES: dict[str, Size] = {
+    "Ti": Size(width=192, depth=12, mlp_dim=768, num_heads=3),
+    "S": Size(width=384, depth=12, mlp_dim=1536, num_heads=6),
+    "B": Size(width=768, depth=12, mlp_dim=3072, num_heads=12),
+    "L": Size(width=1024, depth=24, mlp_dim=4096, num_heads=16),
+    "H": Size(width=1280, depth=32, mlp_dim=5120, num_heads=16),
+}
+
+# The released (size, patch) combinations; `vitkit models` lists these. Any other patch size works
+# through the same names ("B/12", "vit_s8"), these are just the ones people ask for by name.
+STANDARD_MODELS: tuple[str, ...] = (
+    "Ti/16",
+    "S/16",
+    "S/32",
+    "B/8",
+    "B/16",
+    "B/32",
+    "L/16",
+    "L/32",
+    "H/14",
+)
+
+_NAME_RE = re.compile(r"^(?:vit[_-])?(?P<size>ti|s|b|l|h)[/_-]?(?P<patch>\d+)$", re.IGNORECASE)
+_SIZE_BY_LOWER = {k.lower(): k for k in SIZES}
+
+
+def parse_name(name: str) -> tuple[str, int]:
+    """``"B/16"``, ``"vit_b16"``, ``"vit-b/16"`` → ``("B", 16)``."""
+    m = _NAME_RE.match(name.strip())
+    if not m:
+        known = ", ".join(STANDARD_MODELS)
+        raise VitkitError(
+            f"unknown model '{name}': expected a size and a patch size such as 'B/16' or "
+            f"'vit_b16' (sizes {', '.join(SIZES)}; standard models {known})"
+        )
+    return _SIZE_BY_LOWER[m["size"].lower()], int(m["patch"])
+
+
+def canonical_name(name: str) -> str:
+    size, patch = parse_name(name)
+    return f"{size}/{patch}"
+
+
+def model_config(name: str, **overrides: Any) -> ViTConfig:
+    """A named variant's config with any field overridden (``depth=6``, ``image_size=384``)."""
+    size, patch = parse_name(name)
+    base = dataclasses.asdict(SIZES[size])
+    base["patch_size"] = patch
+    known = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise VitkitError(
+            f"unknown model option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    base.update(overrides)
+    return ViTConfig(**base)
+
+
+def count_flops(cfg: ViTConfig) -> int:
+    """Analytic forward FLOPs of one image (2 per multiply-add; matmuls and convolutions only).
+
+    Counted from the shapes rather than by hooks, which miss the fused attention kernel.
+    """
+    t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
+    ph, pw = cfg.patch_size
+    macs = cfg.num_patches * ph * pw * cfg.in_chans * d  # patch embedding
+    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * m
+    macs += cfg.depth * per_block
+    if cfg.representation_size:
+        macs += d * cfg.representation_size
+    macs += cfg.feature_dim * cfg.num_classes
+    return 2 * macs

@@ -1,0 +1,271 @@
+"""The Vision Transformer of Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021).
+
+The model is Eq. 1-4 of the paper, top to bottom:
+
+    z_0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos       (1)  PatchEmbed, class token, E_pos
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                     (2)  Block: attention half
+    z_l  = MLP(LN(z'_l)) + z'_l                           (3)  Block: MLP half
+    y    = LN(z_L^0)                                      (4)  final norm, then the head
+
+Numerics follow the official implementation (google-research/vision_transformer,
+``vit_jax/models_vit.py``), which produced the paper's checkpoints:
+
+- LayerNorm epsilon 1e-6 (flax's default; PyTorch's default is 1e-5).
+- GELU is the tanh approximation (flax's ``nn.gelu`` default); ``ViTConfig.gelu="none"`` gives
+  the exact erf GELU that timm and Hugging Face use.
+- Attention is softmax(q k^T / sqrt(head_dim)) v.
+- Dropout where vit_jax puts it: after adding E_pos, after the attention output projection,
+  after each MLP dense layer; attention dropout on the attention weights.
+- Initialisation (:func:`init_weights`): LeCun-normal patch embedding, Xavier-uniform dense
+  kernels (q, k and v each as its own D x D matrix), zero attention biases, N(0, 1e-6) MLP
+  biases, E_pos ~ N(0, 0.02), zero class token, zero head.
+
+Where we deviate from the paper or the official code, and why:
+
+- Eq. 4 normalises only the class token; like vit_jax we apply the final LayerNorm to every
+  token (identical for the class token; "gap" pooling then averages normalised tokens, as vit_jax
+  does), so that ``forward_features`` returns normalised tokens for analysis.
+- Query, key and value are one fused ``Linear(D, 3D)`` (faster); the converters split it into
+  the official per-projection kernels.
+- ``drop_path`` (stochastic depth) is not in the paper; it defaults to 0 and is there for the
+  data-efficient recipes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.config import ViTConfig
+from vitkit.errors import VitkitError
+
+
+class PatchEmbed(nn.Module):
+    """Split the image into P x P patches and project each linearly to D (the E of Eq. 1).
+
+    A convolution with kernel = stride = P is exactly the flatten-then-linear of the paper.
+    """
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.image_size = cfg.image_size
+        self.proj = nn.Conv2d(
+            cfg.in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if tuple(x.shape[-2:]) != self.image_size:
+            raise VitkitError(
+                f"input images are {tuple(x.shape[-2:])} but the model was built for "
+                f"{self.image_size}; resize them, or resample the position embeddings"
+            )
+        x = self.proj(x)  # [B, D, H/P, W/P]
+        return x.flatten(2).transpose(1, 2)  # [B, N, D], patches in row-major order
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (MSA of Eq. 2).
+
+    ``forward`` uses PyTorch's fused ``scaled_dot_product_attention``; ``forward_explicit``
+    computes the softmax itself and also returns the attention weights [B, heads, T, T].
+    """
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.width // cfg.num_heads
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(cfg.width, cfg.width)
+        self.attn_dropout = cfg.attn_dropout
+
+    def _split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        return q, k, v
+
+    def _merge_heads(self, x: Tensor) -> Tensor:
+        b, _, t, _ = x.shape
+        return self.proj(x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self._split_heads(x)
+        p = self.attn_dropout if self.training else 0.0
+        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p))
+
+    def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        q, k, v = self._split_heads(x)
+        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+        dropped = F.dropout(weights, self.attn_dropout, self.training)
+        return self._merge_heads(dropped @ v), weights
+
+
+class Mlp(nn.Module):
+    """The MLP of Eq. 3: two dense layers with a GELU between them."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
+        self.act = nn.GELU(approximate=cfg.gelu)
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
+    """Stochastic depth: drop the whole residual branch per sample (not in the paper)."""
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3."""
+
+    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.drop_path_rate = drop_path_rate
+
+    def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
+        return x + drop_path(branch, self.drop_path_rate, self.training)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self._residual(x, self.drop(self.attn(self.norm1(x))))  # (2)
+        return self._residual(x, self.mlp(self.norm2(x)))  # (3)
+
+    def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """As ``forward``, with the explicit-softmax attention; also returns its weights."""
+        attn_out, weights = self.attn.forward_explicit(self.norm1(x))
+        x = self._residual(x, self.drop(attn_out))
+        return self._residual(x, self.mlp(self.norm2(x))), weights
+
+
+@dataclass
+class Intermediates:
+    """What :meth:`VisionTransformer.forward_intermediates` returns.
+
+    hidden_states: z_0 (embeddings) then the output z_l of every block: depth + 1 tensors [B, T, D].
+    attentions: every block's attention weights [B, heads, T, T] (softmax over the last axis).
+    features: the final-normalised tokens [B, T, D] (what ``forward_features`` returns).
+    logits: the head's output [B, num_classes].
+    """
+
+    hidden_states: list[Tensor]
+    attentions: list[Tensor]
+    features: Tensor
+    logits: Tensor
+
+
+class VisionTransformer(nn.Module):
+    """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes]."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.width
+        self.patch_embed = PatchEmbed(cfg)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.pool == "token" else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        if cfg.representation_size:
+            self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
+        else:
+            self.pre_logits = nn.Identity()
+        self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes else None
+        init_weights(self)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Eq. 1: patch embeddings, class token prepended, position embeddings added."""
+        x = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def pool(self, tokens: Tensor) -> Tensor:
+        """Eq. 4's z_L^0 (the class token), or the mean over tokens with ``pool="gap"``."""
+        return tokens[:, 0] if self.cfg.pool == "token" else tokens.mean(dim=1)
+
+    def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens → logits; with ``pre_logits=True`` the features just before the head."""
+        x = self.pre_logits(self.pool(tokens))
+        if pre_logits or self.head is None:
+            return x
+        return self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor) -> Intermediates:
+        """Every hidden state and attention map, through the explicit-softmax attention."""
+        x = self.embed(x)
+        hidden, attentions = [x], []
+        for block in self.blocks:
+            x, weights = block.forward_explicit(x)
+            hidden.append(x)
+            attentions.append(weights)
+        features = self.norm(x)
+        return Intermediates(hidden, attentions, features, self.forward_head(features))
+
+
+def _lecun_normal_(w: Tensor, fan_in: int) -> None:
+    """flax's ``lecun_normal``: truncated normal (±2σ) with variance 1/fan_in."""
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # std of N(0,1) truncated to [-2, 2]
+    nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+
+@torch.no_grad()
+def init_weights(model: VisionTransformer) -> None:
+    """The official initialisation (vit_jax ``models_vit.py`` and flax defaults)."""
+    cfg = model.cfg
+    conv = model.patch_embed.proj
+    _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
+    nn.init.zeros_(conv.bias)
+    nn.init.normal_(model.pos_embed, std=0.02)
+    if model.cls_token is not None:
+        nn.init.zeros_(model.cls_token)
+    for block in model.blocks:
+        d = cfg.width
+        for i in range(3):  # q, k and v are separate D x D kernels in the official code
+            nn.init.xavier_uniform_(block.attn.qkv.weight[i * d : (i + 1) * d])
+        if block.attn.qkv.bias is not None:
+            nn.init.zeros_(block.attn.qkv.bias)
+        nn.init.xavier_uniform_(block.attn.proj.weight)
+        nn.init.zeros_(block.attn.proj.bias)
+        for fc in (block.mlp.fc1, block.mlp.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.normal_(fc.bias, std=1e-6)
+        for norm in (block.norm1, block.norm2):
+            nn.init.ones_(norm.weight)
+            nn.init.zeros_(norm.bias)
+    nn.init.ones_(model.norm.weight)
+    nn.init.zeros_(model.norm.bias)
+    if cfg.representation_size:
+        dense = model.pre_logits[0]
+        _lecun_normal_(dense.weight, fan_in=cfg.width)
+        nn.init.zeros_(dense.bias)
+    if model.head is not None:
+        nn.init.zeros_(model.head.weight)
+        nn.init.zeros_(model.head.bias)
