@@ -1,30 +1,52 @@
-"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words", paper-faithful and fast."""
+"""vitkit: the Vision Transformer of "An Image is Worth 16x16 Words", paper-faithful and fast.
+
+The public names are loaded on first use, so ``import vitkit`` (and ``vitkit --help``) stays
+fast and the CLI can set threading options before PyTorch starts.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from vitkit.config import SIZES, STANDARD_MODELS, ViTConfig, model_config
-from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-
-def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
-    """Build a freshly initialised ViT: ``create_model("B/16")``, ``create_model("vit_s16",
-    num_classes=10, image_size=(96, 128))``, or from a :class:`ViTConfig`."""
-    if isinstance(name, ViTConfig):
-        return VisionTransformer(name.replace(**overrides))
-    return VisionTransformer(model_config(name, **overrides))
-
+_EXPORTS = {
+    "SIZES": "vitkit.config",
+    "STANDARD_MODELS": "vitkit.config",
+    "ViTConfig": "vitkit.config",
+    "PreprocessConfig": "vitkit.config",
+    "model_config": "vitkit.config",
+    "VitkitError": "vitkit.errors",
+    "VisionTransformer": "vitkit.model",
+    "create_model": "vitkit.model",
+    "load_model": "vitkit.checkpoints",
+    "load_checkpoint": "vitkit.checkpoints",
+    "save_checkpoint": "vitkit.checkpoints",
+}
 
 __all__ = [
     "SIZES",
     "STANDARD_MODELS",
+    "PreprocessConfig",
     "ViTConfig",
     "VisionTransformer",
     "VitkitError",
     "create_model",
+    "load_checkpoint",
+    "load_model",
     "model_config",
+    "save_checkpoint",
 ]
+
+if TYPE_CHECKING:
+    from vitkit.checkpoints import load_checkpoint, load_model, save_checkpoint
+    from vitkit.config import SIZES, STANDARD_MODELS, PreprocessConfig, ViTConfig, model_config
+    from vitkit.errors import VitkitError
+    from vitkit.model import VisionTransformer, create_model
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vitkit' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -190,3 +190,57 @@ def count_flops(cfg: ViTConfig) -> int:
         macs += d * cfg.representation_size
     macs += cfg.feature_dim * cfg.num_classes
     return 2 * macs
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How raw images become model input; stored in every checkpoint so that evaluation and
+    prediction rebuild exactly the transform the model was trained with."""
+
+    image_size: tuple[int, int] = (224, 224)  # (height, width) fed to the model
+    channels: int = 3  # 1: images are converted to grayscale; 3: to RGB
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # per channel, on [0, 1] pixels
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)  # the paper's (x - 0.5) / 0.5 maps pixels to [-1, 1]
+    interpolation: str = "bilinear"  # resampling filter for resizing
+    crop_pct: float = 1.0  # eval: resize the shorter side to size / crop_pct, then centre-crop
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if self.channels not in (1, 3):
+            raise VitkitError(f"channels must be 1 or 3, got {self.channels}")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise VitkitError(
+                f"mean and std need {self.channels} values, got {self.mean}, {self.std}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(image_size=list(self.image_size), mean=list(self.mean), std=list(self.std))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreprocessConfig:
+        return cls(**d)
+
+    @classmethod
+    def for_model(cls, cfg: ViTConfig, crop_pct: float = 1.0) -> PreprocessConfig:
+        c = cfg.in_chans
+        return cls(cfg.image_size, c, (0.5,) * c, (0.5,) * c, "bilinear", crop_pct)
+
+
+def count_params(cfg: ViTConfig) -> int:
+    """Analytic parameter count (equals ``sum(p.numel())`` of the built model)."""
+    d, m = cfg.width, cfg.mlp_dim
+    ph, pw = cfg.patch_size
+    n = cfg.in_chans * ph * pw * d + d  # patch embedding
+    n += cfg.num_prefix_tokens * d + cfg.seq_len * d  # class token, position embeddings
+    qkv_bias = 3 * d if cfg.qkv_bias else 0
+    n += cfg.depth * (4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d)
+    n += 2 * d  # final norm
+    if cfg.representation_size:
+        n += d * cfg.representation_size + cfg.representation_size
+    if cfg.num_classes:
+        n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
+    return n

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig
+from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
 
 
@@ -269,3 +270,11 @@ def init_weights(model: VisionTransformer) -> None:
     if model.head is not None:
         nn.init.zeros_(model.head.weight)
         nn.init.zeros_(model.head.bias)
+
+
+def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
+    """A freshly initialised ViT: ``create_model("B/16")``, ``create_model("vit_s16",
+    num_classes=10, image_size=(96, 128))``, or from a :class:`ViTConfig` plus overrides."""
+    if isinstance(name, ViTConfig):
+        return VisionTransformer(name.replace(**overrides))
+    return VisionTransformer(model_config(name, **overrides))

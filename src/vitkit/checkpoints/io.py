@@ -1,0 +1,321 @@
+"""vitkit's own checkpoint format: safetensors weights + a JSON that describes them.
+
+A checkpoint is a directory::
+
+    model.safetensors        the model's state dict
+    config.json              {"format": "vitkit", "model": ViTConfig, "preprocess": ...,
+                              "class_names": [...], "meta": {...}}
+    train_state.safetensors  optional: optimizer tensors and RNG states (for --resume)
+    train_state.json         optional: the rest of the training state (step, epoch, ...)
+
+Nothing is ever unpickled: tensors go through safetensors, everything else through JSON.
+
+Writes are atomic: a checkpoint is written into a temporary sibling directory, flushed to disk,
+then renamed into place; a training run points at its newest checkpoint with a ``LATEST`` file
+that is replaced atomically. A process killed at any moment leaves the previous checkpoint and
+pointer intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.errors import VitkitError
+
+FORMAT = "vitkit"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TRAIN_TENSORS = "train_state.safetensors"
+TRAIN_JSON = "train_state.json"
+LATEST = "LATEST"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the model's description, its weights and, if saved, training state."""
+
+    path: Path
+    model_config: ViTConfig
+    preprocess: PreprocessConfig
+    state_dict: dict[str, Tensor]
+    class_names: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+    train_state: dict[str, Any] | None = None  # see flatten_state / unflatten_state
+
+
+# ---------------------------------------------------------------------------------------------
+# Nested training state (optimizer, RNG) <-> flat tensors + JSON
+
+
+def flatten_state(obj: Any, prefix: str = "") -> tuple[dict[str, Tensor], Any]:
+    """Split a nested structure of dicts/lists/tensors/scalars into ``{key: tensor}`` and a
+    JSON-able skeleton in which every tensor is replaced by ``{"__tensor__": key}``."""
+    tensors: dict[str, Tensor] = {}
+
+    def walk(x: Any, key: str) -> Any:
+        if isinstance(x, Tensor):
+            tensors[key] = x.detach().cpu().contiguous()
+            return {"__tensor__": key}
+        if isinstance(x, dict):
+            return {
+                "__dict__": [
+                    [walk(k, f"{key}.k{i}"), walk(v, f"{key}.{i}")]
+                    for i, (k, v) in enumerate(x.items())
+                ]
+            }
+        if isinstance(x, (list, tuple)):
+            items = [walk(v, f"{key}.{i}") for i, v in enumerate(x)]
+            return {"__tuple__": items} if isinstance(x, tuple) else items
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise TypeError(f"cannot store {type(x).__name__} at {key!r} in a checkpoint")
+
+    return tensors, walk(obj, prefix or "s")
+
+
+def unflatten_state(skeleton: Any, tensors: dict[str, Tensor]) -> Any:
+    """Inverse of :func:`flatten_state`."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__dict__" in skeleton:
+            return {
+                unflatten_state(k, tensors): unflatten_state(v, tensors)
+                for k, v in skeleton["__dict__"]
+            }
+        if "__tuple__" in skeleton:
+            return tuple(unflatten_state(v, tensors) for v in skeleton["__tuple__"])
+        raise VitkitError(f"unrecognised training-state entry {sorted(skeleton)}")
+    if isinstance(skeleton, list):
+        return [unflatten_state(v, tensors) for v in skeleton]
+    return skeleton
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writing
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    preprocess: PreprocessConfig | None = None,
+    class_names: tuple[str, ...] | list[str] = (),
+    meta: dict[str, Any] | None = None,
+    train_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` (and optionally training state) as a checkpoint directory at ``path``.
+
+    If ``path`` already exists it is replaced only once the new checkpoint is complete.
+    """
+    path = Path(path)
+    cfg: ViTConfig = model.cfg  # type: ignore[assignment]
+    preprocess = preprocess or PreprocessConfig.for_model(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    _write_tensors(tmp / WEIGHTS, dict(model.state_dict()))
+    config = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "model": cfg.to_dict(),
+        "preprocess": preprocess.to_dict(),
+        "class_names": list(class_names),
+        "meta": meta or {},
+    }
+    _write_json(tmp / CONFIG, config)
+    if train_state is not None:
+        tensors, skeleton = flatten_state(train_state)
+        _write_tensors(tmp / TRAIN_TENSORS, tensors)
+        _write_json(tmp / TRAIN_JSON, skeleton)
+    _fsync_dir(tmp)
+    if path.exists():  # replace: move the old one aside first, delete it only after the swap
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from what a user passes: the directory itself, its
+    ``model.safetensors``, or a run directory (its ``checkpoints/LATEST``)."""
+    p = Path(path)
+    if not p.exists():
+        raise VitkitError(f"{p}: no such checkpoint (file or directory not found)")
+    if p.is_file():
+        if p.suffix != ".safetensors":
+            raise VitkitError(
+                f"{p}: not a vitkit checkpoint (expected a directory or a .safetensors file)"
+            )
+        p = p.parent
+    for pointer in (p / LATEST, p / "checkpoints" / LATEST):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            if not (target / CONFIG).is_file():
+                raise VitkitError(f"{pointer}: points at {target}, which is not a checkpoint")
+            return target
+    if not (p / CONFIG).is_file() or not (p / WEIGHTS).is_file():
+        raise VitkitError(f"{p}: not a vitkit checkpoint (needs {CONFIG} and {WEIGHTS})")
+    return p
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VitkitError(f"{path}: unreadable JSON ({e})") from None
+
+
+def _read_tensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise VitkitError(f"{path}: unreadable safetensors file ({e})") from None
+
+
+def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Checkpoint:
+    """Read a checkpoint (see :func:`resolve_checkpoint` for what ``path`` may be)."""
+    p = resolve_checkpoint(path)
+    config = _read_json(p / CONFIG)
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise VitkitError(f"{p / CONFIG}: not a vitkit checkpoint config (no format: vitkit)")
+    if config.get("version", 0) > FORMAT_VERSION:
+        raise VitkitError(
+            f"{p / CONFIG}: written by a newer vitkit (format {config['version']}); upgrade vitkit"
+        )
+    try:
+        model_cfg = ViTConfig.from_dict(config["model"])
+        preprocess = PreprocessConfig.from_dict(config["preprocess"])
+    except (KeyError, TypeError) as e:
+        raise VitkitError(f"{p / CONFIG}: malformed model or preprocess section ({e})") from None
+    train_state = None
+    if with_train_state:
+        if not (p / TRAIN_JSON).is_file():
+            raise VitkitError(f"{p}: has no training state to resume from")
+        train_state = unflatten_state(_read_json(p / TRAIN_JSON), _read_tensors(p / TRAIN_TENSORS))
+    return Checkpoint(
+        path=p,
+        model_config=model_cfg,
+        preprocess=preprocess,
+        state_dict=_read_tensors(p / WEIGHTS),
+        class_names=tuple(config.get("class_names", ())),
+        meta=config.get("meta", {}),
+        train_state=train_state,
+    )
+
+
+def config_diff(a: ViTConfig, b: ViTConfig) -> list[str]:
+    """Human-readable differences between two model configs: ``["depth: 12 != 6", ...]``."""
+    da, db = a.to_dict(), b.to_dict()
+    return [f"{k}: {da[k]} != {db[k]}" for k in da if da[k] != db[k]]
+
+
+def load_state_dict_strict(
+    model: nn.Module,
+    state_dict: dict[str, Tensor],
+    *,
+    source: str = "checkpoint",
+    ignore_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Load weights only if they fit exactly; otherwise say which keys are missing, which are
+    unexpected and which shapes differ. Keys under ``ignore_prefixes`` (e.g. ``("head.",)`` to
+    start from a checkpoint with another number of classes) must be asked for by name."""
+    own = model.state_dict()
+
+    def keep(k: str) -> bool:
+        return not any(k.startswith(p) for p in ignore_prefixes)
+
+    missing = sorted(k for k in own if keep(k) and k not in state_dict)
+    unexpected = sorted(k for k in state_dict if keep(k) and k not in own)
+    shapes = sorted(
+        f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"
+        for k in own
+        if keep(k) and k in state_dict and state_dict[k].shape != own[k].shape
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatches: {'; '.join(shapes)}")
+    if problems:
+        raise VitkitError(f"{source} does not fit the model: {' | '.join(problems)}")
+    with torch.no_grad():
+        for k, v in state_dict.items():
+            if keep(k):
+                own[k].copy_(v)
+
+
+def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
+    """Rebuild the model a checkpoint describes and load its weights.
+
+    ``overrides`` change config fields that do not affect weights (e.g. ``dropout=0.1``).
+    Returns ``(model, checkpoint)``; the model is in eval mode.
+    """
+    from vitkit.model import VisionTransformer
+
+    ckpt = load_checkpoint(path)
+    model = VisionTransformer(ckpt.model_config.replace(**overrides))
+    load_state_dict_strict(model, ckpt.state_dict, source=str(ckpt.path / WEIGHTS))
+    return model.eval(), ckpt

@@ -1,0 +1,225 @@
+"""Figures written to PNG: a confusion matrix and the training curves of a ``metrics.jsonl``.
+
+matplotlib is imported inside the functions, so ``import vitkit`` does not pay for it. Figures
+are drawn on a bare ``Figure`` with an Agg canvas rather than through ``pyplot``: no global
+backend switch, no figure registry to leak into, safe in a headless process or a notebook.
+Every PNG is written to a temporary file in the target folder and moved into place with
+``os.replace``, so a reader never sees half an image.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vitkit.errors import VitkitError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+DPI = 120
+ANNOTATE_MAX_CLASSES = 20  # write the value in every cell up to this many classes
+TICK_LABELS_MAX_CLASSES = 50  # above this many classes, tick labels would be an unreadable smear
+
+# (panel title, y label, ((record key, legend label), ...)) for plot_training_curves.
+_PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("loss", "cross-entropy", (("train_loss", "train"), ("val_loss", "val"))),
+    ("accuracy", "accuracy", (("train_acc", "train"), ("val_top1", "val top-1"))),
+    ("learning rate", "lr", (("lr", "lr"),)),
+    ("throughput", "images / s", (("images_per_s", "train"),)),
+)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read one JSON object per line, skipping blank lines.
+
+    An unreadable *last* line is skipped: it is what a run killed in the middle of a write
+    leaves behind. An unreadable line anywhere else is corruption and raises ``VitkitError``.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise VitkitError(f"metrics file not found: {path}") from None
+    lines = [(i, line) for i, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
+    records: list[dict[str, Any]] = []
+    for pos, (lineno, raw) in enumerate(lines):
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if pos == len(lines) - 1:
+                break  # truncated by an interrupted write
+            raise VitkitError(f"{path}:{lineno}: not valid JSON ({e})") from None
+        if not isinstance(record, dict):
+            if pos == len(lines) - 1:
+                break  # a truncated object can still parse, e.g. as a bare number
+            raise VitkitError(
+                f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}"
+            )
+        records.append(record)
+    return records
+
+
+def plot_confusion_matrix(
+    confusion: np.ndarray,
+    class_names: Sequence[str],
+    path: str | os.PathLike[str],
+    *,
+    normalize: bool = True,
+    title: str | None = None,
+) -> Path:
+    """Draw ``confusion`` (rows = true class, columns = predicted) as a heatmap PNG at ``path``.
+
+    ``normalize`` divides each row by its count, so the diagonal is the per-class accuracy
+    (a class with no samples stays 0). Cells are annotated with their value up to
+    ``ANNOTATE_MAX_CLASSES`` classes. Returns the path written.
+    """
+    confusion = np.asarray(confusion)
+    if confusion.ndim != 2 or confusion.shape[0] != confusion.shape[1]:
+        raise VitkitError(f"confusion must be a square [K, K] array, got shape {confusion.shape}")
+    k = confusion.shape[0]
+    if k == 0:
+        raise VitkitError("confusion matrix is empty (0 classes)")
+    if len(class_names) != k:
+        raise VitkitError(f"got {len(class_names)} class names for a {k}x{k} confusion matrix")
+
+    counts = confusion.astype(np.float64)
+    if normalize:
+        row_sums = counts.sum(axis=1, keepdims=True)
+        values = np.divide(counts, row_sums, out=np.zeros_like(counts), where=row_sums > 0)
+        vmax = 1.0
+    else:
+        values = counts
+        vmax = max(float(values.max()), 1.0)
+
+    side = min(max(4.0, 0.45 * k + 2.5), 14.0)
+    fig = _new_figure((side + 1.2, side))
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=vmax, interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    if title is None:
+        title = "confusion matrix" + (" (row-normalised)" if normalize else " (counts)")
+    ax.set_title(title)
+
+    if k <= TICK_LABELS_MAX_CLASSES:
+        names = [str(n) for n in class_names]
+        ax.set_xticks(range(k))
+        ax.set_yticks(range(k))
+        ax.set_xticklabels(names, rotation=45, ha="right", rotation_mode="anchor")
+        ax.set_yticklabels(names)
+
+    if k <= ANNOTATE_MAX_CLASSES:
+        fontsize = 9 if k <= 10 else 7
+        for i in range(k):
+            for j in range(k):
+                v = values[i, j]
+                text = f"{v:.2f}" if normalize else f"{int(confusion[i, j])}"
+                color = "white" if v > 0.5 * vmax else "black"
+                ax.text(j, i, text, ha="center", va="center", color=color, fontsize=fontsize)
+
+    fig.tight_layout()
+    return _save_png(fig, path)
+
+
+def plot_training_curves(
+    records: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """Plot loss, accuracy, learning rate (and throughput, if logged) against ``step``.
+
+    ``records`` are the lines of a ``metrics.jsonl``. A record without ``step`` is ignored, a
+    key no record has is skipped, a panel with no data is left out. Returns the path written.
+    """
+    stepped = [r for r in records if _is_number(r.get("step"))]
+    panels = []
+    for panel_title, ylabel, series in _PANELS:
+        lines = []
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in stepped if _is_number(r.get(key))]
+            if points:
+                lines.append((label, points))
+        if lines:
+            panels.append((panel_title, ylabel, lines))
+    if not panels:
+        known = ", ".join(key for _, _, series in _PANELS for key, _ in series)
+        raise VitkitError(
+            f"nothing to plot: none of {len(records)} records has 'step' and any of: {known}"
+        )
+
+    ncols = 2 if len(panels) == 4 else len(panels)
+    nrows = 2 if len(panels) == 4 else 1
+    fig = _new_figure((5.0 * ncols, 3.6 * nrows))
+    for index, (panel_title, ylabel, lines) in enumerate(panels, start=1):
+        ax = fig.add_subplot(nrows, ncols, index)
+        _draw_panel(ax, panel_title, ylabel, lines)
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save_png(fig, path)
+
+
+def _draw_panel(
+    ax: Axes, title: str, ylabel: str, lines: list[tuple[str, list[tuple[float, float]]]]
+) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for label, points in lines:
+        points = sorted(points, key=lambda p: p[0])
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        marker = "o" if len(points) <= 30 else None  # a lone point needs a marker to be seen
+        ax.plot(xs, ys, label=label, marker=marker, markersize=3, linewidth=1.2)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
+    if len(lines) > 1:
+        ax.legend()
+
+
+def _is_number(value: Any) -> bool:
+    """True for an int or float (not a bool); NaN counts, so a diverged loss shows as a gap."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not (isinstance(value, float) and math.isinf(value))
+    )
+
+
+def _new_figure(size: tuple[float, float]) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Write ``fig`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=DPI)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a figure is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
