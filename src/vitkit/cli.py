@@ -98,6 +98,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--resume", action="store_true", help="continue the run in --out-dir")
     g.add_argument("--ckpt-every", type=int, help="also checkpoint every N steps")
+    g.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep")
     g.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -108,7 +109,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 _TRAIN_FIELDS = (
     "data data_root val_size augment on_bad_image num_workers model image_size epochs "
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
-    "grad_clip label_smoothing precision out_dir seed ckpt_every max_steps"
+    "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps"
 ).split()
 
 
@@ -145,8 +146,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config_from_args(args)
     trainer = Trainer(cfg)
     n_params = sum(p.numel() for p in trainer.model.parameters())
+    mc = trainer.model_cfg
     print(
-        f"training {cfg.model} {trainer.model_cfg.width}w x {trainer.model_cfg.depth}d "
+        f"training {cfg.model} (width {mc.width}, depth {mc.depth}, patch {mc.patch_size[0]}, "
+        f"{mc.image_size[0]}x{mc.image_size[1]} px) "
         f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} images, "
         f"{cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
         f"{_threads()} threads -> {cfg.out_dir}",
@@ -285,6 +288,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
     from vitkit.data import PilEvalTransform, normalize
 
+    for path in args.images:  # the cheapest mistake first, before loading any weights
+        if not Path(path).is_file():
+            raise VitkitError(f"{path}: no such image file")
     model, ckpt = load_model(args.ckpt)
     pre = ckpt.preprocess
     transform = PilEvalTransform(pre.image_size, pre.channels, crop_pct=pre.crop_pct)

@@ -56,6 +56,14 @@ class ViTConfig:
                 raise VitkitError(
                     f"image {side} {i} is not a positive multiple of the patch {side} {p}"
                 )
+        for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise VitkitError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_classes < 0:
+            raise VitkitError(f"num_classes must be >= 0, got {self.num_classes}")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise VitkitError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
         if self.width % self.num_heads:
             raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pool not in ("token", "gap"):

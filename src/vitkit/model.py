@@ -62,6 +62,10 @@ class PatchEmbed(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
+            raise VitkitError(
+                f"expected images [B, {self.proj.in_channels}, H, W], got {tuple(x.shape)}"
+            )
         if tuple(x.shape[-2:]) != self.image_size:
             raise VitkitError(
                 f"input images are {tuple(x.shape[-2:])} but the model was built for "
