@@ -101,6 +101,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep")
     g.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
     p.set_defaults(func=cmd_train)
@@ -109,7 +110,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 _TRAIN_FIELDS = (
     "data data_root val_size augment on_bad_image num_workers model image_size epochs "
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
-    "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps"
+    "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
+    "device"
 ).split()
 
 
@@ -188,6 +190,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
     p.add_argument("--threads", type=int)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     p.set_defaults(func=cmd_eval)
 
 
@@ -201,6 +204,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vitkit.plotting import plot_confusion_matrix
 
     model, ckpt = load_model(args.ckpt)
+    model.to(args.device)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
@@ -217,7 +221,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pre = ckpt.preprocess
 
     def prepare(images: torch.Tensor) -> torch.Tensor:
-        x = match_channels(images, pre.channels).float()
+        x = match_channels(images.to(args.device), pre.channels).float()
         if tuple(x.shape[-2:]) != pre.image_size:
             x = resize_batch(x, pre.image_size)
         return normalize(x, pre.mean, pre.std)
@@ -234,6 +238,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model,
         loader,
         model.cfg.num_classes,
+        device=args.device,
         prepare=prepare,
         autocast_dtype=torch.bfloat16 if args.precision == "bf16" else None,
         progress=True,

@@ -162,9 +162,9 @@ def save_checkpoint(
     cfg: ViTConfig = model.cfg  # type: ignore[assignment]
     preprocess = preprocess or PreprocessConfig.for_model(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     _write_tensors(tmp / WEIGHTS, dict(model.state_dict()))
     config = {
@@ -201,7 +201,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     ``model.safetensors``, or a run directory (its ``checkpoints/LATEST``)."""
     p = Path(path)
     if not p.exists():
-        raise VitkitError(f"{p}: no such checkpoint (file or directory not found)")
+        p = _recover_replaced(p)
     if p.is_file():
         if p.suffix != ".safetensors":
             raise VitkitError(
@@ -211,12 +211,25 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for pointer in (p / LATEST, p / "checkpoints" / LATEST):
         if pointer.is_file():
             target = pointer.parent / pointer.read_text().strip()
+            if not target.exists():
+                target = _recover_replaced(target, pointer)
             if not (target / CONFIG).is_file():
                 raise VitkitError(f"{pointer}: points at {target}, which is not a checkpoint")
             return target
     if not (p / CONFIG).is_file() or not (p / WEIGHTS).is_file():
         raise VitkitError(f"{p}: not a vitkit checkpoint (needs {CONFIG} and {WEIGHTS})")
     return p
+
+
+def _recover_replaced(path: Path, pointer: Path | None = None) -> Path:
+    """A checkpoint killed half-way through being replaced: the old one is in ``.NAME.old-*``."""
+    olds = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
+    for old in olds:
+        if (old / CONFIG).is_file() and (old / WEIGHTS).is_file():
+            return old
+    if pointer is not None:
+        raise VitkitError(f"{pointer}: points at {path}, which is not a checkpoint")
+    raise VitkitError(f"{path}: no such checkpoint (file or directory not found)")
 
 
 def _read_json(path: Path) -> Any:
@@ -239,15 +252,19 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
     config = _read_json(p / CONFIG)
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise VitkitError(f"{p / CONFIG}: not a vitkit checkpoint config (no format: vitkit)")
-    if config.get("version", 0) > FORMAT_VERSION:
+    version = config.get("version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
         raise VitkitError(
-            f"{p / CONFIG}: written by a newer vitkit (format {config['version']}); upgrade vitkit"
+            f"{p / CONFIG}: format version {version!r} is not one this vitkit reads "
+            f"(<= {FORMAT_VERSION}); upgrade vitkit"
         )
     try:
         model_cfg = ViTConfig.from_dict(config["model"])
         preprocess = PreprocessConfig.from_dict(config["preprocess"])
-    except (KeyError, TypeError) as e:
-        raise VitkitError(f"{p / CONFIG}: malformed model or preprocess section ({e})") from None
+        class_names = tuple(str(c) for c in config.get("class_names", ()))
+        meta = dict(config.get("meta", {}))
+    except (KeyError, TypeError, ValueError, VitkitError) as e:
+        raise VitkitError(f"{p / CONFIG}: malformed checkpoint config ({e})") from None
     train_state = None
     if with_train_state:
         if not (p / TRAIN_JSON).is_file():
@@ -258,8 +275,8 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
         model_config=model_cfg,
         preprocess=preprocess,
         state_dict=_read_tensors(p / WEIGHTS),
-        class_names=tuple(config.get("class_names", ())),
-        meta=config.get("meta", {}),
+        class_names=class_names,
+        meta=meta,
         train_state=train_state,
     )
 

@@ -153,8 +153,7 @@ class Trainer:
             shuffle=True,
             drop_last=True,
             seed=cfg.seed,
-            num_workers=cfg.num_workers,
-            persistent_workers=cfg.num_workers > 0,
+            num_workers=cfg.num_workers,  # not persistent: worker seeds follow the epoch
         )
         self.steps_per_epoch = len(self.train_loader) // cfg.accum_steps
         if self.steps_per_epoch == 0:
@@ -189,18 +188,14 @@ class Trainer:
 
     def _maybe_split(self, split: str) -> Any:
         if split == "val" and self.cfg.val_size == 0:
-            return None
-        try:
-            return load_dataset(
-                self.cfg.data,
-                split,  # type: ignore[arg-type]
-                image_size=self.cfg.image_size,
-                **self._data_kwargs(),
-            )
-        except VitkitError as e:
-            if "no " in str(e) and split in str(e):  # the dataset simply has no such split
-                return None
-            raise
+            return None  # no held-out slice asked for
+        return load_dataset(
+            self.cfg.data,
+            split,  # type: ignore[arg-type]
+            image_size=self.cfg.image_size,
+            train_transform=False,
+            **self._data_kwargs(),
+        )
 
     def _model_config(self) -> ViTConfig:
         overrides = dict(self.cfg.model_overrides)
@@ -336,6 +331,10 @@ class Trainer:
             next(it)
         return it
 
+    def _epoch_done(self) -> bool:
+        usable = len(self.train_loader) - len(self.train_loader) % self.cfg.accum_steps
+        return self.batch_in_epoch >= usable
+
     def train_step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> tuple[float, float]:
         """One optimizer update over ``accum_steps`` micro-batches; returns (loss, accuracy)."""
         lr = self.lr_at(self.step)
@@ -455,14 +454,12 @@ class Trainer:
                     log_loss = log_acc = 0.0
                     log_n = 0
                     t_log = now
-                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
-                    self.save()
                 if self.step >= self.total_steps:
                     break
+                if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and not self._epoch_done():
+                    self.save()  # (the end of an epoch saves anyway)
             bar.close()
-            if self.batch_in_epoch >= len(self.train_loader) - (
-                len(self.train_loader) % cfg.accum_steps
-            ):
+            if self._epoch_done():
                 self.epoch += 1
                 self.batch_in_epoch = 0
             record: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
