@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from vitkit.errors import VitkitError
 from vitkit.train.trainer import TrainConfig
 
-# A small ViT for 28x28 digits: patch 4 gives 49 tokens (+ class token), width 128, 6 blocks.
-MNIST_MODEL = {"width": 128, "depth": 6, "num_heads": 4, "mlp_dim": 256}
+# A small ViT for 28x28 digits: patch 4 gives 49 tokens (+ class token), width 64, 6 blocks.
+MNIST_MODEL = {"width": 64, "depth": 6, "num_heads": 4, "mlp_dim": 128}
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ RECIPES: dict[str, Recipe] = {
     for r in (
         Recipe(
             "mnist",
-            """The default job: a small ViT (patch 4, width 128, depth 6, 0.8 M parameters) on the
+            """The default job: a small ViT (patch 4, width 64, depth 6, 0.2 M parameters) on the
             full MNIST from scratch, AdamW + cosine, light affine augmentation, bf16 autocast.
 
             Command: ``vitkit train`` (this recipe is the default).
@@ -37,12 +37,13 @@ RECIPES: dict[str, Recipe] = {
                 data="mnist",
                 model="Ti/4",
                 model_overrides=MNIST_MODEL,
-                epochs=5,
+                epochs=9,
                 batch_size=128,
-                lr=2e-3,
+                lr=3e-3,
                 weight_decay=0.05,
                 warmup_epochs=0.5,
                 schedule="cosine",
+                grad_clip=1.0,
                 augment="digits",
                 label_smoothing=0.0,
                 precision="bf16",
@@ -51,21 +52,23 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "mnist-long",
-            """The longer MNIST recipe aiming at >= 99.5 % test accuracy: the same model trained
-            for 30 epochs with stronger affine augmentation and label smoothing.
+            """The longer MNIST recipe aiming at >= 99.5 % test accuracy: a wider ViT (patch 4,
+            width 96, depth 6, 0.46 M parameters) trained for 30 epochs with the same affine
+            augmentation, label smoothing 0.1 and a lower peak learning rate.
 
             Command: ``vitkit train --recipe mnist-long``.
             Expected: see docs/experiments.md for the measured time and test accuracy.""",
             TrainConfig(
                 data="mnist",
                 model="Ti/4",
-                model_overrides=MNIST_MODEL,
+                model_overrides={**MNIST_MODEL, "width": 96, "mlp_dim": 192},
                 epochs=30,
                 batch_size=128,
                 lr=2e-3,
                 weight_decay=0.05,
                 warmup_epochs=1.0,
                 schedule="cosine",
+                grad_clip=1.0,
                 augment="digits",
                 label_smoothing=0.1,
                 precision="bf16",
