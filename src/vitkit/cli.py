@@ -150,8 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     n_params = sum(p.numel() for p in trainer.model.parameters())
     mc = trainer.model_cfg
     print(
-        f"training {cfg.model} (width {mc.width}, depth {mc.depth}, patch {mc.patch_size[0]}, "
-        f"{mc.image_size[0]}x{mc.image_size[1]} px) "
+        f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
         f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} images, "
         f"{cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
         f"{_threads()} threads -> {cfg.out_dir}",

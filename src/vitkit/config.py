@@ -97,6 +97,21 @@ class ViTConfig:
         """Width of the features the head sees (pre-logits size if there is one)."""
         return self.representation_size or self.width
 
+    @property
+    def short_name(self) -> str:
+        """``"B/16"`` for a size of the table, else ``"ViT-w64-d6-h4/4"``."""
+        ph, pw = self.patch_size
+        patch = str(ph) if ph == pw else f"{ph}x{pw}"
+        for name, size in SIZES.items():
+            if (size.width, size.depth, size.mlp_dim, size.num_heads) == (
+                self.width,
+                self.depth,
+                self.mlp_dim,
+                self.num_heads,
+            ):
+                return f"{name}/{patch}"
+        return f"ViT-w{self.width}-d{self.depth}-h{self.num_heads}/{patch}"
+
     def replace(self, **changes: Any) -> ViTConfig:
         return dataclasses.replace(self, **changes)
 

@@ -358,7 +358,7 @@ class Trainer:
         self.step += 1
         return loss_sum / n, correct / n
 
-    def evaluate(self, dataset: Any, desc: str = "eval") -> ClassificationResult:
+    def evaluate(self, dataset: Any) -> ClassificationResult:
         loader = make_loader(
             dataset,
             max(256, self.micro_batch),
@@ -466,7 +466,7 @@ class Trainer:
             if skipped:
                 record["skipped_images"] = skipped
             if self.val_set is not None:
-                res = self.evaluate(self.val_set, "val")
+                res = self.evaluate(self.val_set)
                 record.update(val_loss=res.loss, val_top1=res.top1, val_top5=res.top5)
             self.log(record)
             self.save()
@@ -483,7 +483,7 @@ class Trainer:
 
         report: dict[str, Any] = {
             "out_dir": str(self.out),
-            "model": self.cfg.model,
+            "model": self.model_cfg.short_name,
             "model_config": self.model_cfg.to_dict(),
             "num_params": sum(p.numel() for p in self.model.parameters()),
             "dataset": self.info.name,
@@ -497,7 +497,7 @@ class Trainer:
         eval_set = self.test_set if self.test_set is not None else self.val_set
         if eval_set is not None:
             split = "test" if self.test_set is not None else "val"
-            res = self.evaluate(eval_set, split)
+            res = self.evaluate(eval_set)
             report.update({f"{split}_{k}": v for k, v in res.metrics().items()})
             report["per_class_accuracy"] = [
                 None if math.isnan(a) else a for a in res.per_class_accuracy
@@ -506,7 +506,7 @@ class Trainer:
                 res.confusion,
                 self.info.class_names,
                 self.out / f"confusion_{split}.png",
-                title=f"{self.cfg.model} on {self.info.name} ({split}): "
+                title=f"{self.model_cfg.short_name} on {self.info.name} ({split}): "
                 f"top-1 {100 * res.top1:.2f}%",
             )
         records = read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
