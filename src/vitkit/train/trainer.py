@@ -306,6 +306,18 @@ class Trainer:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _log_train(self, loss_sum: float, acc_sum: float, n: int, since: float) -> None:
+        self.log(
+            {
+                "step": self.step,
+                "epoch": self.epoch + self.batch_in_epoch / len(self.train_loader),
+                "train_loss": loss_sum / n,
+                "train_acc": acc_sum / n,
+                "lr": self.lr_at(self.step - 1),
+                "images_per_s": n * self.cfg.batch_size / (time.perf_counter() - since),
+            }
+        )
+
     def _truncate_metrics(self, step: int) -> None:
         """On resume, drop records a killed run wrote after its last checkpoint."""
         if not self.metrics_path.exists():
@@ -440,25 +452,17 @@ class Trainer:
                         img_s=f"{images_seen / max(train_time, 1e-9):.0f}",
                     )
                 if self.step % cfg.log_every == 0:
-                    now = time.perf_counter()
-                    self.log(
-                        {
-                            "step": self.step,
-                            "epoch": self.epoch + self.batch_in_epoch / len(self.train_loader),
-                            "train_loss": log_loss / log_n,
-                            "train_acc": log_acc / log_n,
-                            "lr": self.lr_at(self.step - 1),
-                            "images_per_s": log_n * cfg.batch_size / (now - t_log),
-                        }
-                    )
+                    self._log_train(log_loss, log_acc, log_n, t_log)
                     log_loss = log_acc = 0.0
                     log_n = 0
-                    t_log = now
+                    t_log = time.perf_counter()
                 if self.step >= self.total_steps:
                     break
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and not self._epoch_done():
                     self.save()  # (the end of an epoch saves anyway)
             bar.close()
+            if log_n:  # the steps since the last record
+                self._log_train(log_loss, log_acc, log_n, t_log)
             if self._epoch_done():
                 self.epoch += 1
                 self.batch_in_epoch = 0
