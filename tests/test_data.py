@@ -615,12 +615,13 @@ def test_folder_loader_epochs_and_iter_from(tmp_path):
 
 def test_array_dataset_batched_access_and_collate():
     dataset = _indexed_dataset(10)
-    images, labels = dataset.__getitems__([3, 1, 4])
+    images, labels = dataset.get_batch([3, 1, 4])
     assert labels.tolist() == [3, 1, 4] and images.flatten().tolist() == [3, 1, 4]
     part = dataset.subset([9, 0])
     assert len(part) == 2 and part[0][1] == 9 and part.info == dataset.info
-    stacked = collate_skipping((images, labels))
-    assert stacked[2] == 0 and torch.equal(stacked[1], labels)
+    stacked = collate_skipping([dataset[3], None, dataset[1]])
+    assert stacked[2] == 1 and stacked[1].tolist() == [3, 1]
+    assert stacked[0].flatten().tolist() == [3, 1]
     empty_images, empty_labels, skipped = collate_skipping([None, None])
     assert skipped == 2 and empty_images.shape[0] == 0 and empty_labels.shape == (0,)
 

@@ -185,7 +185,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--out", help="directory for eval.json and the confusion matrix PNG")
+    p.add_argument(
+        "--out",
+        help="directory for eval.json and confusion.png (default: RUN/eval_SPLIT for a run's "
+        "checkpoint, else CKPT_eval_SPLIT beside the checkpoint)",
+    )
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
     p.add_argument("--threads", type=int)
@@ -244,7 +248,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     names = ckpt.class_names or dataset.info.class_names
     print(format_result(result, names))
-    out = Path(args.out) if args.out else ckpt.path.parent.parent / f"eval_{args.split}"
+    if args.out:
+        out = Path(args.out)
+    elif ckpt.path.parent.name == "checkpoints":  # inside a run directory: next to its report
+        out = ckpt.path.parent.parent / f"eval_{args.split}"
+    else:
+        out = ckpt.path.parent / f"{ckpt.path.name}_eval_{args.split}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result.to_json_dict(), indent=1))
     png = plot_confusion_matrix(

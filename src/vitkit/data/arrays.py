@@ -2,7 +2,7 @@
 
 The built-in datasets (MNIST, digits, shapes) are small enough to live in memory as one uint8
 tensor; they are augmented a whole batch at a time in the training process (see `transforms`),
-so reading a batch is a single gather (`__getitems__`).
+so reading a batch is a single gather (`get_batch`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class ArrayDataset(Dataset):
 
     `images` is uint8 [N, C, H, W], `labels` int64 [N], `boxes` (optional) float32 [N, 4] as
     (x0, y0, x1, y1) in pixels. `dataset[i]` is `(image uint8 [C, H, W], label int)`;
-    `dataset.__getitems__(indices)` is the batched `(images [B, C, H, W], labels [B])`.
+    `dataset.get_batch(indices)` is the batched `(images [B, C, H, W], labels [B])`.
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class ArrayDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.images[index], int(self.labels[index])
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.int64)
         return self.images[idx], self.labels[idx]
 

@@ -170,22 +170,13 @@ def _image_files(directory: Path) -> list[Path]:
 
 
 def collate_skipping(
-    batch: Sequence[Sample | None] | tuple[torch.Tensor, torch.Tensor],
+    batch: Sequence[Sample | None],
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Stack samples into `(images uint8 [B, C, H, W], labels int64 [B], n_skipped)`.
 
     `None` entries (undecodable files under `on_bad_image="skip"`) are dropped and counted. If
-    every sample was skipped, images is an empty uint8 tensor of shape [0, 0, 0, 0]. A batch that
-    is already stacked (an `ArrayDataset.__getitems__` result) passes through with 0 skipped.
+    every sample was skipped, images is an empty uint8 tensor of shape [0, 0, 0, 0].
     """
-    if (
-        isinstance(batch, tuple)
-        and len(batch) == 2
-        and isinstance(batch[0], torch.Tensor)
-        and isinstance(batch[1], torch.Tensor)
-        and batch[0].dim() == 4
-    ):
-        return batch[0], batch[1].to(torch.int64), 0
     kept = [sample for sample in batch if sample is not None]
     skipped = len(batch) - len(kept)
     if not kept:
