@@ -202,7 +202,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from vitkit.checkpoints import load_model
-    from vitkit.data import load_dataset, make_loader, match_channels, normalize, resize_batch
+    from vitkit.data import load_dataset, make_loader, to_model_input
     from vitkit.eval import evaluate_classification, format_result
     from vitkit.plotting import plot_confusion_matrix
 
@@ -224,10 +224,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pre = ckpt.preprocess
 
     def prepare(images: torch.Tensor) -> torch.Tensor:
-        x = match_channels(images.to(args.device), pre.channels).float()
-        if tuple(x.shape[-2:]) != pre.image_size:
-            x = resize_batch(x, pre.image_size)
-        return normalize(x, pre.mean, pre.std)
+        x = images.to(args.device)
+        return to_model_input(x, pre.image_size, pre.channels, pre.mean, pre.std)
 
     loader = make_loader(
         dataset,

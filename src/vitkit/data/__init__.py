@@ -18,6 +18,7 @@ from vitkit.data.transforms import (
     random_resized_crop_batch,
     random_translate_scale_batch,
     resize_batch,
+    to_model_input,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "random_resized_crop_batch",
     "random_translate_scale_batch",
     "resize_batch",
+    "to_model_input",
 ]

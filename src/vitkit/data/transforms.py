@@ -305,3 +305,21 @@ def resize_batch(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Ten
     return F.interpolate(
         x, size=(out_h, out_w), mode="bilinear", align_corners=False, antialias=shrinking
     )
+
+
+def to_model_input(
+    images: torch.Tensor,
+    image_size: tuple[int, int],
+    channels: int,
+    mean: Sequence[float] = IMAGE_MEAN,
+    std: Sequence[float] = IMAGE_STD,
+) -> torch.Tensor:
+    """A uint8 (or 0..255 float) batch → the model's input: its channels, its size, normalised.
+
+    The one function that turns stored images into what a checkpoint's preprocessing describes,
+    used by training, evaluation and prediction alike.
+    """
+    x = match_channels(images, channels).float()
+    if tuple(x.shape[-2:]) != tuple(image_size):
+        x = resize_batch(x, tuple(image_size))
+    return normalize(x, mean, std)

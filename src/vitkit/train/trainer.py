@@ -39,11 +39,9 @@ from vitkit.data import (
     DataInfo,
     load_dataset,
     make_loader,
-    match_channels,
-    normalize,
     random_resized_crop_batch,
     random_translate_scale_batch,
-    resize_batch,
+    to_model_input,
 )
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
@@ -208,10 +206,10 @@ class Trainer:
 
     def prepare(self, images: Tensor) -> Tensor:
         """uint8 batch → normalised float model input of the model's size and channels."""
-        x = match_channels(images.to(self.device), self.model_cfg.in_chans).float()
-        if tuple(x.shape[-2:]) != self.model_cfg.image_size:
-            x = resize_batch(x, self.model_cfg.image_size)
-        return normalize(x, self.preprocess.mean, self.preprocess.std)
+        pre = self.preprocess
+        return to_model_input(
+            images.to(self.device), pre.image_size, pre.channels, pre.mean, pre.std
+        )
 
     def augment(self, images: Tensor) -> Tensor:
         """Random augmentation of a uint8 in-memory batch (ImageFolder data is augmented by its
