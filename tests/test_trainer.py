@@ -1,0 +1,88 @@
+"""The Trainer through its Python API on tiny data (the CLI tests cover the command line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.checkpoints import load_model
+from vitkit.train.trainer import TrainConfig, Trainer
+
+TINY = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
+
+
+def config(out: Path, **changes: object) -> TrainConfig:
+    base = {
+        "data": "digits",
+        "model": "Ti/2",
+        "model_overrides": TINY,
+        "epochs": 1,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "augment": "none",
+        "precision": "fp32",
+        "progress": False,
+        "out_dir": str(out),
+        "log_every": 1,
+    }
+    base.update(changes)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def test_gradient_accumulation_equals_the_large_batch(tmp_path: Path) -> None:
+    """Two micro-batches of 16 accumulate to the same update as one batch of 32.
+
+    SGD, because Adam divides by the gradient's own magnitude and so blows rounding noise in
+    gradients that are zero in exact arithmetic (the key bias) up to full-size updates."""
+    whole = Trainer(config(tmp_path / "a", max_steps=6, optimizer="sgd", lr=0.1))
+    whole.fit()
+    accum = Trainer(config(tmp_path / "b", max_steps=6, optimizer="sgd", lr=0.1, accum_steps=2))
+    accum.fit()
+    assert accum.step == whole.step == 6
+    for (name, a), b in zip(whole.model.state_dict().items(), accum.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    changed = load_model(tmp_path / "a")[0].state_dict()["head.weight"]
+    assert changed.abs().sum() > 0  # the head starts at zero: training really moved it
+
+
+def test_learning_rate_follows_the_schedule(tmp_path: Path) -> None:
+    trainer = Trainer(config(tmp_path / "r", epochs=2, warmup_steps=3, schedule="linear"))
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").open()]
+    logged = {r["step"]: r["lr"] for r in records if "lr" in r}
+    assert len(logged) == trainer.total_steps
+    for step, lr in logged.items():  # the lr of update `step` (1-based) is schedule(step - 1)
+        assert lr == pytest.approx(trainer.lr_at(step - 1))
+    assert logged[1] == pytest.approx(3e-3 / 3) and logged[3] == pytest.approx(3e-3)
+    assert logged[trainer.total_steps] < logged[4] < logged[3]
+
+
+def test_no_validation_split_and_max_steps(tmp_path: Path) -> None:
+    trainer = Trainer(config(tmp_path / "v", val_size=0, max_steps=4, epochs=5))
+    assert trainer.val_set is None and trainer.total_steps == 4
+    report = trainer.fit()
+    assert report["steps"] == 4 and "test_top1" in report
+    records = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").open()]
+    assert not any("val_top1" in r for r in records)
+
+
+def test_weight_decay_skips_embeddings_and_norms(tmp_path: Path) -> None:
+    """The trainer's AdamW decays weight matrices only (not norms, biases, pos_embed, cls)."""
+    trainer = Trainer(config(tmp_path / "g", weight_decay=0.3))
+    decayed = {id(p) for p in trainer.optimizer.param_groups[0]["params"]}
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.3
+    assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0
+    for name, p in trainer.model.named_parameters():
+        expect = p.ndim >= 2 and name not in ("pos_embed", "cls_token")
+        assert (id(p) in decayed) == expect, name
+
+
+def test_a_second_run_into_the_same_directory_is_refused(tmp_path: Path) -> None:
+    from vitkit.errors import VitkitError
+
+    Trainer(config(tmp_path / "d", max_steps=2)).fit()
+    with pytest.raises(VitkitError, match="--resume"):
+        Trainer(config(tmp_path / "d", max_steps=2)).fit()
