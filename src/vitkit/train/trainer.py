@@ -398,14 +398,12 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         resumed = cfg.resume and self.restore()
         if not resumed:
-            if self.metrics_path.exists():
-                if not cfg.resume and (self.ckpt_dir / LATEST).exists():
-                    raise VitkitError(
-                        f"{self.out}: already holds a run; pass --resume to continue it or "
-                        "choose another --out-dir"
-                    )
-                self.metrics_path.unlink()
-            self.aug_generator.manual_seed(_epoch_seed(cfg.seed, 0, 1))
+            if (self.ckpt_dir / LATEST).exists():  # (restore() found none if resume was asked)
+                raise VitkitError(
+                    f"{self.out}: already holds a run; pass --resume to continue it or "
+                    "choose another --out-dir"
+                )
+            self.metrics_path.unlink(missing_ok=True)
         atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
         start = time.perf_counter()
         images_seen = 0
@@ -427,18 +425,15 @@ class Trainer:
             log_n = 0
             t_log = time.perf_counter()
             skipped = 0
+            t_epoch = time.perf_counter()  # throughput includes waiting for data
             for images, labels, n_skipped in self._batches():
                 skipped += n_skipped
                 pending.append((images, labels))
                 self.batch_in_epoch += 1
                 if len(pending) < cfg.accum_steps:
                     continue
-                t0 = time.perf_counter()
                 loss, acc = self.train_step(pending)
-                dt = time.perf_counter() - t0
-                train_time += dt
-                n_img = sum(len(y) for _, y in pending)
-                images_seen += n_img
+                images_seen += sum(len(y) for _, y in pending)
                 pending = []
                 log_loss, log_acc, log_n = log_loss + loss, log_acc + acc, log_n + 1
                 bar.update(1)
@@ -447,7 +442,7 @@ class Trainer:
                         loss=f"{loss:.3f}",
                         acc=f"{acc:.3f}",
                         lr=f"{self.lr_at(self.step - 1):.2e}",
-                        img_s=f"{images_seen / max(train_time, 1e-9):.0f}",
+                        img_s=f"{images_seen / (train_time + time.perf_counter() - t_epoch):.0f}",
                     )
                 if self.step % cfg.log_every == 0:
                     self._log_train(log_loss, log_acc, log_n, t_log)
@@ -458,6 +453,7 @@ class Trainer:
                     break
                 if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and not self._epoch_done():
                     self.save()  # (the end of an epoch saves anyway)
+            train_time += time.perf_counter() - t_epoch
             bar.close()
             if log_n:  # the steps since the last record
                 self._log_train(log_loss, log_acc, log_n, t_log)
