@@ -58,10 +58,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         description="Train a ViT. With no options this runs the default recipe: a small ViT on "
         "the full MNIST, then prints the test accuracy and leaves a checkpoint, metrics.jsonl, "
         "curves.png and a confusion matrix in the output directory. Any option overrides the "
-        "recipe's value.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "recipe's value; 'vitkit train --list-recipes' shows each recipe's settings.",
     )
-    p.add_argument("--recipe", default="mnist", help="named recipe to start from (see --list)")
+    p.add_argument("--recipe", default="mnist", help="recipe to start from (default: mnist)")
     p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
@@ -139,8 +138,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.list_recipes:
         from vitkit.recipes import RECIPES
 
+        keys = "data model model_overrides epochs batch_size optimizer lr weight_decay "
+        keys += "warmup_epochs schedule grad_clip label_smoothing augment precision out_dir"
         for r in RECIPES.values():
             print(f"{r.name}\n    " + "\n    ".join(line.strip() for line in r.doc.splitlines()))
+            settings = r.config.to_dict()
+            print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in keys.split()) + "\n")
         return 0
     _set_threads(args.threads)
     from vitkit.train.trainer import Trainer
