@@ -134,6 +134,11 @@ def test_predict_uses_the_checkpoints_preprocessing(
         (["train", "--recipe", "nope"], "nope"),
         (["predict", "missing.png", "--from", "."], "missing.png"),
         (["eval", "--from", "no_such_checkpoint"], "no_such_checkpoint"),
+        (["train", *DIGITS, "--smoke", "--device", "gpu"], "gpu"),
+        (["train", *DIGITS, "--smoke", "--accum-steps", "0"], "accum_steps"),
+        (["train", *DIGITS, "--smoke", "--threads", "-1"], "threads"),
+        (["train", *DIGITS, "--smoke", "-o", "num_classes=5"], "num_classes=5"),
+        (["train", *DIGITS, "--smoke", "--val-size", "2.5"], "val_size"),
     ],
 )
 def test_bad_input_is_one_line_with_nonzero_exit(
@@ -251,3 +256,61 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
     assert_bitwise_equal(final_weights(killed), final_weights(full))
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").open()]
     assert steps == sorted(steps)  # records written after the checkpoint were dropped
+
+
+def test_resume_continues_the_saved_run_and_refuses_other_settings(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "again"
+    shutil.copytree(trained_run, run)
+    before = final_weights(run)
+    # A finished run: --resume alone (no other flags) rebuilds its settings and does no step.
+    code, out, _ = run_cli(["train", "--out-dir", str(run), "--resume"], capsys)
+    assert code == 0 and "test accuracy" in out
+    assert_bitwise_equal(final_weights(run), before)
+    code, _, err = run_cli(["train", "--out-dir", str(run), "--resume", "--lr", "0.5"], capsys)
+    assert code == 2 and "lr: 0.003 -> 0.5" in err
+
+
+def test_eval_uses_the_runs_validation_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "seeded"
+    args = ["train", *DIGITS, "--epochs", "1", "--precision", "fp32", "--seed", "3"]
+    assert main([*args, "--val-size", "300", "--out-dir", str(run)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    val_top1 = [r["val_top1"] for r in records if "val_top1" in r][-1]
+    out_dir = tmp_path / "ev"
+    args = ["eval", "--from", str(run), "--split", "val", "--out", str(out_dir)]
+    code, _, _ = run_cli(args, capsys)
+    assert code == 0
+    result = json.loads((out_dir / "eval.json").read_text())
+    assert result["num_samples"] == 300 and result["top1"] == pytest.approx(val_top1, abs=1e-12)
+
+
+def test_image_folder_with_only_a_train_subfolder(tmp_path: Path) -> None:
+    _write_image_folder(tmp_path / "data" / "train", corrupt=0)
+    test_set = load_dataset(str(tmp_path / "data"), "test", image_size=16)
+    assert test_set.info.class_names == ("cats", "dogs")
+
+
+def test_image_folder_with_workers_resumes_bitwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Workers augment with their own generators: a mid-epoch resume must replay them."""
+    root = tmp_path / "folder"
+    _write_image_folder(root, corrupt=0)
+    args = ["train", "--data", str(root), "--model", "Ti/8", *TINY, "--image-size", "16"]
+    args += ["--epochs", "2", "--batch-size", "2", "--no-progress", "--val-size", "0"]
+    args += ["--num-workers", "2", "--ckpt-every", "3", "--precision", "fp32"]
+    full = tmp_path / "full"
+    assert main([*args, "--out-dir", str(full), "--keep-checkpoints", "100"]) == 0
+    ckpt = sorted((full / "checkpoints").glob("step_*"))[1]  # step 6, inside epoch 1
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpt, run / "checkpoints" / ckpt.name)
+    (run / "checkpoints" / LATEST).write_text(ckpt.name)
+    shutil.copy(full / "train_config.json", run / "train_config.json")
+    assert main([*args, "--out-dir", str(run), "--keep-checkpoints", "100", "--resume"]) == 0
+    assert_bitwise_equal(final_weights(run), final_weights(full))
+    capsys.readouterr()

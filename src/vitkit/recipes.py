@@ -89,5 +89,11 @@ def smoke(cfg: TrainConfig) -> TrainConfig:
     """A seconds-long version of a recipe for tests: tiny model, one short epoch."""
     overrides = {**cfg.model_overrides, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
     return dataclasses.replace(
-        cfg, model_overrides=overrides, epochs=1, max_steps=20, batch_size=32, progress=False
+        cfg,
+        model_overrides=overrides,
+        epochs=1,
+        max_steps=20,
+        batch_size=32,
+        progress=False,
+        out_dir=f"{cfg.out_dir}-smoke",
     )

