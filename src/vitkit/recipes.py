@@ -32,7 +32,7 @@ RECIPES: dict[str, Recipe] = {
             full MNIST from scratch, AdamW + cosine, light affine augmentation, bf16 autocast.
 
             Command: ``vitkit train`` (this recipe is the default).
-            Expected: see docs/experiments.md for the measured time and test accuracy.""",
+            Expected: 98.65 % test top-1 in 7-10 min on 2 vCPUs (docs/experiments.md).""",
             TrainConfig(
                 data="mnist",
                 model="Ti/4",
@@ -57,7 +57,7 @@ RECIPES: dict[str, Recipe] = {
             augmentation, label smoothing 0.1 and a lower peak learning rate.
 
             Command: ``vitkit train --recipe mnist-long``.
-            Expected: see docs/experiments.md for the measured time and test accuracy.""",
+            Expected: 99.54 % test top-1 in 45 min on 2 vCPUs (docs/experiments.md).""",
             TrainConfig(
                 data="mnist",
                 model="Ti/4",
