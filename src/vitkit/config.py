@@ -19,6 +19,13 @@ Pool = Literal["token", "gap"]
 GeluApprox = Literal["tanh", "none"]
 
 
+def check_fields(cls: type, names: Any, what: str) -> None:
+    """Raise a VitkitError naming each of ``names`` that is not a field of dataclass ``cls``."""
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise VitkitError(f"unknown {what}: {', '.join(unknown)}")
+
+
 def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)
@@ -123,10 +130,7 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise VitkitError(f"unknown model config fields: {', '.join(unknown)}")
+        check_fields(cls, d, "model config fields")
         return cls(**d)
 
 
@@ -189,12 +193,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig:
     size, patch = parse_name(name)
     base = dataclasses.asdict(SIZES[size])
     base["patch_size"] = patch
-    known = {f.name for f in dataclasses.fields(ViTConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise VitkitError(
-            f"unknown model option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
+    check_fields(ViTConfig, overrides, "model option(s)")
     base.update(overrides)
     return ViTConfig(**base)
 
@@ -245,6 +244,7 @@ class PreprocessConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreprocessConfig:
+        check_fields(cls, d, "preprocessing fields")
         return cls(**d)
 
     @classmethod

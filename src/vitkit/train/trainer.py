@@ -33,7 +33,7 @@ from vitkit.checkpoints import (
     load_state_dict_strict,
     save_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ViTConfig, model_config
+from vitkit.config import PreprocessConfig, ViTConfig, check_fields, model_config
 from vitkit.data import (
     ArrayDataset,
     DataInfo,
@@ -121,10 +121,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise VitkitError(f"unknown training config fields: {', '.join(unknown)}")
+        check_fields(cls, d, "training config fields")
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
