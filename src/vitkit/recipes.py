@@ -23,6 +23,23 @@ class Recipe:
     config: TrainConfig
 
 
+MNIST = TrainConfig(
+    data="mnist",
+    model="Ti/4",
+    model_overrides=MNIST_MODEL,
+    epochs=9,
+    batch_size=128,
+    lr=3e-3,
+    weight_decay=0.05,
+    warmup_epochs=0.5,
+    schedule="cosine",
+    grad_clip=1.0,
+    augment="digits",
+    label_smoothing=0.0,
+    precision="bf16",
+    out_dir="runs/mnist",
+)
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -33,22 +50,7 @@ RECIPES: dict[str, Recipe] = {
 
             Command: ``vitkit train`` (this recipe is the default).
             Expected: 98.65 % test top-1 in 7-10 min on 2 vCPUs (docs/experiments.md).""",
-            TrainConfig(
-                data="mnist",
-                model="Ti/4",
-                model_overrides=MNIST_MODEL,
-                epochs=9,
-                batch_size=128,
-                lr=3e-3,
-                weight_decay=0.05,
-                warmup_epochs=0.5,
-                schedule="cosine",
-                grad_clip=1.0,
-                augment="digits",
-                label_smoothing=0.0,
-                precision="bf16",
-                out_dir="runs/mnist",
-            ),
+            MNIST,
         ),
         Recipe(
             "mnist-long",
@@ -58,20 +60,13 @@ RECIPES: dict[str, Recipe] = {
 
             Command: ``vitkit train --recipe mnist-long``.
             Expected: 99.54 % test top-1 in 45 min on 2 vCPUs (docs/experiments.md).""",
-            TrainConfig(
-                data="mnist",
-                model="Ti/4",
+            dataclasses.replace(
+                MNIST,
                 model_overrides={**MNIST_MODEL, "width": 96, "mlp_dim": 192},
                 epochs=30,
-                batch_size=128,
                 lr=2e-3,
-                weight_decay=0.05,
                 warmup_epochs=1.0,
-                schedule="cosine",
-                grad_clip=1.0,
-                augment="digits",
                 label_smoothing=0.1,
-                precision="bf16",
                 out_dir="runs/mnist-long",
             ),
         ),
