@@ -51,52 +51,6 @@ def _num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
-class ArrayLoader:
-    """Batches of an `ArrayDataset` by direct tensor indexing (no DataLoader, no workers)."""
-
-    def __init__(
-        self,
-        dataset: ArrayDataset,
-        batch_size: int,
-        shuffle: bool,
-        drop_last: bool,
-        seed: int = 0,
-        pin_memory: bool = False,
-    ) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, not {batch_size}")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.pin_memory = pin_memory and torch.cuda.is_available()
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return _num_batches(len(self.dataset), self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return self.iter_from(0)
-
-    def iter_from(self, batch_index: int) -> Iterator[Batch]:
-        """The batches of the current epoch from `batch_index` on (order fixed at this call)."""
-        order = epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch)
-        return self._batches(order, batch_index)
-
-    def _batches(self, order: torch.Tensor, start: int) -> Iterator[Batch]:
-        images, labels = self.dataset.images, self.dataset.labels
-        for b in range(start, len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            batch_images, batch_labels = images[idx], labels[idx]
-            if self.pin_memory:
-                batch_images, batch_labels = batch_images.pin_memory(), batch_labels.pin_memory()
-            yield batch_images, batch_labels, 0
-
-
 class EpochBatchSampler(Sampler[list[int]]):
     """Batches of indices in the order `epoch_order(n, shuffle, seed, epoch)`."""
 
@@ -123,6 +77,47 @@ class EpochBatchSampler(Sampler[list[int]]):
         order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
         size = self.batch_size
         return iter([order[b * size : (b + 1) * size].tolist() for b in range(start, len(self))])
+
+
+class ArrayLoader:
+    """Batches of an `ArrayDataset` by direct tensor indexing (no DataLoader, no workers), in
+    the order of an `EpochBatchSampler`."""
+
+    def __init__(
+        self,
+        dataset: ArrayDataset,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch_index: int) -> Iterator[Batch]:
+        """The batches of the current epoch from `batch_index` on (order fixed at this call)."""
+        self.sampler._start = batch_index
+        return self._batches(iter(self.sampler))
+
+    def _batches(self, index_batches: Iterator[list[int]]) -> Iterator[Batch]:
+        images, labels = self.dataset.images, self.dataset.labels
+        for indices in index_batches:
+            idx = torch.tensor(indices, dtype=torch.int64)
+            batch_images, batch_labels = images[idx], labels[idx]
+            if self.pin_memory:
+                batch_images, batch_labels = batch_images.pin_memory(), batch_labels.pin_memory()
+            yield batch_images, batch_labels, 0
 
 
 class EpochDataLoader(DataLoader):
