@@ -54,15 +54,29 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6  # flax's default, used by the official code (PyTorch uses 1e-5)
     gelu: GeluApprox = "tanh"  # flax's nn.gelu default is the tanh approximation
     qkv_bias: bool = True  # biases on query/key/value projections (official: yes)
+    # Hybrid (paper Sec. 3.1): a ResNet turns the image into a feature map whose "patches" become
+    # the tokens. None: a plain ViT on pixel patches. A tuple: units per ResNet stage after the
+    # root (() = root only), as vit_jax's ``resnet.num_layers``; see vitkit.resnet.
+    resnet_layers: tuple[int, ...] | None = None
+    resnet_width_factor: float = 1.0  # ResNet width multiplier (root width 64 x factor)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", _pair(self.image_size))
         object.__setattr__(self, "patch_size", _pair(self.patch_size))
-        for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
-            if p <= 0 or i <= 0 or i % p:
+        if self.resnet_layers is not None:
+            layers = tuple(int(n) for n in self.resnet_layers)
+            if any(n <= 0 for n in layers):
+                raise VitkitError(f"resnet_layers must be positive, got {self.resnet_layers}")
+            object.__setattr__(self, "resnet_layers", layers)
+            if self.resnet_width_factor <= 0 or int(64 * self.resnet_width_factor) < 1:
                 raise VitkitError(
-                    f"image {side} {i} is not a positive multiple of the patch {side} {p}"
+                    f"resnet_width_factor must be > 0, got {self.resnet_width_factor}"
                 )
+        s = self.stem_stride
+        for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
+            if p <= 0 or i <= 0 or i % (p * s):
+                what = f"the patch {side} {p}" + (f" x the ResNet stride {s}" if s > 1 else "")
+                raise VitkitError(f"image {side} {i} is not a positive multiple of {what}")
         for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise VitkitError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -79,11 +93,37 @@ class ViTConfig:
             raise VitkitError(f"gelu must be 'tanh' or 'none', got {self.gelu!r}")
 
     @property
+    def is_hybrid(self) -> bool:
+        return self.resnet_layers is not None
+
+    @property
+    def stem_stride(self) -> int:
+        """Downsampling of the hybrid's ResNet (root conv + max-pool: 4, then 2 per later stage)."""
+        if self.resnet_layers is None:
+            return 1
+        return 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
+
+    @property
+    def resnet_width(self) -> int:
+        """Channels of the ResNet root (64 x width factor, as vit_jax)."""
+        return int(64 * self.resnet_width_factor)
+
+    @property
+    def patch_in_chans(self) -> int:
+        """Channels the patch embedding sees: the image's, or the ResNet feature map's."""
+        if self.resnet_layers is None:
+            return self.in_chans
+        if not self.resnet_layers:
+            return self.resnet_width
+        return self.resnet_width * 2 ** (len(self.resnet_layers) - 1) * 4
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        """Number of patches along (height, width)."""
+        """Number of patches (tokens) along (height, width)."""
+        s = self.stem_stride
         return (
-            self.image_size[0] // self.patch_size[0],
-            self.image_size[1] // self.patch_size[1],
+            self.image_size[0] // (self.patch_size[0] * s),
+            self.image_size[1] // (self.patch_size[1] * s),
         )
 
     @property
@@ -106,9 +146,14 @@ class ViTConfig:
 
     @property
     def short_name(self) -> str:
-        """``"B/16"`` for a size of the table, else ``"ViT-w64-d6-h4/4"``."""
-        ph, pw = self.patch_size
+        """``"B/16"`` for a size of the table, else ``"ViT-w64-d6-h4/4"``; hybrids get a
+        ``"R(3,4,9)x1+"`` prefix and their patch size counts pixels of the input image."""
+        ph, pw = (p * self.stem_stride for p in self.patch_size)
         patch = str(ph) if ph == pw else f"{ph}x{pw}"
+        prefix = ""
+        if self.resnet_layers is not None:
+            layers = ",".join(str(n) for n in self.resnet_layers)
+            prefix = f"R({layers})x{self.resnet_width_factor:g}+"
         for name, size in SIZES.items():
             if (size.width, size.depth, size.mlp_dim, size.num_heads) == (
                 self.width,
@@ -116,8 +161,8 @@ class ViTConfig:
                 self.mlp_dim,
                 self.num_heads,
             ):
-                return f"{name}/{patch}"
-        return f"ViT-w{self.width}-d{self.depth}-h{self.num_heads}/{patch}"
+                return f"{prefix}{name}/{patch}"
+        return f"{prefix}ViT-w{self.width}-d{self.depth}-h{self.num_heads}/{patch}"
 
     def replace(self, **changes: Any) -> ViTConfig:
         return dataclasses.replace(self, **changes)
@@ -126,6 +171,8 @@ class ViTConfig:
         d = dataclasses.asdict(self)
         d["image_size"] = list(self.image_size)
         d["patch_size"] = list(self.patch_size)
+        if self.resnet_layers is not None:
+            d["resnet_layers"] = list(self.resnet_layers)
         return d
 
     @classmethod
@@ -205,7 +252,8 @@ def count_flops(cfg: ViTConfig) -> int:
     """
     t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
     ph, pw = cfg.patch_size
-    macs = cfg.num_patches * ph * pw * cfg.in_chans * d  # patch embedding
+    macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
+    macs += _resnet_macs(cfg)
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * m
     macs += cfg.depth * per_block
     if cfg.representation_size:
@@ -257,7 +305,8 @@ def count_params(cfg: ViTConfig) -> int:
     """Analytic parameter count (equals ``sum(p.numel())`` of the built model)."""
     d, m = cfg.width, cfg.mlp_dim
     ph, pw = cfg.patch_size
-    n = cfg.in_chans * ph * pw * d + d  # patch embedding
+    n = cfg.patch_in_chans * ph * pw * d + d  # patch embedding
+    n += _resnet_params(cfg)
     n += cfg.num_prefix_tokens * d + cfg.seq_len * d  # class token, position embeddings
     qkv_bias = 3 * d if cfg.qkv_bias else 0
     n += cfg.depth * (4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d)
@@ -267,3 +316,43 @@ def count_params(cfg: ViTConfig) -> int:
     if cfg.num_classes:
         n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
     return n
+
+
+def _resnet_units(cfg: ViTConfig) -> list[tuple[int, int, int, int]]:
+    """(input channels, bottleneck width, stride, output side length / image side) per unit of
+    the hybrid's ResNet, in order."""
+    units, cin, w = [], cfg.resnet_width, cfg.resnet_width
+    for i, n in enumerate(cfg.resnet_layers or ()):
+        f = w * 2**i
+        for u in range(n):
+            stride = 2 if (i > 0 and u == 0) else 1
+            units.append((cin, f, stride, 4 * 2**i))
+            cin = 4 * f
+    return units
+
+
+def _resnet_params(cfg: ViTConfig) -> int:
+    if cfg.resnet_layers is None:
+        return 0
+    w = cfg.resnet_width
+    n = 7 * 7 * cfg.in_chans * w + 2 * w  # conv_root (no bias), gn_root
+    for cin, f, stride, _ in _resnet_units(cfg):
+        n += cin * f + 2 * f + 9 * f * f + 2 * f + f * 4 * f + 2 * 4 * f
+        if cin != 4 * f or stride != 1:
+            n += cin * 4 * f + 2 * 4 * f  # conv_proj, gn_proj
+    return n
+
+
+def _resnet_macs(cfg: ViTConfig) -> int:
+    if cfg.resnet_layers is None:
+        return 0
+    h, w_ = cfg.image_size
+    root = cfg.resnet_width
+    macs = (h // 2) * (w_ // 2) * 49 * cfg.in_chans * root
+    for cin, f, stride, down in _resnet_units(cfg):
+        pix = (h // down) * (w_ // down)
+        in_pix = pix * stride * stride
+        macs += in_pix * cin * f + pix * 9 * f * f + pix * f * 4 * f
+        if cin != 4 * f or stride != 1:
+            macs += pix * cin * 4 * f
+    return macs

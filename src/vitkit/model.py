@@ -46,31 +46,35 @@ from torch import Tensor, nn
 
 from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.resnet import ResNetStem, init_resnet
 
 
 class PatchEmbed(nn.Module):
     """Split the image into P x P patches and project each linearly to D (the E of Eq. 1).
 
     A convolution with kernel = stride = P is exactly the flatten-then-linear of the paper.
+    For a hybrid (Sec. 3.1) the patches are taken from a ResNet's feature map instead.
     """
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.image_size = cfg.image_size
+        self.in_chans = cfg.in_chans
+        self.stem = ResNetStem(cfg) if cfg.is_hybrid else None
         self.proj = nn.Conv2d(
-            cfg.in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
+            cfg.patch_in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
-            raise VitkitError(
-                f"expected images [B, {self.proj.in_channels}, H, W], got {tuple(x.shape)}"
-            )
+        if x.ndim != 4 or x.shape[1] != self.in_chans:
+            raise VitkitError(f"expected images [B, {self.in_chans}, H, W], got {tuple(x.shape)}")
         if tuple(x.shape[-2:]) != self.image_size:
             raise VitkitError(
                 f"input images are {tuple(x.shape[-2:])} but the model was built for "
                 f"{self.image_size}; resize them, or resample the position embeddings"
             )
+        if self.stem is not None:
+            x = self.stem(x)
         x = self.proj(x)  # [B, D, H/P, W/P]
         return x.flatten(2).transpose(1, 2)  # [B, N, D], patches in row-major order
 
@@ -257,6 +261,8 @@ def init_weights(model: VisionTransformer) -> None:
     conv = model.patch_embed.proj
     _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
     nn.init.zeros_(conv.bias)
+    if model.patch_embed.stem is not None:
+        init_resnet(model.patch_embed.stem)
     nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
