@@ -20,6 +20,7 @@ _EXPORTS = {
     "VitkitError": "vitkit.errors",
     "VisionTransformer": "vitkit.model",
     "create_model": "vitkit.model",
+    "load": "vitkit.checkpoints",
     "load_model": "vitkit.checkpoints",
     "load_checkpoint": "vitkit.checkpoints",
     "save_checkpoint": "vitkit.checkpoints",
@@ -33,6 +34,7 @@ __all__ = [
     "VisionTransformer",
     "VitkitError",
     "create_model",
+    "load",
     "load_checkpoint",
     "load_model",
     "model_config",
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from vitkit.checkpoints import load_checkpoint, load_model, save_checkpoint
+    from vitkit.checkpoints import load, load_checkpoint, load_model, save_checkpoint
     from vitkit.config import SIZES, STANDARD_MODELS, PreprocessConfig, ViTConfig, model_config
     from vitkit.errors import VitkitError
     from vitkit.model import VisionTransformer, create_model

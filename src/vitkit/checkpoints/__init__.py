@@ -1,26 +1,52 @@
-"""Reading and writing checkpoints. Only vitkit's own format lives here for now; converters for
-other formats (Google .npz, timm, Hugging Face) are explicit pure functions beside it."""
+"""Reading and writing checkpoints.
 
+- :mod:`.io`: vitkit's own format (safetensors + JSON, atomic writes, strict loading);
+- :mod:`.npz`, :mod:`.timm`, :mod:`.hf`: explicit pure converters for Google's ``.npz``, timm
+  and Hugging Face weights;
+- :mod:`.adapt`: position-embedding resampling and head replacement (fine-tuning at another
+  resolution or label set);
+- :mod:`.formats`: format detection, reading any format (``load_model`` / ``load``) and writing
+  any format (``write_checkpoint``).
+"""
+
+from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
+from vitkit.checkpoints.formats import (
+    FORMATS,
+    describe,
+    detect_format,
+    load,
+    load_model,
+    read_checkpoint,
+    write_checkpoint,
+)
 from vitkit.checkpoints.io import (
     LATEST,
     Checkpoint,
     atomic_write_text,
     config_diff,
     load_checkpoint,
-    load_model,
     load_state_dict_strict,
     resolve_checkpoint,
     save_checkpoint,
 )
 
 __all__ = [
+    "FORMATS",
     "LATEST",
     "Checkpoint",
+    "adapt",
     "atomic_write_text",
     "config_diff",
+    "describe",
+    "detect_format",
+    "is_zero_head",
+    "load",
     "load_checkpoint",
     "load_model",
     "load_state_dict_strict",
+    "read_checkpoint",
+    "resample_pos_embed",
     "resolve_checkpoint",
     "save_checkpoint",
+    "write_checkpoint",
 ]

@@ -322,17 +322,3 @@ def load_state_dict_strict(
         for k, v in state_dict.items():
             if keep(k):
                 own[k].copy_(v)
-
-
-def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
-    """Rebuild the model a checkpoint describes and load its weights.
-
-    ``overrides`` change config fields that do not affect weights (e.g. ``dropout=0.1``).
-    Returns ``(model, checkpoint)``; the model is in eval mode.
-    """
-    from vitkit.model import VisionTransformer
-
-    ckpt = load_checkpoint(path)
-    model = VisionTransformer(ckpt.model_config.replace(**overrides))
-    load_state_dict_strict(model, ckpt.state_dict, source=str(ckpt.path / WEIGHTS))
-    return model.eval(), ckpt

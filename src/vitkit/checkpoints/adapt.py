@@ -1,0 +1,119 @@
+"""Moving a checkpoint to another resolution or label set, the way the paper fine-tunes.
+
+- :func:`resample_pos_embed`: "we perform 2D interpolation of the pre-trained position
+  embeddings, according to their location in the original image" (paper, Sec. 3.2). The class
+  token's row is kept apart; the patch rows are reshaped to their (rows, columns) grid and
+  resampled. Modes: ``"bicubic"`` and ``"bilinear"`` (``align_corners=False``, as timm and Hugging
+  Face), and ``"zoom"``, equal to the official ``scipy.ndimage.zoom(grid, ..., order=1)`` (which is
+  bilinear with the corner samples aligned; computed in float64 like scipy).
+- :func:`adapt`: a (config, state dict) pair at a new image size, with a new zero-initialised
+  head ("we remove the pre-trained prediction head and attach a zero-initialized D x K
+  feedforward layer", Sec. 3.2) and with the pre-logits layer kept or dropped.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.config import ViTConfig
+from vitkit.errors import VitkitError
+
+Resample = Literal["bicubic", "bilinear", "zoom"]
+RESAMPLE_MODES: tuple[str, ...] = ("bicubic", "bilinear", "zoom")
+
+
+def resample_pos_embed(
+    pos_embed: Tensor,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mode: Resample = "bicubic",
+) -> Tensor:
+    """``[1, prefix + old_h * old_w, D]`` → ``[1, prefix + new_h * new_w, D]``.
+
+    The same grid returns the input unchanged (bit for bit).
+    """
+    if mode not in RESAMPLE_MODES:
+        raise VitkitError(f"unknown resampling mode {mode!r} (choose from {RESAMPLE_MODES})")
+    n_old = old_grid[0] * old_grid[1]
+    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + n_old:
+        raise VitkitError(
+            f"position embeddings of shape {tuple(pos_embed.shape)} do not hold "
+            f"{num_prefix_tokens} prefix token(s) + a {old_grid[0]}x{old_grid[1]} grid"
+        )
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    d, dtype = grid.shape[-1], grid.dtype
+    grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2)
+    if mode == "zoom":
+        grid = F.interpolate(grid.double(), size=new_grid, mode="bilinear", align_corners=True)
+    else:
+        grid = F.interpolate(grid.float(), size=new_grid, mode=mode, align_corners=False)
+    grid = grid.to(dtype).permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], d)
+    return torch.cat([prefix, grid], dim=1)
+
+
+def is_zero_head(state_dict: dict[str, Tensor]) -> bool:
+    """True when the checkpoint has a classification head whose weights are all zero (the
+    released ImageNet-21k checkpoints ship one: their head must be trained or replaced)."""
+    w, b = state_dict.get("head.weight"), state_dict.get("head.bias")
+    return w is not None and not bool(w.any()) and (b is None or not bool(b.any()))
+
+
+def adapt(
+    cfg: ViTConfig,
+    state_dict: dict[str, Tensor],
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    pre_logits: bool | None = None,
+    resample: Resample = "bicubic",
+    source: str = "checkpoint",
+) -> tuple[ViTConfig, dict[str, Tensor]]:
+    """Return ``(cfg, state_dict)`` for another image size and/or head.
+
+    ``num_classes`` different from the checkpoint's (or ``pre_logits=False`` on a checkpoint with
+    a pre-logits layer) puts in a zero-initialised head. ``pre_logits=False`` drops the tanh
+    pre-logits layer, as the paper does when fine-tuning. A loaded head that is all zeros and is
+    kept gets a warning.
+    """
+    sd = dict(state_dict)
+    new = cfg
+    if image_size is not None:
+        new = new.replace(image_size=image_size)
+        if new.grid_size != cfg.grid_size:
+            sd["pos_embed"] = resample_pos_embed(
+                sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_prefix_tokens, resample
+            )
+    drop_pre = pre_logits is False and cfg.representation_size is not None
+    if pre_logits is True and cfg.representation_size is None:
+        raise VitkitError(f"{source} has no pre-logits layer to keep")
+    if drop_pre:
+        new = new.replace(representation_size=None)
+        sd.pop("pre_logits.0.weight", None)
+        sd.pop("pre_logits.0.bias", None)
+    k = cfg.num_classes if num_classes is None else num_classes
+    if k < 0:
+        raise VitkitError(f"num_classes must be >= 0, got {k}")
+    new_head = k != cfg.num_classes or drop_pre
+    new = new.replace(num_classes=k)
+    if new_head:
+        sd.pop("head.weight", None)
+        sd.pop("head.bias", None)
+        if k:
+            sd["head.weight"] = torch.zeros(k, new.feature_dim)
+            sd["head.bias"] = torch.zeros(k)
+    elif is_zero_head(sd):
+        warnings.warn(
+            f"{source}: the classification head is all zeros (as in the released ImageNet-21k "
+            "checkpoints); its predictions are meaningless until it is trained — fine-tune, or "
+            "pass num_classes to replace it",
+            stacklevel=2,
+        )
+    return new, sd

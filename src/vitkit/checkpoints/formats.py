@@ -1,0 +1,372 @@
+"""Any ViT checkpoint in, any out: format detection, reading, writing, ``vitkit.load``.
+
+Formats (``FORMATS``):
+
+- ``vitkit``: our directory (see :mod:`vitkit.checkpoints.io`), or a run directory;
+- ``npz``: Google's ``.npz`` (vision_transformer, AugReg, big_vision; see :mod:`.npz`);
+- ``timm``: a timm state dict (``.pth`` / ``.bin`` / ``.safetensors``, possibly inside a training
+  checkpoint) or a timm model folder (``config.json`` with ``architecture`` + weights);
+- ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
+  ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``).
+
+Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
+allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
+names them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vitkit.checkpoints import hf as hf_conv
+from vitkit.checkpoints import npz as npz_conv
+from vitkit.checkpoints import timm as timm_conv
+from vitkit.checkpoints.adapt import Resample, adapt
+from vitkit.checkpoints.io import (
+    CONFIG,
+    LATEST,
+    WEIGHTS,
+    Checkpoint,
+    _fsync_dir,
+    _write_json,
+    load_checkpoint,
+    load_state_dict_strict,
+    save_checkpoint,
+)
+from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.errors import VitkitError
+
+Format = Literal["vitkit", "npz", "timm", "hf"]
+FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VitkitError(f"{path}: unreadable JSON ({e})") from None
+
+
+def detect_format(path: str | Path) -> Format:
+    """Which format ``path`` holds (from its layout and, for bare weight files, its keys)."""
+    p = Path(path)
+    if not p.exists():
+        raise VitkitError(f"{p}: no such file or directory")
+    if p.is_dir():
+        if (p / LATEST).is_file() or (p / "checkpoints" / LATEST).is_file():
+            return "vitkit"
+        if not (p / CONFIG).is_file():
+            raise VitkitError(f"{p}: a directory without {CONFIG}; not a checkpoint vitkit knows")
+        cfg = _read_json(p / CONFIG)
+        if isinstance(cfg, dict) and cfg.get("format") == "vitkit":
+            return "vitkit"
+        if isinstance(cfg, dict) and "architecture" in cfg:
+            return "timm"
+        if isinstance(cfg, dict) and ("model_type" in cfg or "architectures" in cfg):
+            return "hf"
+        raise VitkitError(f"{p / CONFIG}: neither a vitkit, timm nor Hugging Face config")
+    if p.suffix == ".npz":
+        return "npz"
+    if p.suffix == ".safetensors":
+        if (p.parent / CONFIG).is_file():
+            return detect_format(p.parent)
+        return _format_of_keys(_read_safetensors(p), p)
+    if p.suffix in _TORCH_SUFFIXES:
+        return _format_of_keys(_torch_load(p), p)
+    raise VitkitError(
+        f"{p}: unknown checkpoint file type {p.suffix!r} (expected a directory, .npz, "
+        ".safetensors, .pth, .pt or .bin)"
+    )
+
+
+def _format_of_keys(sd: dict[str, Tensor], p: Path) -> Format:
+    if any(k.startswith(("embeddings.", "vit.embeddings.")) for k in sd):
+        return "hf"
+    if "patch_embed.proj.weight" in sd or "pos_embed" in sd:
+        return "timm"
+    raise VitkitError(f"{p}: weights of an unknown model (first keys: {', '.join(list(sd)[:5])})")
+
+
+def _read_safetensors(p: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(p))
+    except (OSError, SafetensorError) as e:
+        raise VitkitError(f"{p}: unreadable safetensors file ({e})") from None
+
+
+def _torch_load(p: Path) -> dict[str, Tensor]:
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise VitkitError(
+            f"{p}: refused to unpickle: the file holds Python objects other than tensors, which "
+            f"could run code when loaded ({str(e).splitlines()[0]}). Re-save the state dict "
+            "alone, or as .safetensors"
+        ) from None
+    except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
+        raise VitkitError(f"{p}: unreadable PyTorch file, truncated or corrupt ({e})") from None
+    return timm_conv.unwrap_state_dict(obj, str(p))
+
+
+def _weights_in(p: Path) -> dict[str, Tensor]:
+    for name in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+        if (p / name).is_file():
+            f = p / name
+            return _read_safetensors(f) if f.suffix == ".safetensors" else _torch_load(f)
+    if (p / "model.safetensors.index.json").is_file():
+        raise VitkitError(f"{p}: sharded weights are not supported yet; merge the shards")
+    raise VitkitError(f"{p}: no model.safetensors or pytorch_model.bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_checkpoint(
+    path: str | Path,
+    *,
+    format: Format | None = None,
+    num_heads: int | None = None,
+    grid: tuple[int, int] | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    pre_logits: bool | None = None,
+    resample: Resample = "bicubic",
+) -> Checkpoint:
+    """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
+
+    ``num_heads`` / ``grid`` fill in what a bare state dict cannot say (heads of a non-standard
+    timm width; a non-square position-embedding grid). ``image_size``, ``num_classes``,
+    ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
+    ``meta["source_format"]`` records where it came from.
+    """
+    p = Path(path)
+    fmt = format or detect_format(p)
+    if fmt not in FORMATS:
+        raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    if fmt == "vitkit":
+        ckpt = load_checkpoint(p)
+    elif fmt == "npz":
+        arrays = npz_conv.canonical_arrays(npz_conv.read_npz(p))
+        cfg = _wrap(lambda: npz_conv.npz_config(arrays, grid), p)
+        sd = _wrap(lambda: npz_conv.npz_to_state_dict(arrays, cfg), p)
+        ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
+    elif fmt == "timm":
+        ckpt = _read_timm(p, num_heads, grid)
+    else:
+        ckpt = _read_hf(p)
+    ckpt.meta = {**ckpt.meta, "source_format": fmt, "source": str(p)}
+    if image_size is None and num_classes is None and pre_logits is None:
+        adapt(ckpt.model_config, ckpt.state_dict, source=str(p))  # warns about a zero head
+        return ckpt
+    cfg, sd = adapt(
+        ckpt.model_config,
+        ckpt.state_dict,
+        image_size=image_size,
+        num_classes=num_classes,
+        pre_logits=pre_logits,
+        resample=resample,
+        source=str(p),
+    )
+    pre = ckpt.preprocess
+    pre = PreprocessConfig(
+        cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, pre.crop_pct
+    )
+    names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
+    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta)
+
+
+def _wrap(fn: Any, p: Path) -> Any:
+    try:
+        return fn()
+    except VitkitError as e:
+        raise VitkitError(f"{p}: {e}") from None
+
+
+def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
+    """The official code's input pipeline: pixels scaled to [-1, 1], bilinear resize."""
+    return PreprocessConfig.for_model(cfg)
+
+
+def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> Checkpoint:
+    if p.is_dir():
+        hub = _read_json(p / CONFIG)
+        sd = _weights_in(p)
+        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
+        pre = timm_conv.timm_hub_preprocess(hub, cfg)
+        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    else:
+        sd = _read_safetensors(p) if p.suffix == ".safetensors" else _torch_load(p)
+        cfg = timm_conv.timm_config(sd, num_heads=num_heads, grid=grid, source=str(p))
+        pre, names = PreprocessConfig.for_model(cfg), ()
+    return Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
+
+
+def _read_hf(p: Path) -> Checkpoint:
+    if p.is_file():
+        raise VitkitError(f"{p}: Hugging Face weights need their folder (with {CONFIG})")
+    hf = _read_json(p / CONFIG)
+    cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
+    cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
+    pp_file = p / "preprocessor_config.json"
+    pre = hf_conv.hf_preprocess(_read_json(pp_file) if pp_file.is_file() else None, cfg)
+    id2label = hf.get("id2label") or {}
+    names: tuple[str, ...] = ()
+    if cfg.num_classes and len(id2label) == cfg.num_classes:
+        names = tuple(str(id2label.get(str(i), id2label.get(i, i))) for i in range(cfg.num_classes))
+        if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+            names = ()
+    return Checkpoint(p, cfg, pre, sd, names)
+
+
+def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
+    """Rebuild the model of a checkpoint in any supported format; ``(model, checkpoint)``.
+
+    Overrides: ``image_size``, ``num_classes``, ``pre_logits``, ``resample`` (see
+    :func:`read_checkpoint`; they change the weights), ``format``, ``num_heads``, ``grid``
+    (reading hints), and any config field that does not change the weights (``dropout=0.1``).
+    The model is in eval mode.
+    """
+    from vitkit.model import VisionTransformer
+
+    read_keys = (
+        "format",
+        "num_heads",
+        "grid",
+        "image_size",
+        "num_classes",
+        "pre_logits",
+        "resample",
+    )
+    read_kw = {k: overrides.pop(k) for k in read_keys if k in overrides}
+    ckpt = read_checkpoint(path, **read_kw)
+    try:
+        cfg = ckpt.model_config.replace(**overrides)
+    except TypeError as e:
+        raise VitkitError(f"unknown model option: {e}") from None
+    model = VisionTransformer(cfg)
+    source = str(ckpt.path / WEIGHTS if ckpt.meta.get("source_format") == "vitkit" else ckpt.path)
+    load_state_dict_strict(model, ckpt.state_dict, source=source)
+    return model.eval(), ckpt
+
+
+def load(path: str | Path, **overrides: Any) -> nn.Module:
+    """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode."""
+    return load_model(path, **overrides)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_checkpoint(
+    ckpt: Checkpoint, dst: str | Path, to: Format, *, hf_naming: hf_conv.HfNaming = "4"
+) -> Path:
+    """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
+    temporary name and renamed into place, so an interrupted write never leaves half a file."""
+    from vitkit.model import VisionTransformer
+
+    dst = Path(dst)
+    cfg, sd = ckpt.model_config, ckpt.state_dict
+    if to == "vitkit":
+        model = VisionTransformer(cfg)
+        load_state_dict_strict(model, sd, source=str(ckpt.path))
+        return save_checkpoint(
+            dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
+        )
+    if to == "npz":
+        arrays = npz_conv.state_dict_to_npz(sd, cfg)
+        if dst.suffix != ".npz":
+            raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
+        tmp = dst.with_name(f".{dst.name}.tmp.npz")
+        np.savez(tmp, **arrays)
+        return _replace(tmp, dst)
+    if to == "timm":
+        tsd = timm_conv.state_dict_to_timm(sd, cfg)
+        if dst.suffix in (".safetensors", ".pth", ".bin"):
+            tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
+            if dst.suffix == ".safetensors":
+                save_file(tsd, str(tmp))
+            else:
+                torch.save(tsd, tmp)
+            return _replace(tmp, dst)
+        hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
+        return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf":
+        arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+        files: dict[str, Any] = {
+            CONFIG: hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names),
+            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, files, hsd)
+    raise VitkitError(f"unknown format {to!r} (choose from {', '.join(FORMATS)})")
+
+
+def _replace(tmp: Path, dst: Path) -> Path:
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    _fsync_dir(dst.parent)
+    return dst
+
+
+def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists() and not dst.is_dir():
+        raise VitkitError(f"{dst}: exists and is not a directory")
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    for name, obj in jsons.items():
+        _write_json(tmp / name, obj)
+    _fsync_dir(tmp)
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.rename(dst, old)
+        os.rename(tmp, dst)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, dst)
+    _fsync_dir(dst.parent)
+    return dst
+
+
+def describe(ckpt: Checkpoint) -> dict[str, Any]:
+    """What ``vitkit inspect`` prints."""
+    from vitkit.checkpoints.adapt import is_zero_head
+    from vitkit.config import count_params
+
+    cfg = ckpt.model_config
+    return {
+        "path": str(ckpt.path),
+        "format": ckpt.meta.get("source_format", "vitkit"),
+        "model": cfg.short_name,
+        "architecture": cfg.to_dict(),
+        "parameters": count_params(cfg),
+        "resolution": list(cfg.image_size),
+        "grid": list(cfg.grid_size),
+        "num_classes": cfg.num_classes,
+        "class_names": list(ckpt.class_names[:10])
+        + (["..."] if len(ckpt.class_names) > 10 else []),
+        "zero_head": is_zero_head(ckpt.state_dict),
+        "preprocess": ckpt.preprocess.to_dict(),
+        "dtype": sorted({str(v.dtype).replace("torch.", "") for v in ckpt.state_dict.values()}),
+    }

@@ -1,0 +1,204 @@
+"""timm ``VisionTransformer`` state dicts ↔ vitkit: explicit, pure functions.
+
+vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``blocks.{i}.attn.qkv``,
+``mlp.fc1``, ...), so most keys carry over unchanged. The differences:
+
+- timm 1.x has no pre-logits layer; timm 0.x checkpoints stored it as ``pre_logits.fc`` (vitkit:
+  ``pre_logits.0``). Writing a model with pre-logits to timm is refused rather than dropping it.
+- timm's ``global_pool="avg"`` normalises *after* pooling (``fc_norm``) unless ``fc_norm=False``;
+  the paper's GAP (and vitkit's) normalises every token, then averages, which is timm's
+  ``class_token=False, global_pool="avg", fc_norm=False``. Checkpoints with ``fc_norm`` weights,
+  register tokens, layer scale or q/k norms are other architectures and are refused by name.
+- timm's GELU is the exact erf form and its LayerNorm epsilon is 1e-6; a converted checkpoint keeps
+  that (``gelu="none"``). Writing a tanh-GELU model stores ``act_layer="gelu_tanh"``.
+- A state dict does not record the number of heads; it is taken from the standard sizes by width
+  (Ti 3, S 6, B 12, L 16, H 16) or must be given.
+
+:func:`timm_model_args` gives the ``timm.create_model`` keyword arguments of the same network;
+:func:`timm_hub_config` the ``config.json`` that ``timm.create_model("local-dir:DIR")`` reads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from torch import Tensor
+
+from vitkit.config import SIZES, PreprocessConfig, ViTConfig
+from vitkit.errors import VitkitError
+
+HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
+_UNSUPPORTED = {
+    "fc_norm.": "a norm after pooling (timm global_pool='avg' with fc_norm)",
+    "reg_token": "register tokens",
+    ".ls1.": "layer scale",
+    ".q_norm.": "q/k normalisation",
+    "norm_pre.": "a pre-norm before the blocks (CLIP-style)",
+    "attn_pool.": "an attention-pooling (MAP) head",
+    "patch_embed.backbone.": "a hybrid backbone in timm's layout (convert the official .npz)",
+}
+
+
+def unwrap_state_dict(obj: Any, source: str) -> dict[str, Tensor]:
+    """The model weights inside what ``torch.load`` returned: a state dict, or a training
+    checkpoint holding one under ``state_dict`` / ``model`` (``module.`` prefixes stripped)."""
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model", "module"):
+            if key in obj and isinstance(obj[key], dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise VitkitError(f"{source}: does not hold a state dict of tensors")
+    return {(k[7:] if k.startswith("module.") else k): v for k, v in obj.items()}
+
+
+def timm_config(
+    sd: dict[str, Tensor],
+    *,
+    num_heads: int | None = None,
+    grid: tuple[int, int] | None = None,
+    source: str = "timm state dict",
+) -> ViTConfig:
+    """Infer the architecture of a timm ViT state dict."""
+    for pattern, what in _UNSUPPORTED.items():
+        hits = [k for k in sd if pattern in k or k.startswith(pattern)]
+        if hits:
+            raise VitkitError(f"{source}: has {what} ({hits[0]}); vitkit reads the paper's ViT")
+    need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", "norm.weight")
+    missing = [k for k in need if k not in sd]
+    if missing:
+        raise VitkitError(f"{source}: not a timm ViT state dict (missing {', '.join(missing)})")
+    width, in_chans, ph, pw = sd["patch_embed.proj.weight"].shape
+    depth = 1 + max(int(m[1]) for k in sd if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    if num_heads is None:
+        if width not in HEADS_BY_WIDTH:
+            raise VitkitError(
+                f"{source}: width {width} is not a standard ViT size, so the number of heads "
+                "cannot be known from the weights; pass num_heads"
+            )
+        num_heads = HEADS_BY_WIDTH[width]
+    pool = "token" if "cls_token" in sd else "gap"
+    n = sd["pos_embed"].shape[1] - (pool == "token")
+    if grid is None:
+        side = math.isqrt(n)
+        if side * side != n:
+            raise VitkitError(f"{source}: {n} position embeddings are not a square grid")
+        grid = (side, side)
+    rep = None
+    for k in ("pre_logits.fc.weight", "pre_logits.0.weight"):
+        if k in sd:
+            rep = sd[k].shape[0]
+    return ViTConfig(
+        image_size=(grid[0] * ph, grid[1] * pw),
+        patch_size=(ph, pw),
+        in_chans=in_chans,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        width=width,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        pool=pool,
+        representation_size=rep,
+        layer_norm_eps=1e-6,
+        gelu="none",
+        qkv_bias="blocks.0.attn.qkv.bias" in sd,
+    )
+
+
+def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; everything else equal)."""
+    del cfg  # the layouts agree; the argument keeps every converter's signature alike
+    return {k.replace("pre_logits.fc.", "pre_logits.0."): v for k, v in sd.items()}
+
+
+def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """vitkit keys → timm 1.x keys."""
+    if cfg.representation_size:
+        raise VitkitError(
+            "timm's VisionTransformer has no pre-logits layer; drop it first "
+            "(convert with --drop-pre-logits, which puts in a new zero head)"
+        )
+    if cfg.is_hybrid:
+        raise VitkitError("writing hybrid models in timm's layout is not supported; use npz")
+    return {k: v.contiguous() for k, v in sd.items()}
+
+
+def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
+    """Keyword arguments for ``timm.create_model("vit_base_patch16_224", **args)`` (any
+    registered plain-ViT name: these override all of its architecture settings)."""
+    return {
+        "img_size": list(cfg.image_size),
+        "patch_size": list(cfg.patch_size),
+        "in_chans": cfg.in_chans,
+        "num_classes": cfg.num_classes,
+        "embed_dim": cfg.width,
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+        "mlp_ratio": cfg.mlp_dim / cfg.width,
+        "qkv_bias": cfg.qkv_bias,
+        "class_token": cfg.pool == "token",
+        "global_pool": "token" if cfg.pool == "token" else "avg",
+        "fc_norm": False,
+        "act_layer": "gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+    }
+
+
+def timm_hub_config(
+    cfg: ViTConfig, preprocess: PreprocessConfig, class_names: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The ``config.json`` of a timm local-dir / Hub model folder."""
+    if cfg.layer_norm_eps != 1e-6:
+        raise VitkitError(
+            f"timm's ViT uses LayerNorm epsilon 1e-6; this model uses {cfg.layer_norm_eps}"
+        )
+    out: dict[str, Any] = {
+        "architecture": "vit_base_patch16_224",
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.width,
+        "global_pool": timm_model_args(cfg)["global_pool"],
+        "model_args": timm_model_args(cfg),
+        "pretrained_cfg": {
+            "input_size": [cfg.in_chans, *cfg.image_size],
+            "fixed_input_size": True,
+            "interpolation": preprocess.interpolation,
+            "crop_pct": preprocess.crop_pct,
+            "mean": list(preprocess.mean),
+            "std": list(preprocess.std),
+            "num_classes": cfg.num_classes,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+        },
+    }
+    if class_names:
+        out["label_names"] = list(class_names)
+    return out
+
+
+def timm_hub_to_config(hub: dict[str, Any], sd: dict[str, Tensor], source: str) -> ViTConfig:
+    """Architecture of a timm model folder: its ``model_args`` where given, else the weights."""
+    args = hub.get("model_args", {}) or {}
+    cfg = timm_config(sd, num_heads=args.get("num_heads"), source=source)
+    act = args.get("act_layer", "gelu")
+    if act not in ("gelu", "gelu_tanh"):
+        raise VitkitError(f"{source}: activation {act!r} is not a GELU; not the paper's ViT")
+    changes: dict[str, Any] = {"gelu": "tanh" if act == "gelu_tanh" else "none"}
+    if "img_size" in args:
+        changes["image_size"] = args["img_size"]
+    return cfg.replace(**changes)
+
+
+def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig) -> PreprocessConfig:
+    p = hub.get("pretrained_cfg", {}) or {}
+    c = cfg.in_chans
+    mean = tuple(p.get("mean", (0.5,) * c))
+    std = tuple(p.get("std", (0.5,) * c))
+    return PreprocessConfig(
+        image_size=cfg.image_size,
+        channels=c,
+        mean=mean[:c] if len(mean) >= c else mean * c,
+        std=std[:c] if len(std) >= c else std * c,
+        interpolation=str(p.get("interpolation", "bicubic")),
+        crop_pct=float(p.get("crop_pct", 1.0)),
+    )

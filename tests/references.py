@@ -1,0 +1,41 @@
+"""timm and transformers, imported for parity tests (test-only dependencies).
+
+The CPU build of torch has no ``torchvision::nms`` kernel registry for the torchvision wheel that
+timm pulls in, and importing torchvision then fails on registering fake kernels for ``nms`` and
+``qnms``. Defining the two operator schemas first (no implementation: nothing here calls them)
+lets torchvision, timm and transformers import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+import torch
+
+_SHIM: torch.library.Library | None = None
+
+
+def _define_torchvision_ops() -> None:
+    global _SHIM
+    if _SHIM is not None:
+        return
+    try:
+        torch.ops.torchvision.nms  # noqa: B018 - already registered by a working torchvision
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    _SHIM = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        _SHIM.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+def import_reference(name: str) -> ModuleType:
+    """``timm`` or ``transformers``; skips the test where the package is not installed."""
+    import pytest
+
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed (a test-only dependency: pip install -e '.[test]')")
+    _define_torchvision_ops()  # before the import: timm imports torchvision at import time
+    return importlib.import_module(name)
