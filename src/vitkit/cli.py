@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -337,7 +338,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             raise VitkitError(f"{path}: no such image file")
     model, ckpt = load_model(args.ckpt)
     pre = ckpt.preprocess
-    transform = PilEvalTransform(pre.image_size, pre.channels, crop_pct=pre.crop_pct)
+    transform = PilEvalTransform(
+        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=pre.interpolation
+    )
     images = [load_image_file(p, pre.channels) for p in args.images]  # fail before any work
     batch = normalize(torch.stack([transform(img) for img in images]).float(), pre.mean, pre.std)
     with torch.inference_mode():
@@ -352,6 +355,148 @@ def cmd_predict(args: argparse.Namespace) -> int:
         else:
             shown = "  ".join(f"{q['label']} {100 * q['prob']:.1f}%" for q in preds)
             print(f"{path}: {shown}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# convert / inspect
+
+
+def _add_reading_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        dest="src_format",
+        choices=("vitkit", "npz", "timm", "hf"),
+        help="format of the source (default: detected)",
+    )
+    p.add_argument(
+        "--num-heads",
+        type=int,
+        help="heads of a bare timm state dict whose width is not a standard size",
+    )
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert a checkpoint between vitkit, timm, Hugging Face and Google .npz",
+        description="Read SRC (any supported format, detected), optionally move it to another "
+        "resolution (2-D position-embedding resampling) or head, and write DST.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC", help="checkpoint file or directory")
+    p.add_argument(
+        "dst", metavar="DST", help="output: a directory, or a .npz / .safetensors / .pth file"
+    )
+    p.add_argument("--to", required=True, choices=("vitkit", "timm", "hf", "npz"))
+    _add_reading_options(p)
+    p.add_argument("--image-size", type=int, nargs="+", metavar="N", help="new resolution (H [W])")
+    p.add_argument(
+        "--resample",
+        default="bicubic",
+        choices=("bicubic", "bilinear", "zoom"),
+        help="position-embedding interpolation; 'zoom' = the official scipy.ndimage.zoom(order=1)",
+    )
+    p.add_argument("--num-classes", type=int, help="replace the head (zero-initialised)")
+    p.add_argument(
+        "--drop-pre-logits",
+        action="store_true",
+        help="drop the tanh pre-logits layer (puts in a new zero head), as the paper fine-tunes",
+    )
+    p.add_argument(
+        "--hf-naming",
+        default="4",
+        choices=("4", "5"),
+        help="Hugging Face key names: 4.x (loads in transformers 4 and 5) or 5.x",
+    )
+    p.set_defaults(func=cmd_convert)
+
+
+def _image_size(values: list[int] | None) -> Any:
+    if values is None:
+        return None
+    if len(values) > 2:
+        raise VitkitError(f"--image-size takes one or two numbers, got {values}")
+    return tuple(values) if len(values) == 2 else values[0]
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import read_checkpoint, write_checkpoint
+
+    ckpt = read_checkpoint(
+        args.src,
+        format=args.src_format,
+        num_heads=args.num_heads,
+        image_size=_image_size(args.image_size),
+        num_classes=args.num_classes,
+        pre_logits=False if args.drop_pre_logits else None,
+        resample=args.resample,
+    )
+    out = write_checkpoint(ckpt, args.dst, args.to, hf_naming=args.hf_naming)
+    cfg = ckpt.model_config
+    print(
+        f"{args.src} ({ckpt.meta['source_format']}) -> {out} ({args.to}): {cfg.short_name}, "
+        f"{cfg.image_size[0]}x{cfg.image_size[1]} px, {cfg.num_classes} classes"
+    )
+    return 0
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="what a checkpoint holds: format, architecture, parameters, classes, resolution",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("ckpt", metavar="CKPT", help="checkpoint file or directory (any format)")
+    _add_reading_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import describe, read_checkpoint
+
+    info = describe(read_checkpoint(args.ckpt, format=args.src_format, num_heads=args.num_heads))
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    arch = info["architecture"]
+    pre = info["preprocess"]
+    print(f"path:        {info['path']}")
+    print(f"format:      {info['format']}")
+    print(
+        f"model:       {info['model']}  ({info['parameters']:,} parameters, "
+        f"{', '.join(info['dtype'])})"
+    )
+    print(
+        f"layers:      width {arch['width']}, depth {arch['depth']}, heads {arch['num_heads']}, "
+        f"mlp {arch['mlp_dim']}, patch {arch['patch_size']}, pool {arch['pool']}, "
+        f"pre-logits {arch['representation_size']}"
+    )
+    print(
+        f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "
+        f"{'tanh approximation' if arch['gelu'] == 'tanh' else 'exact (erf)'}"
+    )
+    if arch.get("resnet_layers") is not None:
+        print(
+            f"hybrid:      ResNet stages {arch['resnet_layers']}, "
+            f"width x{arch['resnet_width_factor']:g}"
+        )
+    print(
+        f"resolution:  {info['resolution'][0]}x{info['resolution'][1]} "
+        f"(grid {info['grid'][0]}x{info['grid'][1]})"
+    )
+    head = f"{info['num_classes']}" + (
+        "  (all zeros: train or replace it)" if info["zero_head"] else ""
+    )
+    print(
+        f"classes:     {head}"
+        + (f"  {', '.join(info['class_names'])}" if info["class_names"] else "")
+    )
+    print(
+        f"preprocess:  mean {pre['mean']}, std {pre['std']}, {pre['interpolation']}, "
+        f"crop {pre['crop_pct']}"
+    )
     return 0
 
 
@@ -423,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_predict(sub)
     _add_models(sub)
+    _add_convert(sub)
+    _add_inspect(sub)
     return parser
 
 
@@ -435,10 +582,17 @@ def _one_line(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
+def _format_warning(
+    message: Any, category: Any, filename: Any, lineno: Any, line: Any = None
+) -> str:
+    return f"vitkit: warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning: on small shared machines spinning threads
     # stall each other for seconds. Must be set before PyTorch starts its thread pool.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -280,6 +280,11 @@ class PreprocessConfig:
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         if self.channels not in (1, 3):
             raise VitkitError(f"channels must be 1 or 3, got {self.channels}")
+        if self.interpolation not in ("nearest", "bilinear", "bicubic", "lanczos"):
+            raise VitkitError(
+                f"interpolation must be nearest, bilinear, bicubic or lanczos, "
+                f"got {self.interpolation!r}"
+            )
         if len(self.mean) != self.channels or len(self.std) != self.channels:
             raise VitkitError(
                 f"mean and std need {self.channels} values, got {self.mean}, {self.std}"

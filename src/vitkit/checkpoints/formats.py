@@ -20,6 +20,7 @@ import json
 import os
 import pickle
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Literal
@@ -292,6 +293,13 @@ def write_checkpoint(
             dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
         )
     if to == "npz":
+        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh":
+            warnings.warn(
+                f".npz files carry no settings: readers assume the official LayerNorm epsilon "
+                f"1e-6 and tanh GELU, but this model uses {cfg.layer_norm_eps:g} and "
+                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU; outputs will differ slightly",
+                stacklevel=2,
+            )
         arrays = npz_conv.state_dict_to_npz(sd, cfg)
         if dst.suffix != ".npz":
             raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")

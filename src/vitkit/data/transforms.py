@@ -29,7 +29,13 @@ from PIL import Image
 IMAGE_MEAN: tuple[float, ...] = (0.5,)  # per channel (one value broadcasts), on the [0, 1] scale
 IMAGE_STD: tuple[float, ...] = (0.5,)
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2, as PIL's convert("L")
-_PIL_INTERPOLATION = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+_PIL_INTERPOLATION = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos"]
 
 
 def normalize(
@@ -112,7 +118,7 @@ class PilTrainTransform:
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip: bool = True,
-        interpolation: Literal["bilinear", "bicubic"] = "bilinear",
+        interpolation: Interpolation = "bilinear",
     ) -> None:
         self.size = _pair(size)
         self.channels = channels
@@ -169,7 +175,7 @@ class PilEvalTransform:
         size: int | tuple[int, int],
         channels: int = 3,
         crop_pct: float = 0.875,
-        interpolation: Literal["bilinear", "bicubic"] = "bilinear",
+        interpolation: Interpolation = "bilinear",
     ) -> None:
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], not {crop_pct}")
