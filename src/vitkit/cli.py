@@ -435,7 +435,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     out = write_checkpoint(ckpt, args.dst, args.to, hf_naming=args.hf_naming)
     cfg = ckpt.model_config
     print(
-        f"{args.src} ({ckpt.meta['source_format']}) -> {out} ({args.to}): {cfg.short_name}, "
+        f"{args.src} ({ckpt.format}) -> {out} ({args.to}): {cfg.short_name}, "
         f"{cfg.image_size[0]}x{cfg.image_size[1]} px, {cfg.num_classes} classes"
     )
     return 0

@@ -156,7 +156,8 @@ def read_checkpoint(
     ``num_heads`` / ``grid`` fill in what a bare state dict cannot say (heads of a non-standard
     timm width; a non-square position-embedding grid). ``image_size``, ``num_classes``,
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
-    ``meta["source_format"]`` records where it came from.
+    ``checkpoint.format`` says which format it was read from; a converted checkpoint's
+    ``meta["converted_from"]`` records the source (and is kept when it is saved as vitkit).
     """
     p = Path(path)
     fmt = format or detect_format(p)
@@ -173,7 +174,9 @@ def read_checkpoint(
         ckpt = _read_timm(p, num_heads, grid)
     else:
         ckpt = _read_hf(p)
-    ckpt.meta = {**ckpt.meta, "source_format": fmt, "source": str(p)}
+    ckpt.format = fmt
+    if fmt != "vitkit":
+        ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
     if image_size is None and num_classes is None and pre_logits is None:
         adapt(ckpt.model_config, ckpt.state_dict, source=str(p))  # warns about a zero head
         return ckpt
@@ -191,7 +194,7 @@ def read_checkpoint(
         cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, pre.crop_pct
     )
     names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
-    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta)
+    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta, format=fmt)
 
 
 def _wrap(fn: Any, p: Path) -> Any:
@@ -263,7 +266,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     except TypeError as e:
         raise VitkitError(f"unknown model option: {e}") from None
     model = VisionTransformer(cfg)
-    source = str(ckpt.path / WEIGHTS if ckpt.meta.get("source_format") == "vitkit" else ckpt.path)
+    source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
     return model.eval(), ckpt
 
@@ -365,7 +368,7 @@ def describe(ckpt: Checkpoint) -> dict[str, Any]:
     cfg = ckpt.model_config
     return {
         "path": str(ckpt.path),
-        "format": ckpt.meta.get("source_format", "vitkit"),
+        "format": ckpt.format,
         "model": cfg.short_name,
         "architecture": cfg.to_dict(),
         "parameters": count_params(cfg),

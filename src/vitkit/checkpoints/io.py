@@ -53,6 +53,7 @@ class Checkpoint:
     class_names: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     train_state: dict[str, Any] | None = None  # see flatten_state / unflatten_state
+    format: str = "vitkit"  # the format it was read from (see vitkit.checkpoints.formats)
 
 
 # ---------------------------------------------------------------------------------------------
