@@ -592,7 +592,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning: on small shared machines spinning threads
     # stall each other for seconds. Must be set before PyTorch starts its thread pool.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    warnings.formatwarning = _format_warning
+    saved_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = saved_format
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -55,7 +55,7 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     """All arrays of an ``.npz`` as float32 (bf16/fp16 widened), never unpickling anything."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
             arrays = {k: _to_float32(k, z[k], path) for k in z.files}
     except ValueError as e:
         if "allow_pickle" in str(e) or "pickle" in str(e).lower():
