@@ -219,6 +219,26 @@ def measured_flops(model: torch.nn.Module, cfg: ViTConfig, batch: int) -> int:
         tiny(image_size=(16, 24), patch_size=(4, 8), in_chans=1, representation_size=7),
         tiny(num_classes=0, depth=3),
         tiny(qkv_bias=False, num_heads=4, width=32, mlp_dim=20),
+        ViTConfig(
+            image_size=32,
+            patch_size=1,
+            width=32,
+            depth=1,
+            num_heads=2,
+            mlp_dim=64,
+            resnet_layers=(1, 2),
+            resnet_width_factor=0.5,
+        ),  # fmt: skip
+        ViTConfig(
+            image_size=(16, 24),
+            patch_size=2,
+            width=32,
+            depth=1,
+            num_heads=2,
+            mlp_dim=64,
+            resnet_layers=(),
+            resnet_width_factor=0.5,
+        ),  # fmt: skip
     ],
 )
 def test_count_flops_matches_flop_counter(cfg):

@@ -97,6 +97,30 @@ def test_parameter_count_formula_tiny():
     assert sum(p.numel() for p in model.parameters()) == expected
 
 
+@pytest.mark.parametrize(
+    "layers,wf,image,patch",
+    [((2,), 0.5, 32, 1), ((1, 1, 2), 0.5, 64, 1), ((), 1.0, (16, 24), 2), ((3, 4, 9), 1.0, 224, 1)],
+)
+def test_hybrid_parameter_count_and_grid(layers, wf, image, patch):
+    from vitkit.config import count_params
+
+    cfg = vitkit.ViTConfig(
+        image_size=image, patch_size=patch, width=64, depth=1, num_heads=2, mlp_dim=64,
+        resnet_layers=layers, resnet_width_factor=wf,
+    )  # fmt: skip
+    model = vitkit.create_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == count_params(cfg)
+    x = torch.randn(1, 3, *cfg.image_size)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+    assert tokens.shape[1] == cfg.seq_len == 1 + cfg.grid_size[0] * cfg.grid_size[1]
+    stride = 4 * 2 ** max(len(layers) - 1, 0)
+    assert cfg.grid_size == (
+        cfg.image_size[0] // stride // patch,
+        cfg.image_size[1] // stride // patch,
+    )
+
+
 # ---------------------------------------------------------------------------- attention paths
 
 
