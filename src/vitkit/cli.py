@@ -295,6 +295,98 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# fewshot
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise VitkitError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_fewshot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fewshot",
+        help="the paper's few-shot linear evaluation of a checkpoint's frozen features",
+        description="Frozen pre-logit features, closed-form regularised least squares onto "
+        "{-1, 1}^K targets from N images per class, accuracy on the test split as mean ± std "
+        "over seeds (l2 chosen on other training images, never on the test set).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint (any format)")
+    p.add_argument("--data", required=True, help="dataset: a built-in name or a directory")
+    p.add_argument("--shots", default="1,5,10,25", help="images per class, comma-separated")
+    p.add_argument("--seeds", type=int, default=3, help="random draws of the support set")
+    p.add_argument("--l2", type=float, nargs="+", help="fixed l2 value(s); default: a 2^k grid")
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="the same architecture, freshly initialised (the baseline for pre-training)",
+    )
+    p.add_argument("--test-split", default="test", choices=["val", "test"])
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--out", help="write the results as JSON to this file")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_fewshot)
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    import torch
+
+    from vitkit.checkpoints import load_model
+    from vitkit.data import load_dataset, make_loader, to_model_input
+    from vitkit.eval.fewshot import (
+        DEFAULT_L2_GRID,
+        extract_features,
+        fewshot_evaluate,
+        format_fewshot,
+    )
+    from vitkit.model import VisionTransformer
+
+    shots = _int_list(args.shots)
+    model, ckpt = load_model(args.ckpt)
+    if args.random_init:
+        torch.manual_seed(0)
+        model = VisionTransformer(model.cfg).eval()
+    model.to(args.device)
+    pre = ckpt.preprocess
+    dtype = torch.bfloat16 if args.precision == "bf16" else None
+
+    def features(split: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        data = load_dataset(args.data, split, image_size=pre.image_size, train_transform=False)
+        loader = make_loader(data, args.batch_size, shuffle=False, drop_last=False, seed=0)
+
+        def prepare(x: torch.Tensor) -> torch.Tensor:
+            return to_model_input(x, pre.image_size, pre.channels, pre.mean, pre.std)
+
+        f, y = extract_features(model, loader, prepare, device=args.device, autocast_dtype=dtype)
+        return f, y, data.info.num_classes
+
+    train_f, train_y, k = features("train")
+    test_f, test_y, _ = features(args.test_split)
+    results = fewshot_evaluate(
+        (train_f, train_y), (test_f, test_y), k, shots, args.seeds, args.l2 or DEFAULT_L2_GRID
+    )
+    what = "random init" if args.random_init else str(args.ckpt)
+    print(f"{what} on {args.data} ({len(test_y)} {args.test_split} images, {k} classes)")
+    print(format_fewshot(results, args.seeds))
+    if args.out:
+        out = {
+            "checkpoint": str(args.ckpt),
+            "random_init": args.random_init,
+            "data": args.data,
+            "results": [r.to_json_dict() for r in results],
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # predict
 
 
@@ -570,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models(sub)
     _add_convert(sub)
     _add_inspect(sub)
+    _add_fewshot(sub)
     return parser
 
 

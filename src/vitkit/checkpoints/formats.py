@@ -178,7 +178,8 @@ def read_checkpoint(
     if fmt != "vitkit":
         ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
     if image_size is None and num_classes is None and pre_logits is None:
-        adapt(ckpt.model_config, ckpt.state_dict, source=str(p))  # warns about a zero head
+        if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
+            adapt(ckpt.model_config, ckpt.state_dict, source=str(p))
         return ckpt
     cfg, sd = adapt(
         ckpt.model_config,
