@@ -1,6 +1,8 @@
 """The one entry point for data: `load_dataset(spec, split)`, plus the dataset types it returns.
 
-`spec` is a built-in name (see `BUILTIN_DATASETS`) or an ImageFolder directory. Splits:
+`spec` is a built-in name (see `BUILTIN_DATASETS`), an ImageFolder directory, a CIFAR-10/100
+python download (`vitkit.data.cifar`) or a Hugging Face dataset saved with `save_to_disk`
+(`vitkit.data.hf_disk`; needs pyarrow). Splits:
 
 - "test": the official test set (MNIST's 10k, the fixed digits / shapes test sets; for a folder,
   `root/test` or else `root/val`, or a fixed 10 % carved from a single folder with seed 0).
@@ -27,8 +29,10 @@ import numpy as np
 import torch
 
 from vitkit.data.arrays import ArrayDataset, DataInfo
+from vitkit.data.cifar import cifar_root, load_cifar
 from vitkit.data.digits import load_digits
 from vitkit.data.folder import ImageFolderDataset, class_directories, collate_skipping
+from vitkit.data.hf_disk import hf_splits, is_hf_disk, load_hf_split
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import make_shapes
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
@@ -101,13 +105,62 @@ def load_dataset(
             raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
         return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
     if Path(spec).is_dir():
+        p = Path(spec)
+        if cifar_root(p) is not None or is_hf_disk(p):
+            if split == "all":
+                raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
+            return _load_saved(p, split, image_size, channels, val_size, seed)
         return _load_folder(
-            Path(spec), split, image_size, channels, val_size, seed, on_bad_image, train_transform
+            p, split, image_size, channels, val_size, seed, on_bad_image, train_transform
         )
     raise VitkitError(
-        f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)} or an "
-        "ImageFolder directory"
+        f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)}, an "
+        "ImageFolder directory, a CIFAR-10/100 python download or a Hugging Face dataset "
+        "saved with save_to_disk"
     )
+
+
+# --- saved datasets: CIFAR python batches, Hugging Face save_to_disk ---------------------------
+
+
+def _load_saved(
+    root: Path,
+    split: Split,
+    image_size: int | tuple[int, int] | None,
+    channels: int | None,
+    val_size: int | float | None,
+    seed: int,
+) -> ArrayDataset:
+    """Official test split as "test"; "train"/"val" carved from the official training split
+    (a Hugging Face dataset's own "validation" split is used as "val" when it also has "test")."""
+    name = str(root.resolve())
+    size = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if cifar_root(root) is not None:
+        dataset = load_cifar(root, "test" if split == "test" else "train")
+        if split != "test":
+            dataset = _train_val(dataset, split, _val_size("cifar", val_size), seed, name)
+        return _adapt(dataset, size, channels)
+    splits = hf_splits(root)
+    chans = 3 if channels is None else channels
+    if not splits:
+        raise VitkitError(
+            f"{root}: a single saved split; point at the DatasetDict directory (with "
+            "dataset_dict.json) that holds train and test"
+        )
+    test_name = "test" if "test" in splits else "validation" if "validation" in splits else None
+    if "train" not in splits or test_name is None:
+        raise VitkitError(
+            f"{root}: needs a 'train' and a 'test' (or 'validation') split, has {splits}"
+        )
+    if split == "test":
+        return load_hf_split(root / test_name, size, chans)
+    own_val = test_name == "test" and "validation" in splits and val_size is None
+    if split == "val" and own_val:
+        return load_hf_split(root / "validation", size, chans)
+    train = load_hf_split(root / "train", size, chans)
+    if own_val:
+        return train
+    return _train_val(train, split, _val_size("hf", val_size), seed, name)
 
 
 # --- built-in, in-memory datasets -------------------------------------------------------------

@@ -18,7 +18,6 @@ import gzip
 import hashlib
 import importlib.util
 import os
-import pickle
 import tempfile
 import zipfile
 from dataclasses import replace
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from vitkit.data.arrays import ArrayDataset, DataInfo
+from vitkit.data.safe_pickle import load_data_pickle
 from vitkit.errors import VitkitError
 
 MNIST_INFO = DataInfo(
@@ -140,47 +140,10 @@ def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
         raise
 
 
-def _numpy_reconstruct():
-    core = getattr(np, "_core", None)  # numpy >= 2; `numpy.core` is a deprecated alias there
-    if core is None:
-        core = np.core
-    return core.multiarray._reconstruct
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Rebuilds numpy arrays and nothing else: any other global in the stream is refused."""
-
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-    }
-
-    def __init__(self, file, path: Path) -> None:
-        super().__init__(file, encoding="latin1")
-        self._path = path
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self._ALLOWED:
-            raise VitkitError(
-                f"{self._path}: refusing to unpickle '{module}.{name}'; only numpy arrays are "
-                "allowed in an MNIST pickle"
-            )
-        if name == "_reconstruct":
-            return _numpy_reconstruct()
-        return getattr(np, name)
-
-
 def _read_mnist_pickle(path: Path) -> dict[str, np.ndarray]:
     """Decode Nielsen's `mnist.pkl.gz` into uint8 arrays (train = train + validation)."""
-    try:
-        with gzip.open(path, "rb") as f:
-            data = _NumpyOnlyUnpickler(f, path).load()
-    except VitkitError:
-        raise
-    except Exception as e:  # a damaged pickle can fail in many ways; all mean "bad file"
-        raise VitkitError(f"{path}: cannot read the MNIST pickle ({type(e).__name__}: {e})") from e
+    with gzip.open(path, "rb") as f:
+        data = load_data_pickle(f, path, "an MNIST pickle")
     parts = _check_pickle_layout(path, data)
     (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = parts
     return {
