@@ -199,7 +199,20 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         help="top-1/top-5, per-class accuracy and a confusion matrix for a checkpoint",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument(
+        "--from",
+        dest="ckpt",
+        required=True,
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoint or run directory (any format); several: also mean ± std across them",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        help="evaluate CKPT with {seed} replaced by 0..N-1 (e.g. runs/ft-s{seed}) and report "
+        "mean ± std across the runs, as the paper's tables",
+    )
     p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
     p.add_argument("--data-root", help="mnist: directory with the IDX files")
     p.add_argument(
@@ -224,6 +237,30 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
+    paths = list(args.ckpt)
+    if args.seeds is not None:
+        if args.seeds < 1 or not all("{seed}" in p for p in paths):
+            raise VitkitError("--seeds N needs N >= 1 and '{seed}' in every --from path")
+        paths = [p.replace("{seed}", str(s)) for p in paths for s in range(args.seeds)]
+    results = []
+    for i, path in enumerate(paths):
+        out = Path(args.out) / str(i) if args.out and len(paths) > 1 else args.out
+        results.append(_eval_one(args, path, out))
+    if len(results) > 1:
+        import numpy as np
+
+        summary: dict[str, Any] = {"checkpoints": paths}
+        for key, label in (("top1", "top-1"), ("top5", "top-5")):
+            values = [100 * r.metrics()[key] for r in results]
+            mean, std = float(np.mean(values)), float(np.std(values, ddof=1))
+            summary[key] = {"mean": mean, "std": std, "values": values}
+            print(f"{label}: {mean:.2f} ± {std:.2f} % over {len(values)} runs")
+        if args.out:
+            Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     import torch
 
     from vitkit.checkpoints import load_model
@@ -231,7 +268,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vitkit.eval import evaluate_classification, format_result
     from vitkit.plotting import plot_confusion_matrix
 
-    model, ckpt = load_model(args.ckpt)
+    model, ckpt = load_model(path)
     model.to(args.device)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
@@ -278,9 +315,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         autocast_dtype=torch.bfloat16 if args.precision == "bf16" else None,
         progress=True,
     )
+    print(f"{path}:")
     print(format_result(result, names))
-    if args.out:
-        out = Path(args.out)
+    if out_arg:
+        out = Path(out_arg)
     elif ckpt.path.parent.name == "checkpoints":  # inside a run directory: next to its report
         out = ckpt.path.parent.parent / f"eval_{args.split}"
     else:
@@ -291,7 +329,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
     )
     print(f"wrote {out / 'eval.json'} and {png}")
-    return 0
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
