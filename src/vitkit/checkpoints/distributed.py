@@ -210,9 +210,12 @@ def load_distributed_checkpoint(
         raise VitkitError(f"{path}: checkpoint does not fit the model | {' | '.join(problems)}")
     _load(path, wanted, no_dist=not _dist_ready())
     extra = _read_json(path / TRAIN_JSON)
-    set_model_state_dict(model, {k[len(MODEL_PREFIX) :]: v for k, v in wanted.items() if k in msd})
+    model_sd = {k[len(MODEL_PREFIX) :]: v for k, v in wanted.items() if k.startswith(MODEL_PREFIX)}
+    set_model_state_dict(model, model_sd)
     if optimizer is not None:
-        osd.update({k[len(OPTIM_PREFIX) :]: v for k, v in wanted.items() if k.startswith("optim")})
+        osd.update(
+            {k[len(OPTIM_PREFIX) :]: v for k, v in wanted.items() if k.startswith(OPTIM_PREFIX)}
+        )
         osd.update(unflatten_state(extra.get("optimizer", {}), {}))
         opts = StateDictOptions(flatten_optimizer_state_dict=True)
         set_optimizer_state_dict(model, optimizer, osd, options=opts)
