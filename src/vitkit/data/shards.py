@@ -466,7 +466,7 @@ def shard_info(
     h, w = (size, size) if isinstance(size, int) else size
     names = tuple(str(c) for c in index["class_names"])
     return DataInfo(
-        name=str(index.get("name") or root.resolve()),
+        name=str(root.resolve()),  # what a checkpoint records to find the data again
         num_classes=len(names),
         class_names=names,
         channels=int(channels or index["channels"]),
