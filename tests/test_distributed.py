@@ -212,3 +212,24 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     _assert_close(grads[0], grads[1], rtol=0, atol=0)
     assert grads[0].keys() == dict(create_model("Ti/4", **TINY).named_parameters()).keys()
+
+
+def test_single_process_checkpoint_resumes_sharded_with_fsdp(tmp_path: Path) -> None:
+    """A single-process (vitkit-format) checkpoint continues under FSDP on two ranks: weights
+    and SGD momentum reach the right shards, so the run ends where the single process does."""
+    import shutil
+
+    single = Trainer(_config(tmp_path / "single", max_steps=6, ckpt_every=3, keep_checkpoints=9))
+    single.fit()
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(
+        tmp_path / "single" / "checkpoints" / "step_00000003",
+        run / "checkpoints" / "step_00000003",
+    )
+    (run / "checkpoints" / LATEST).write_text("step_00000003\n")
+    cfg = _config(run, max_steps=6, ckpt_every=3, keep_checkpoints=9, strategy="fsdp")
+    _run_on_two_ranks(TrainConfig(**{**cfg.to_dict(), "resume": True}))
+    resumed, ckpt = load_model(run)
+    assert ckpt.path.name == "step_00000006" and is_distributed_checkpoint(ckpt.path)
+    _assert_close(resumed.state_dict(), single.model.state_dict(), rtol=1e-5, atol=2e-6)
