@@ -15,12 +15,14 @@ of tar files without ``shards.json`` (written elsewhere) is indexed by reading i
 Streaming (`ShardLoader`): each rank reads its own shards (shard i goes to rank i mod
 world_size, a fixed assignment, so each rank's share has the same size every epoch), and each
 DataLoader worker of that rank reads every num_workers-th of them; the shard order and a shuffle
-buffer (as webdataset's ``.shuffle(n)``) are seeded by (seed, epoch, rank, worker). Samples are
-batched in the training process, so an epoch has the same number of batches whatever the number
-of workers: ``min over ranks of (samples of the rank) // batch_size`` for training (every rank
-takes the same number of steps; the remainder of a rank's stream is dropped for that epoch), and
-all of the rank's samples for evaluation. Within an epoch no sample is read twice; when the
-shards split evenly over the ranks every sample is read exactly once.
+buffer (as webdataset's ``.shuffle(n)``) are seeded by (seed, epoch, rank, worker). Workers send
+collated chunks of consecutive samples (one transfer per chunk, not one per image), and the
+training process cuts the rank's stream into batches, so an epoch has the same number of
+batches whatever the number of workers: ``min over ranks of (samples of the rank) // batch_size``
+for training (every rank takes the same number of steps; the remainder of a rank's stream is
+dropped for that epoch), and all of the rank's samples for evaluation. Within an epoch no
+sample is read twice; when the shards split evenly over the ranks every sample is read exactly
+once.
 """
 
 from __future__ import annotations
@@ -281,6 +283,7 @@ class _RankStream(IterableDataset):
         self.rank = rank
         self.world = world
         self.buffer = buf
+        self.chunk = 1  # samples per item a worker sends (the loader sets its batch size)
         self.state = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
 
     def worker_samples(self, worker: int, num_workers: int, epoch: int) -> Iterator[dict]:
@@ -295,16 +298,43 @@ class _RankStream(IterableDataset):
             samples = _shuffled(samples, self.buffer, rng)
         return samples
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int] | None]:
+    def __iter__(self) -> Iterator[Chunk]:
+        """Chunks of up to `chunk` consecutive samples of this worker's stream, collated: one
+        transfer per chunk instead of one shared-memory tensor per image."""
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, skip = (int(v) for v in self.state.tolist())
+        decoded: list[tuple[torch.Tensor, int] | None] = []
         for i, sample in enumerate(self.worker_samples(worker, num_workers, epoch)):
             if i < skip:  # (only set with num_workers=0: one stream, skipped undecoded)
                 continue
             if _image_entry(sample) is None:
                 continue  # e.g. a metadata-only member group
-            yield self.dataset.decode(sample)
+            decoded.append(self.dataset.decode(sample))
+            if len(decoded) == self.chunk:
+                yield _chunk(decoded)
+                decoded = []
+        if decoded:
+            yield _chunk(decoded)
+
+
+Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, labels, present [n] (bool)
+
+
+def _chunk(samples: list[tuple[torch.Tensor, int] | None]) -> Chunk:
+    images, labels, _ = collate_skipping(samples)
+    return images, labels, torch.tensor([s is not None for s in samples])
+
+
+def _unchunk(chunk: Chunk) -> Iterator[tuple[torch.Tensor, int] | None]:
+    images, labels, present = chunk
+    k = 0
+    for here in present.tolist():
+        if here:
+            yield images[k], int(labels[k])
+            k += 1
+        else:
+            yield None
 
 
 def _seed(seed: int, epoch: int, rank: int, worker: int) -> int:
@@ -350,6 +380,7 @@ class ShardLoader:
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.epoch = 0
         self.stream = _RankStream(dataset, shuffle, seed, rank, world_size, shuffle_buffer)
+        self.stream.chunk = batch_size
         if drop_last and len(dataset.shards) < world_size:
             raise VitkitError(
                 f"{dataset.info.name}: {len(dataset.shards)} shards for {world_size} ranks; "
@@ -400,7 +431,7 @@ class ShardLoader:
         b = first
         pending: list[tuple[torch.Tensor, int] | None] = []
         try:
-            for sample in self.loader:
+            for sample in (s for chunk in self.loader for s in _unchunk(chunk)):
                 pending.append(sample)
                 if len(pending) < self.batch_size:
                     continue
