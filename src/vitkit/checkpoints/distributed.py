@@ -43,7 +43,6 @@ from vitkit.checkpoints.io import (
     _read_json,
     _write_json,
     flatten_state,
-    load_model,
     resolve_checkpoint,
     save_checkpoint,
     unflatten_state,
@@ -240,6 +239,8 @@ def consolidate_checkpoint(src: str | Path, dst: str | Path) -> Path:
     """Write the weights of the checkpoint `src` (distributed or not; a run directory means its
     latest) as a single-file vitkit checkpoint at `dst`, for evaluation, prediction, sharing or
     fine-tuning. Training state is not carried over (resume from `src` itself)."""
+    from vitkit.checkpoints.formats import load_model
+
     model, ckpt = load_model(resolve_checkpoint(src))
     meta = {**ckpt.meta, "consolidated_from": str(ckpt.path)}
     return save_checkpoint(
