@@ -74,7 +74,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "dataset allows); ImageFolder: any value but none means PIL Inception crop + flip",
     )
     g.add_argument("--on-bad-image", choices=["stop", "skip"], help="corrupt ImageFolder files")
-    g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder)")
+    g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder, shards)")
+    g.add_argument("--pin-memory", action="store_true", help="page-locked batches (GPU)")
+    g.add_argument(
+        "--persistent-workers", action="store_true", help="keep DataLoader workers across epochs"
+    )
+    g.add_argument("--prefetch-factor", type=int, help="batches each worker loads ahead")
+    g.add_argument("--shuffle-buffer", type=int, help="shards: samples per worker's buffer")
     g = p.add_argument_group("model")
     g.add_argument("--model", help="variant: B/16, vit_s16, Ti/4, ... (see 'vitkit models')")
     g.add_argument(
@@ -111,6 +117,28 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
+    g = p.add_argument_group(
+        "scale out",
+        "Under torchrun ('torchrun --nproc-per-node N -m vitkit train ...') every process "
+        "trains one data-parallel shard; --batch-size stays the global batch.",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="launch N processes on this machine with torchrun (--standalone) and train with "
+        "them; for several machines run torchrun yourself (see docs/distributed.md)",
+    )
+    g.add_argument(
+        "--strategy",
+        choices=["auto", "ddp", "fsdp"],
+        help="DDP replicates the model, FSDP2 shards it; auto: fsdp for ViT-L and bigger",
+    )
+    g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each block's activations in the backward pass (less memory)",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -118,8 +146,9 @@ _TRAIN_FIELDS = (
     "data data_root val_size augment on_bad_image num_workers model image_size epochs "
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
-    "device"
+    "device prefetch_factor shuffle_buffer strategy"
 ).split()
+_TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 
 
 def train_config_from_args(args: argparse.Namespace) -> Any:
@@ -145,6 +174,9 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
         changes["model_overrides"].update(model_opts)
     changes["resume"] = args.resume
+    for switch in _TRAIN_SWITCHES:  # on if given; else the recipe's (or the resumed run's)
+        if getattr(args, switch):
+            changes[switch] = True
     if args.no_progress:
         changes["progress"] = False
     return dataclasses.replace(cfg, **changes)
@@ -161,21 +193,65 @@ def cmd_train(args: argparse.Namespace) -> int:
             settings = r.config.to_dict()
             print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in keys.split()) + "\n")
         return 0
+    if args.nproc_per_node is not None:
+        return _launch_torchrun(args)
     _set_threads(args.threads)
+    from vitkit.train import distributed
     from vitkit.train.trainer import Trainer
 
     cfg = train_config_from_args(args)
-    trainer = Trainer(cfg)
+    env = distributed.DistEnv()
+    if distributed.launched_by_torchrun():
+        env = distributed.init_distributed(cfg.device)
+    try:
+        return _train(cfg, Trainer, env)
+    finally:
+        distributed.shutdown()
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """``vitkit train --nproc-per-node N ...``: the same command under torchrun --standalone."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    if args.nproc_per_node < 1:
+        raise VitkitError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    if "RANK" in os.environ:
+        raise VitkitError("--nproc-per-node inside torchrun: drop it, torchrun already launched")
+    argv, rest = list(args.argv), []
+    while argv:
+        a = argv.pop(0)
+        if a == "--nproc-per-node":
+            argv.pop(0)
+        elif not a.startswith("--nproc-per-node="):
+            rest.append(a)
+    launch = ["--standalone", "--nproc-per-node", str(args.nproc_per_node), "-m", "vitkit"]
+    try:
+        torchrun([*launch, *rest])
+    except ChildFailedError as e:
+        failure = e.get_first_failure()[1]
+        raise VitkitError(f"a training process failed: {failure.message}") from None
+    return 0
+
+
+def _train(cfg: Any, trainer_cls: Any, env: Any) -> int:
+    trainer = trainer_cls(cfg)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     mc = trainer.model_cfg
-    print(
-        f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
-        f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} images, "
-        f"{cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
-        f"{_threads()} threads -> {cfg.out_dir}",
-        file=sys.stderr,
-    )
+    scale = ""
+    if env.enabled:
+        scale = f", {trainer.strategy.upper()} on {env.world_size} processes"
+    if env.is_main:
+        print(
+            f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
+            f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} "
+            f"images, {cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
+            f"{_threads()} threads{scale} -> {cfg.out_dir}",
+            file=sys.stderr,
+        )
     report = trainer.fit()
+    if not env.is_main:
+        return 0
     split = "test" if "test_top1" in report else "val"
     if f"{split}_top1" in report:
         speed = report["train_images_per_s"]
@@ -665,6 +741,101 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# shards, consolidate
+
+
+def _add_shards(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "shards",
+        help="write a dataset as webdataset tar shards (for streaming, multi-node training)",
+        description="Write SRC (mnist, digits, shapes or an ImageFolder directory) as webdataset "
+        "tar shards OUT/SPLIT-NNNNNN.tar plus OUT/shards.json; 'vitkit train --data OUT' then "
+        "streams them. Files of an ImageFolder are copied as they are (no re-encoding); "
+        "in-memory datasets are stored as PNG. Samples are shuffled before writing (a "
+        "streaming reader only shuffles within its buffer).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC", help="dataset name or ImageFolder directory")
+    p.add_argument("out", metavar="OUT", help="output directory")
+    p.add_argument("--shard-size", type=int, default=10_000, help="samples per shard at most")
+    p.add_argument(
+        "--max-shard-bytes", type=float, default=1e9, help="bytes per shard at most (about)"
+    )
+    p.add_argument("--splits", default="train,test", help="comma-separated: train, val, test")
+    p.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
+    p.add_argument("--seed", type=int, default=0, help="chooses the val split and the order")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the dataset's order")
+    p.add_argument("--image-size", type=int, help="built-in data: resize to this size first")
+    p.add_argument("--data-root", help="mnist: directory with the IDX files")
+    p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
+    p.set_defaults(func=cmd_shards)
+
+
+def cmd_shards(args: argparse.Namespace) -> int:
+    from vitkit.data import load_dataset
+    from vitkit.data.shards import INDEX, native_size, write_index, write_shards
+
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    for split in splits:
+        if split not in ("train", "val", "test"):
+            raise VitkitError(f"unknown split '{split}': expected train, val or test")
+    if args.shard_size < 1 or args.max_shard_bytes < 1:
+        raise VitkitError("--shard-size and --max-shard-bytes must be positive")
+    kw: dict[str, Any] = {"seed": args.seed, "on_bad_image": args.on_bad_image}
+    if args.val_size is not None:
+        kw["val_size"] = int(args.val_size) if args.val_size >= 1 else args.val_size
+    if args.data_root:
+        kw["root"] = args.data_root
+    written: dict[str, list[dict[str, Any]]] = {}
+    info = size = None
+    for split in splits:
+        dataset = load_dataset(
+            args.src, split, image_size=args.image_size, train_transform=False, **kw
+        )
+        info, size = dataset.info, native_size(dataset)
+        entries, skipped = write_shards(
+            dataset,
+            args.out,
+            split,
+            shard_size=args.shard_size,
+            max_shard_bytes=int(args.max_shard_bytes),
+            shuffle=not args.no_shuffle,
+            seed=args.seed,
+            on_bad_image=args.on_bad_image,
+            progress=True,
+        )
+        written[split] = entries
+        n = sum(e["samples"] for e in entries)
+        note = f" ({skipped} unreadable files skipped)" if skipped else ""
+        print(f"{split}: {n:,} samples in {len(entries)} shards{note}")
+    assert info is not None
+    write_index(args.out, info, written, size, source=str(args.src))
+    print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
+    return 0
+
+
+def _add_consolidate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "consolidate",
+        help="a distributed (sharded) checkpoint as one single-file vitkit checkpoint",
+        description="Gather the weights of a distributed checkpoint (or a run directory: its "
+        "latest) into a vitkit checkpoint directory (model.safetensors + config.json) that "
+        "eval, predict and Python's vitkit.load_model read anywhere. Runs in one process.",
+    )
+    p.add_argument("src", metavar="SRC", help="checkpoint or run directory")
+    p.add_argument("out", metavar="OUT", help="the new checkpoint directory")
+    p.set_defaults(func=cmd_consolidate)
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints.distributed import consolidate_checkpoint
+
+    path = consolidate_checkpoint(args.src, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # entry point
 
 
@@ -701,6 +872,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     _add_inspect(sub)
     _add_fewshot(sub)
+    _add_shards(sub)
+    _add_consolidate(sub)
     return parser
 
 
@@ -733,6 +906,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not args.command:
         parser.print_help()
         return 0

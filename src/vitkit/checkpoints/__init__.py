@@ -6,7 +6,9 @@
 - :mod:`.adapt`: position-embedding resampling and head replacement (fine-tuning at another
   resolution or label set);
 - :mod:`.formats`: format detection, reading any format (``load_model`` / ``load``) and writing
-  any format (``write_checkpoint``).
+  any format (``write_checkpoint``);
+- :mod:`.distributed`: sharded checkpoints written by every rank with
+  ``torch.distributed.checkpoint`` (DCP); ``load_checkpoint`` reads their weights too.
 """
 
 from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed

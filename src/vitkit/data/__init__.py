@@ -1,12 +1,20 @@
-"""Datasets (built-in, in-memory and ImageFolder), transforms and reproducible loaders."""
+"""Datasets (built-in, in-memory, ImageFolder and webdataset shards), transforms and
+reproducible, rank-aware loaders."""
 
 from vitkit.data.arrays import ArrayDataset, DataInfo
 from vitkit.data.datasets import BUILTIN_DATASETS, load_dataset
 from vitkit.data.digits import load_digits
 from vitkit.data.folder import IMAGE_EXTENSIONS, ImageFolderDataset, collate_skipping
-from vitkit.data.loader import ArrayLoader, EpochDataLoader, EpochLoader, make_loader
+from vitkit.data.loader import (
+    ArrayLoader,
+    EpochBatchSampler,
+    EpochDataLoader,
+    EpochLoader,
+    make_loader,
+)
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import SHAPE_CLASSES, make_shapes
+from vitkit.data.shards import ShardDataset, ShardLoader, is_shard_dir, write_shards
 from vitkit.data.transforms import (
     IMAGE_MEAN,
     IMAGE_STD,
@@ -30,12 +38,16 @@ __all__ = [
     "ArrayDataset",
     "ArrayLoader",
     "DataInfo",
+    "EpochBatchSampler",
     "EpochDataLoader",
     "EpochLoader",
     "ImageFolderDataset",
     "PilEvalTransform",
     "PilTrainTransform",
+    "ShardDataset",
+    "ShardLoader",
     "collate_skipping",
+    "is_shard_dir",
     "load_dataset",
     "load_digits",
     "load_mnist",
@@ -48,4 +60,5 @@ __all__ = [
     "random_translate_scale_batch",
     "resize_batch",
     "to_model_input",
+    "write_shards",
 ]

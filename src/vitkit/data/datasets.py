@@ -1,8 +1,9 @@
 """The one entry point for data: `load_dataset(spec, split)`, plus the dataset types it returns.
 
 `spec` is a built-in name (see `BUILTIN_DATASETS`), an ImageFolder directory, a CIFAR-10/100
-python download (`vitkit.data.cifar`) or a Hugging Face dataset saved with `save_to_disk`
-(`vitkit.data.hf_disk`; needs pyarrow). Splits:
+python download (`vitkit.data.cifar`), a Hugging Face dataset saved with `save_to_disk`
+(`vitkit.data.hf_disk`; needs pyarrow) or a directory of webdataset tar shards
+(`vitkit.data.shards`: its splits are the ones written). Splits:
 
 - "test": the official test set (MNIST's 10k, the fixed digits / shapes test sets; for a folder,
   `root/test` or else `root/val`, or a fixed 10 % carved from a single folder with seed 0).
@@ -35,6 +36,7 @@ from vitkit.data.folder import ImageFolderDataset, class_directories, collate_sk
 from vitkit.data.hf_disk import hf_splits, is_hf_disk, load_hf_split
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import make_shapes
+from vitkit.data.shards import ShardDataset, is_shard_dir, load_shards, read_index, shard_info
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
 from vitkit.data.transforms import PilEvalTransform, PilTrainTransform, match_channels, resize_batch
 from vitkit.errors import VitkitError
@@ -78,7 +80,7 @@ def load_dataset(
     on_bad_image: Literal["stop", "skip"] = "stop",
     train_transform: bool = True,
     root: str | os.PathLike[str] | None = None,
-) -> ArrayDataset | ImageFolderDataset:
+) -> ArrayDataset | ImageFolderDataset | ShardDataset:
     """Load `split` of the dataset `spec` (a built-in name or an ImageFolder directory).
 
     image_size: for built-ins, resize the stored images once to this size (None keeps the
@@ -104,6 +106,8 @@ def load_dataset(
         if split == "all":
             raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
         return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
+    if is_shard_dir(spec):
+        return _load_shards(Path(spec), split, image_size, channels, on_bad_image, train_transform)
     if Path(spec).is_dir():
         p = Path(spec)
         if cifar_root(p) is not None or is_hf_disk(p):
@@ -300,3 +304,33 @@ def _load_folder(
         return full.subset(test_idx.tolist())
     rest = full.subset(rest_idx.tolist())
     return _train_val(rest, split, val_size, seed, name)
+
+
+# --- webdataset shards ------------------------------------------------------------------------
+
+
+def _load_shards(
+    root: Path,
+    split: Split,
+    image_size: int | tuple[int, int] | None,
+    channels: int | None,
+    on_bad_image: Literal["stop", "skip"],
+    train_transform: bool,
+) -> ShardDataset:
+    """A split of a shard directory, decoded with the same PIL transforms as a folder."""
+    if split == "all":
+        raise VitkitError(f"{root}: split 'all' is for ImageFolder directories")
+    info = shard_info(root, read_index(root), image_size, channels, _DEFAULT_FOLDER_SIZE)
+    eval_tf = PilEvalTransform(info.image_size, info.channels)
+    if split == "train" and train_transform:
+        transform = PilTrainTransform(info.image_size, info.channels, flip=info.allow_flip)
+    else:
+        transform = eval_tf
+    return load_shards(
+        root,
+        split,
+        image_size=info.image_size,
+        channels=info.channels,
+        transform=transform,
+        on_bad_image=on_bad_image,
+    )

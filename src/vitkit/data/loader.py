@@ -6,6 +6,12 @@ Both yield `(images uint8 [B, C, H, W], labels int64 [B], n_skipped)` and share 
 The order of an epoch depends only on (seed, epoch): the permutation is drawn from
 `torch.Generator().manual_seed(seed * 1_000_003 + epoch)`.
 
+Data parallelism: with `world_size` ranks, batch b of the epoch is the *global* batch
+`order[b * G : (b + 1) * G]` with `G = batch_size * world_size`, and rank r takes its contiguous
+slice `[r * batch_size, (r + 1) * batch_size)` of it. So the images of every optimizer step are
+the same whatever the number of ranks (a run may resume on another world size), the ranks read
+disjoint samples, and DataLoader workers, which take whole batches in turn, do too.
+
 Reproducibility of the *augmentation* is separate: batched tensor transforms take their own
 generator (see `transforms`); PIL transforms in DataLoader workers use the workers' torch seeds,
 which derive from (seed, epoch) unless `persistent_workers` keeps workers (and their random
@@ -52,16 +58,35 @@ def _num_batches(n: int, batch_size: int, drop_last: bool) -> int:
 
 
 class EpochBatchSampler(Sampler[list[int]]):
-    """Batches of indices in the order `epoch_order(n, shuffle, seed, epoch)`."""
+    """Batches of indices in the order `epoch_order(n, shuffle, seed, epoch)`.
 
-    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int) -> None:
+    With `world_size > 1`, this rank's slice of each global batch (see the module docstring):
+    `batch_size` is per rank, and every rank has the same number of batches, `len(self)`.
+    Without `drop_last`, the slices of the last global batch may be short or empty.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.n = n
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self._start = 0  # batches to skip in the next iteration only (set by iter_from)
 
@@ -69,14 +94,20 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return _num_batches(self.n, self.batch_size, self.drop_last)
+        return _num_batches(self.n, self.batch_size * self.world_size, self.drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
         # Eager, so the order (and the skip) is fixed when the DataLoader iterator is made.
         start, self._start = self._start, 0
         order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
-        size = self.batch_size
-        return iter([order[b * size : (b + 1) * size].tolist() for b in range(start, len(self))])
+        size, step = self.batch_size, self.batch_size * self.world_size
+        first = self.rank * size
+        return iter(
+            [
+                order[b * step + first : b * step + first + size].tolist()
+                for b in range(start, len(self))
+            ]
+        )
 
 
 class ArrayLoader:
@@ -91,9 +122,14 @@ class ArrayLoader:
         drop_last: bool,
         seed: int = 0,
         pin_memory: bool = False,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.dataset = dataset
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
+        self.sampler = EpochBatchSampler(
+            len(dataset), batch_size, shuffle, drop_last, seed, rank=rank, world_size=world_size
+        )
         self.pin_memory = pin_memory and torch.cuda.is_available()
 
     def set_epoch(self, epoch: int) -> None:
@@ -124,7 +160,7 @@ class EpochDataLoader(DataLoader):
     """A DataLoader over an `EpochBatchSampler` that collates with `collate_skipping`."""
 
     def __init__(self, dataset: Dataset, batch_sampler: EpochBatchSampler, **kwargs) -> None:
-        generator = torch.Generator().manual_seed(batch_sampler.seed * 1_000_003)
+        generator = torch.Generator().manual_seed(self._worker_seed(batch_sampler, 0))
         super().__init__(
             dataset,
             batch_sampler=batch_sampler,
@@ -133,9 +169,14 @@ class EpochDataLoader(DataLoader):
             **kwargs,
         )
 
+    @staticmethod
+    def _worker_seed(sampler: EpochBatchSampler, epoch: int) -> int:
+        # Each rank's workers draw their own augmentation (rank 0: the single-process seeds).
+        return sampler.seed * 1_000_003 + epoch + sampler.rank * 7_777_777_777
+
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
-        self.generator.manual_seed(self.batch_sampler.seed * 1_000_003 + epoch)
+        self.generator.manual_seed(self._worker_seed(self.batch_sampler, epoch))
 
     def iter_from(self, batch_index: int) -> Iterator[Batch]:
         self.batch_sampler._start = batch_index
@@ -153,14 +194,48 @@ def make_loader(
     pin_memory: bool = False,
     persistent_workers: bool = False,
     prefetch_factor: int | None = None,
-) -> ArrayLoader | EpochDataLoader:
-    """An `EpochLoader` for `dataset`: `ArrayLoader` for an `ArrayDataset`, else a DataLoader.
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle_buffer: int = 1000,
+) -> EpochLoader:
+    """An `EpochLoader` for `dataset`: `ArrayLoader` for an `ArrayDataset`, a `ShardLoader` for
+    webdataset shards (`ShardDataset`), else a DataLoader over an `EpochBatchSampler`.
 
-    The worker options apply to the DataLoader only (an ArrayLoader just honours `pin_memory`).
+    `batch_size` is per rank; `rank` / `world_size` pick this rank's part of every epoch.
+    The worker options apply to DataLoaders only (an ArrayLoader just honours `pin_memory`);
+    `shuffle_buffer` to shards only.
     """
     if isinstance(dataset, ArrayDataset):
-        return ArrayLoader(dataset, batch_size, shuffle, drop_last, seed, pin_memory=pin_memory)
-    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
+        return ArrayLoader(
+            dataset,
+            batch_size,
+            shuffle,
+            drop_last,
+            seed,
+            pin_memory=pin_memory,
+            rank=rank,
+            world_size=world_size,
+        )
+    from vitkit.data.shards import ShardDataset, ShardLoader
+
+    if isinstance(dataset, ShardDataset):
+        return ShardLoader(
+            dataset,
+            batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            shuffle_buffer=shuffle_buffer,
+        )
+    sampler = EpochBatchSampler(
+        len(dataset), batch_size, shuffle, drop_last, seed, rank=rank, world_size=world_size
+    )
     worker_kwargs = {}
     if num_workers > 0:
         worker_kwargs = {

@@ -215,6 +215,16 @@ def _uniform(generator: torch.Generator, shape: tuple[int, ...], low: float, hig
     return torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
 
 
+def _batch_part(n: int, part: tuple[int, int] | None) -> tuple[int, slice]:
+    """(rows to draw parameters for, the rows of them that `n` images use)."""
+    if part is None:
+        return n, slice(0, n)
+    offset, total = part
+    if offset < 0 or offset + n > total:
+        raise ValueError(f"part {part}: {n} rows from offset {offset} exceed the batch of {total}")
+    return total, slice(offset, offset + n)
+
+
 def _sample(x: torch.Tensor, theta: torch.Tensor, out_hw: tuple[int, int], fill: float):
     """grid_sample `x` through the affine maps `theta` [B, 2, 3] (output -> input, normalised)."""
     theta = theta.to(device=x.device, dtype=x.dtype)
@@ -232,16 +242,20 @@ def random_resized_crop_batch(
     ratio: tuple[float, float],
     flip: bool,
     generator: torch.Generator,
+    part: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Inception crop of every image in a batch, resized to `out_size`; float, 0..255 scale.
 
     Per image: crop area fraction ~ U(scale), log aspect ~ U(log ratio), redrawn up to 10 times
     until the crop fits (as torchvision; then clamped), uniform position, and with `flip` a
     mirror with probability 1/2. Inception's values: scale (0.08, 1), ratio (3/4, 4/3).
-    `generator` (a CPU generator) is the only source of randomness.
+    `generator` (a CPU generator) is the only source of randomness. `part=(offset, total)`:
+    `images` are rows `offset ..` of a batch of `total` (one rank's slice of a data-parallel
+    batch); the parameters are drawn for all `total` rows, so every rank draws the same.
     """
     x = _as_float_batch(images)
-    b, _, h, w = x.shape
+    _, _, h, w = x.shape
+    b, rows = _batch_part(x.shape[0], part)
     out_hw = _pair(out_size)
     tries = 10
     area = _uniform(generator, (b, tries), *scale)
@@ -265,7 +279,7 @@ def random_resized_crop_batch(
     theta[:, 0, 2] = tx
     theta[:, 1, 1] = fh
     theta[:, 1, 2] = ty
-    return _sample(x, theta, out_hw, fill=0.0)
+    return _sample(x, theta[rows], out_hw, fill=0.0)
 
 
 def random_translate_scale_batch(
@@ -275,6 +289,7 @@ def random_translate_scale_batch(
     rotate_deg: float,
     generator: torch.Generator,
     fill: float = 0.0,
+    part: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """A small random affine per image (for digits): zoom, rotation, shift; float, 0..255 scale.
 
@@ -282,10 +297,11 @@ def random_translate_scale_batch(
     degrees, shift ~ U(-max_shift_frac, max_shift_frac) of the width / height per axis.
     Uncovered pixels take the value `fill` (0, the background of MNIST). Output size = input size.
     For digits: max_shift_frac 0.1, scale_range (0.9, 1.1), rotate_deg 10. `generator` (a CPU
-    generator) is the only source of randomness.
+    generator) is the only source of randomness; `part` as in `random_resized_crop_batch`.
     """
     x = _as_float_batch(images)
-    b, _, h, w = x.shape
+    _, _, h, w = x.shape
+    b, rows = _batch_part(x.shape[0], part)
     zoom = _uniform(generator, (b,), *scale_range)
     angle = _uniform(generator, (b,), -rotate_deg, rotate_deg) * (math.pi / 180)
     shift = _uniform(generator, (b, 2), -max_shift_frac, max_shift_frac) * 2  # normalised units
@@ -298,7 +314,7 @@ def random_translate_scale_batch(
     theta[:, 1, 0] = sin * w / h
     theta[:, 1, 1] = cos
     theta[:, :, 2] = -shift
-    return _sample(x, theta, (h, w), fill=fill)
+    return _sample(x, theta[rows], (h, w), fill=fill)
 
 
 def resize_batch(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:

@@ -6,10 +6,19 @@ Reproducibility contract: on CPU with a fixed seed, a run killed at any point an
 derived from the seed: model init (global RNG seeded before building), the data order (a
 generator per epoch), augmentation (a generator per epoch whose state is checkpointed), and
 dropout (the global RNG, whose state is checkpointed).
+
+Data parallelism (a process group initialised, e.g. under torchrun; see `train.distributed`):
+``batch_size`` stays the global batch of an optimizer step, split over ranks and micro-batches;
+each rank reads its slice of every global batch and augments it with the parameters drawn for
+the whole batch, so the images and their augmentation do not depend on the world size. The
+model is wrapped in DDP or sharded with FSDP2; checkpoints are distributed (DCP) and can be
+resumed on any world size, one process included. Dropout draws from the global RNG, reseeded
+per step and rank. Only rank 0 writes logs, progress, plots and reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,12 +40,19 @@ from vitkit.checkpoints import (
     config_diff,
     load_checkpoint,
     load_state_dict_strict,
+    resolve_checkpoint,
     save_checkpoint,
+)
+from vitkit.checkpoints.distributed import (
+    is_distributed_checkpoint,
+    load_distributed_checkpoint,
+    save_distributed_checkpoint,
 )
 from vitkit.config import PreprocessConfig, ViTConfig, check_fields, model_config
 from vitkit.data import (
     ArrayDataset,
     DataInfo,
+    is_shard_dir,
     load_dataset,
     make_loader,
     random_resized_crop_batch,
@@ -46,6 +62,8 @@ from vitkit.data import (
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.model import VisionTransformer
+from vitkit.train import distributed as D
+from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.optim import OptimizerName, build_optimizer
 from vitkit.train.schedules import Decay, warmup_decay
 
@@ -63,7 +81,11 @@ class TrainConfig:
     val_size: int | float | None = None  # held-out part of the training set: count or fraction
     augment: Augment = "digits"  # batch augmentation of in-memory data (ImageFolder: PIL crop)
     on_bad_image: Literal["stop", "skip"] = "stop"  # a corrupt ImageFolder file: stop or skip
-    num_workers: int = 0  # DataLoader workers (ImageFolder only; in-memory data needs none)
+    num_workers: int = 0  # DataLoader workers (files and shards; in-memory data needs none)
+    pin_memory: bool = False  # page-locked batches for faster copies to a GPU
+    persistent_workers: bool = False  # keep DataLoader workers between epochs
+    prefetch_factor: int | None = None  # batches each worker loads ahead (None: PyTorch's 2)
+    shuffle_buffer: int = 1000  # webdataset shards: samples in each worker's shuffle buffer
     # model
     model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", ...)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields
@@ -84,6 +106,9 @@ class TrainConfig:
     grad_clip: float | None = 1.0  # global-norm gradient clipping; None: off
     label_smoothing: float = 0.0
     precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
+    # scale (used when a process group is initialised, e.g. under torchrun)
+    strategy: D.Strategy = "auto"  # ddp, fsdp (FSDP2), or auto: fsdp for ViT-L and bigger
+    activation_checkpointing: bool = False  # recompute block activations in the backward pass
     # run
     out_dir: str = "runs/default"
     seed: int = 0
@@ -115,6 +140,10 @@ class TrainConfig:
             raise VitkitError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.augment not in ("none", "digits", "inception"):
             raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
+        if self.strategy not in ("auto", "ddp", "fsdp"):
+            raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
+        if self.shuffle_buffer < 1:
+            raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,6 +165,11 @@ RESUMABLE_CHANGES = frozenset(
         "ckpt_every",
         "keep_checkpoints",
         "num_workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+        "strategy",
+        "activation_checkpointing",
         "device",
         "log_every",
         "out_dir",
@@ -157,14 +191,26 @@ def _epoch_seed(seed: int, epoch: int, stream: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + stream) % (2**63)
 
 
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    """The global RNG's seed for optimizer step `step` on `rank` in a distributed run."""
+    return (seed * 998_244_353 + step * 1_000_003 + rank * 7919 + 17) % (2**63)
+
+
 class Trainer:
     """Builds everything a :class:`TrainConfig` describes and runs it: ``Trainer(cfg).fit()``."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
-        self.device = _device(cfg.device)
-        self.micro_batch = cfg.batch_size // cfg.accum_steps
+        self.dist = D.DistEnv.current()  # rank 0 of 1 without a process group
+        self.device = _device(D.device_for(cfg.device, self.dist))
+        world = self.dist.world_size
+        if cfg.batch_size % (cfg.accum_steps * world):
+            raise VitkitError(
+                f"batch size {cfg.batch_size} is not divisible by accum_steps {cfg.accum_steps} "
+                f"x world size {world}"
+            )
+        self.micro_batch = cfg.batch_size // cfg.accum_steps // world  # per rank
 
         self.train_set = load_dataset(
             cfg.data,
@@ -177,9 +223,24 @@ class Trainer:
         self.val_set = self._maybe_split("val")
         self.test_set = self._maybe_split("test")
 
-        torch.manual_seed(cfg.seed)  # model init draws from the global RNG
+        torch.manual_seed(cfg.seed)  # model init draws from the global RNG (same on every rank)
         self.model_cfg = self._model_config()
         self.model = VisionTransformer(self.model_cfg).to(self.device)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(self.model.blocks)
+        # What a training step calls: the model itself, DDP around it, or it sharded by FSDP2
+        # (in place: self.model then holds the sharded parameters).
+        self.forward_model: torch.nn.Module = self.model
+        self.strategy: str | None = None
+        if self.dist.enabled:
+            self.strategy = D.resolve_strategy(cfg.strategy, self.model_cfg.width)
+            self.forward_model = D.wrap_model(
+                self.model,
+                self.strategy,  # type: ignore[arg-type]
+                self.device,
+                bf16=cfg.precision == "bf16",
+                blocks=list(self.model.blocks),
+            )
         self.preprocess = PreprocessConfig.for_model(
             self.model_cfg, crop_pct=1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
         )
@@ -191,14 +252,7 @@ class Trainer:
             betas=cfg.betas,
             momentum=cfg.momentum,
         )
-        self.train_loader = make_loader(
-            self.train_set,
-            self.micro_batch,
-            shuffle=True,
-            drop_last=True,
-            seed=cfg.seed,
-            num_workers=cfg.num_workers,  # not persistent: worker seeds follow the epoch
-        )
+        self.train_loader = self._loader(self.train_set, self.micro_batch, train=True)
         self.steps_per_epoch = len(self.train_loader) // cfg.accum_steps
         if self.steps_per_epoch == 0:
             raise VitkitError(
@@ -221,6 +275,23 @@ class Trainer:
 
     # ----- set-up helpers ----------------------------------------------------------------
 
+    def _loader(self, dataset: Any, batch_size: int, train: bool) -> Any:
+        cfg = self.cfg
+        return make_loader(
+            dataset,
+            batch_size,
+            shuffle=train,
+            drop_last=train,
+            seed=cfg.seed if train else 0,
+            num_workers=cfg.num_workers,  # persistent only if asked: worker seeds follow epochs
+            pin_memory=cfg.pin_memory,
+            persistent_workers=cfg.persistent_workers,
+            prefetch_factor=cfg.prefetch_factor,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            shuffle_buffer=cfg.shuffle_buffer,
+        )
+
     def _data_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"seed": self.cfg.seed, "on_bad_image": self.cfg.on_bad_image}
         if self.cfg.val_size is not None:
@@ -232,6 +303,11 @@ class Trainer:
     def _maybe_split(self, split: str) -> Any:
         if split == "val" and self.cfg.val_size == 0:
             return None  # no held-out slice asked for
+        if is_shard_dir(self.cfg.data):  # shards hold the splits they were written with
+            from vitkit.data.shards import shard_splits
+
+            if split not in shard_splits(self.cfg.data):
+                return None
         return load_dataset(
             self.cfg.data,
             split,  # type: ignore[arg-type]
@@ -267,6 +343,10 @@ class Trainer:
         if not isinstance(self.train_set, ArrayDataset) or self.cfg.augment == "none":
             return images
         x = images.float()
+        # This rank's rows of the global micro-batch: parameters are drawn for all its rows.
+        part = None
+        if self.dist.enabled:
+            part = (self.dist.rank * len(x), self.dist.world_size * len(x))
         if self.cfg.augment == "digits":
             x = random_translate_scale_batch(
                 x,
@@ -274,6 +354,7 @@ class Trainer:
                 scale_range=(0.9, 1.1),
                 rotate_deg=10.0,
                 generator=self.aug_generator,
+                part=part,
             )
         else:
             x = random_resized_crop_batch(
@@ -283,6 +364,7 @@ class Trainer:
                 ratio=(3 / 4, 4 / 3),
                 flip=self.info.allow_flip,
                 generator=self.aug_generator,
+                part=part,
             )
         return x.clamp(0, 255)
 
@@ -308,33 +390,65 @@ class Trainer:
             "train_config": json.dumps(self.cfg.to_dict()),
         }
 
+    def _meta(self) -> dict[str, Any]:
+        meta = {
+            "dataset": self.info.name,
+            "step": self.step,
+            "epoch": self.epoch,
+            "train_config": self.cfg.to_dict(),
+        }
+        if self.dist.enabled:
+            meta["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
+        return meta
+
     def save(self) -> Path:
         name = f"step_{self.step:08d}"
-        path = save_checkpoint(
-            self.ckpt_dir / name,
-            self.model,
-            preprocess=self.preprocess,
-            class_names=self.info.class_names,
-            meta={
-                "dataset": self.info.name,
-                "step": self.step,
-                "epoch": self.epoch,
-                "train_config": self.cfg.to_dict(),
-            },
-            train_state=self.train_state(),
-        )
+        if self.dist.enabled:  # every rank writes its shards
+            path = save_distributed_checkpoint(
+                self.ckpt_dir / name,
+                self.model,
+                self.optimizer,
+                model_config=self.model_cfg,
+                preprocess=self.preprocess,
+                class_names=self.info.class_names,
+                meta=self._meta(),
+                train_state={
+                    "step": self.step,
+                    "epoch": self.epoch,
+                    "batch_in_epoch": self.batch_in_epoch,
+                    "aug_rng": self.aug_generator.get_state().tolist(),
+                    "train_config": json.dumps(self.cfg.to_dict()),
+                },
+            )
+            if not self.dist.is_main:
+                D.barrier(self.dist)  # until rank 0 has moved LATEST
+                return path
+        else:
+            path = save_checkpoint(
+                self.ckpt_dir / name,
+                self.model,
+                preprocess=self.preprocess,
+                class_names=self.info.class_names,
+                meta=self._meta(),
+                train_state=self.train_state(),
+            )
         atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
         others = [p for p in self.ckpt_dir.glob("step_*") if p.is_dir() and p.name != name]
         older = sorted(p for p in others if p.name < name)
         stale = [p for p in others if p.name > name]  # left by a run killed before LATEST moved
         for p in stale + older[: max(0, len(older) - (self.cfg.keep_checkpoints - 1))]:
             shutil.rmtree(p, ignore_errors=True)
+        if self.dist.enabled:
+            D.barrier(self.dist)
         return path
 
     def restore(self) -> bool:
         """Load the newest checkpoint of ``out_dir`` if there is one; True if resumed."""
         if not (self.ckpt_dir / LATEST).is_file():
             return False
+        if is_distributed_checkpoint(resolve_checkpoint(self.out)):
+            self._restore_distributed(resolve_checkpoint(self.out))
+            return True
         ckpt = load_checkpoint(self.out, with_train_state=True)
         diff = config_diff(ckpt.model_config, self.model_cfg)
         if diff:
@@ -344,20 +458,12 @@ class Trainer:
             )
         st = ckpt.train_state or {}
         try:
-            saved = TrainConfig.from_dict(json.loads(st["train_config"]))
-            now = self.cfg.to_dict()
-            changed = [
-                f"{k}: {v!r} -> {now[k]!r}"
-                for k, v in saved.to_dict().items()
-                if k not in RESUMABLE_CHANGES and v != now[k]
-            ]
-            if changed:
-                raise VitkitError(
-                    f"{ckpt.path}: resuming with other training settings than the run's "
-                    f"would not continue the same run: {'; '.join(changed)}"
-                )
-            load_state_dict_strict(self.model, ckpt.state_dict, source=str(ckpt.path))
-            self.optimizer.load_state_dict(st["optimizer"])
+            self._check_same_run(ckpt.path, st["train_config"])
+            if self.dist.enabled:  # parameter names, not positions: fits DDP and FSDP alike
+                D.load_full_state(self.model, self.optimizer, ckpt.state_dict, st["optimizer"])
+            else:
+                load_state_dict_strict(self.model, ckpt.state_dict, source=str(ckpt.path))
+                self.optimizer.load_state_dict(st["optimizer"])
             torch.set_rng_state(st["torch_rng"])
             self.aug_generator.set_state(st["aug_rng"])
             self.step, self.epoch = int(st["step"]), int(st["epoch"])
@@ -367,6 +473,40 @@ class Trainer:
         self._truncate_metrics(self.step)
         return True
 
+    def _check_same_run(self, path: Path, saved_config: str) -> None:
+        saved = TrainConfig.from_dict(json.loads(saved_config))
+        now = self.cfg.to_dict()
+        changed = [
+            f"{k}: {v!r} -> {now[k]!r}"
+            for k, v in saved.to_dict().items()
+            if k not in RESUMABLE_CHANGES and v != now[k]
+        ]
+        if changed:
+            raise VitkitError(
+                f"{path}: resuming with other training settings than the run's "
+                f"would not continue the same run: {'; '.join(changed)}"
+            )
+
+    def _restore_distributed(self, path: Path) -> None:
+        """Resume from a distributed checkpoint, on any world size (one process included)."""
+        ckpt = load_checkpoint(path)  # config only (the weights are read again, sharded)
+        diff = config_diff(ckpt.model_config, self.model_cfg)
+        if diff:
+            raise VitkitError(
+                f"{path}: checkpoint is of another architecture than requested: " + "; ".join(diff)
+            )
+        st = load_distributed_checkpoint(path, self.model, self.optimizer)
+        try:
+            self._check_same_run(path, st["train_config"])
+            self.aug_generator.set_state(torch.tensor(st["aug_rng"], dtype=torch.uint8))
+            self.step, self.epoch = int(st["step"]), int(st["epoch"])
+            self.batch_in_epoch = int(st["batch_in_epoch"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise VitkitError(f"{path}: incomplete training state ({e!r})") from None
+        if not self.dist.enabled:  # dropout's RNG: as a distributed run reseeds it
+            torch.manual_seed(_step_seed(self.cfg.seed, self.step, 0))
+        self._truncate_metrics(self.step)
+
     # ----- metrics -----------------------------------------------------------------------
 
     @property
@@ -374,6 +514,8 @@ class Trainer:
         return self.out / "metrics.jsonl"
 
     def log(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -391,7 +533,7 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         """On resume, drop records a killed run wrote after its last checkpoint."""
-        if not self.metrics_path.exists():
+        if not self.dist.is_main or not self.metrics_path.exists():
             return
         kept = []
         for line in self.metrics_path.read_text().splitlines():
@@ -425,6 +567,8 @@ class Trainer:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.dist.enabled:
+            return self._train_step_distributed(micro_batches)
         micro_batches = [(x, y) for x, y in micro_batches if len(y)]  # all images skipped
         total = sum(len(y) for _, y in micro_batches)
         loss_sum, correct, n = 0.0, 0, 0
@@ -438,6 +582,46 @@ class Trainer:
             loss_sum += loss.item() * len(y)
             correct += int((logits.argmax(-1) == y).sum())
             n += len(y)
+        return self._optimizer_step(loss_sum, correct, n)
+
+    def _train_step_distributed(
+        self, micro_batches: list[tuple[Tensor, Tensor]]
+    ) -> tuple[float, float]:
+        """`train_step` on one rank: the loss is the mean over the whole global batch."""
+        torch.manual_seed(_step_seed(self.cfg.seed, self.step, self.dist.rank))  # dropout
+        world = self.dist.world_size
+        (total,) = D.all_reduce_sum([sum(len(y) for _, y in micro_batches)], self.dist)
+        total = max(total, 1.0)
+        loss_sum, correct, n = 0.0, 0, 0
+        for i, (images, labels) in enumerate(micro_batches):
+            weight = len(labels) * world / total  # DDP / FSDP average the ranks' gradients
+            if len(labels):
+                x = self.prepare(self.augment(images))
+                y = labels.to(self.device)
+            else:  # every image skipped: a zero-weight forward keeps the collectives in step
+                x = torch.zeros(1, *self._input_shape(), device=self.device)
+                y = torch.zeros(1, dtype=torch.int64, device=self.device)
+            last = i == len(micro_batches) - 1
+            with contextlib.ExitStack() as stack:
+                if not last:
+                    stack.enter_context(D.no_gradient_sync(self.forward_model))
+                with self._autocast():
+                    logits = self.forward_model(x)
+                    loss = F.cross_entropy(
+                        logits.float(), y, label_smoothing=self.cfg.label_smoothing
+                    )
+                (loss * weight).backward()
+            if len(labels):
+                loss_sum += loss.item() * len(y)
+                correct += int((logits.argmax(-1) == y).sum())
+                n += len(y)
+        loss_sum, correct_f, n_f = D.all_reduce_sum([loss_sum, correct, n], self.dist)
+        return self._optimizer_step(loss_sum, int(correct_f), int(n_f))
+
+    def _input_shape(self) -> tuple[int, int, int]:
+        return (self.model_cfg.in_chans, *self.model_cfg.image_size)
+
+    def _optimizer_step(self, loss_sum: float, correct: int, n: int) -> tuple[float, float]:
         if self.cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -446,22 +630,37 @@ class Trainer:
         return loss_sum / max(n, 1), correct / max(n, 1)
 
     def evaluate(self, dataset: Any) -> ClassificationResult:
-        loader = make_loader(
-            dataset,
-            max(256, self.micro_batch),
-            shuffle=False,
-            drop_last=False,
-            seed=0,
-            num_workers=self.cfg.num_workers,
-        )
-        return evaluate_classification(
-            self.model,
+        """Evaluate on `dataset`; in a distributed run every rank evaluates its share."""
+        per_rank = max(256, self.micro_batch)
+        if self.dist.enabled:  # small sets: an even share per rank rather than all on rank 0
+            per_rank = min(per_rank, math.ceil(len(dataset) / self.dist.world_size))
+        loader = self._loader(dataset, per_rank, train=False)
+
+        def run(model: torch.nn.Module, batches: Any) -> ClassificationResult:
+            return evaluate_classification(
+                model,
+                batches,
+                self.info.num_classes,
+                device=self.device,
+                prepare=self.prepare,
+                autocast_dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
+                progress=self.cfg.progress and self.dist.is_main,
+            )
+
+        if not self.dist.enabled:
+            return run(self.model, loader)
+
+        def dummy() -> Tensor:
+            return torch.zeros(1, *self._input_shape(), device=self.device)
+
+        return D.evaluate_sharded(
+            run,
+            self.model,  # DDP: the module itself (no collectives); FSDP: the sharded model
             loader,
             self.info.num_classes,
-            device=self.device,
-            prepare=self.prepare,
-            autocast_dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
-            progress=self.cfg.progress,
+            self.dist,
+            collective_forward=self.strategy == "fsdp",
+            dummy_input=dummy,
         )
 
     def fit(self, on_epoch_end: Callable[[Trainer, dict[str, Any]], None] | None = None) -> dict:
@@ -472,6 +671,7 @@ class Trainer:
         from tqdm import tqdm
 
         cfg = self.cfg
+        main = self.dist.is_main
         self.out.mkdir(parents=True, exist_ok=True)
         resumed = cfg.resume and self.restore()
         if not resumed:
@@ -480,8 +680,11 @@ class Trainer:
                     f"{self.out}: already holds a run; pass --resume to continue it or "
                     "choose another --out-dir"
                 )
-            self.metrics_path.unlink(missing_ok=True)
-        atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
+            D.barrier(self.dist)  # every rank has checked before rank 0 writes anything
+            if main:
+                self.metrics_path.unlink(missing_ok=True)
+        if main:
+            atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
         start = time.perf_counter()
         images_seen = 0
         train_time = 0.0
@@ -493,7 +696,7 @@ class Trainer:
                 total=self.steps_per_epoch,
                 initial=self.batch_in_epoch // cfg.accum_steps,
                 desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                disable=not cfg.progress,
+                disable=not (cfg.progress and main),
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
@@ -510,7 +713,7 @@ class Trainer:
                 if len(pending) < cfg.accum_steps:
                     continue
                 loss, acc = self.train_step(pending)
-                images_seen += sum(len(y) for _, y in pending)
+                images_seen += sum(len(y) for _, y in pending) * self.dist.world_size
                 pending = []
                 log_loss, log_acc, log_n = log_loss + loss, log_acc + acc, log_n + 1
                 bar.update(1)
@@ -538,6 +741,9 @@ class Trainer:
                 self.epoch += 1
                 self.batch_in_epoch = 0
             record: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
+            if self.dist.enabled:
+                (skipped_all,) = D.all_reduce_sum([skipped], self.dist)
+                skipped = int(skipped_all)
             if skipped:
                 record["skipped_images"] = skipped
             if self.val_set is not None:
@@ -545,7 +751,7 @@ class Trainer:
                 record.update(val_loss=res.loss, val_top1=res.top1, val_top5=res.top5)
             self.log(record)
             self.save()
-            if cfg.progress:
+            if cfg.progress and main:
                 shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
                 print(json.dumps(shown), file=sys.stderr)
             if on_epoch_end is not None:
@@ -569,6 +775,8 @@ class Trainer:
             "precision": self.cfg.precision,
             "threads": torch.get_num_threads(),
         }
+        if self.dist.enabled:
+            report["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
         eval_set = self.test_set if self.test_set is not None else self.val_set
         if eval_set is not None:
             split = "test" if self.test_set is not None else "val"
@@ -577,6 +785,9 @@ class Trainer:
             report["per_class_accuracy"] = [
                 None if math.isnan(a) else a for a in res.per_class_accuracy
             ]
+        if not self.dist.is_main:  # (every rank evaluated its share; rank 0 writes)
+            return report
+        if eval_set is not None:
             plot_confusion_matrix(
                 res.confusion,
                 self.info.class_names,
