@@ -261,6 +261,7 @@ def _train(cfg: Any, trainer_cls: Any, env: Any) -> int:
             + (f", {speed:.0f} train images/s)" if speed else ")")
         )
     print(f"checkpoint: {cfg.out_dir}/checkpoints (LATEST)   report: {cfg.out_dir}/report.json")
+    print(f"report with attention analysis: {cfg.out_dir}/report.html")
     print(f"plots: {cfg.out_dir}/curves.png  {cfg.out_dir}/confusion_{split}.png")
     return 0
 
@@ -311,6 +312,36 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def checkpoint_dataset(
+    ckpt: Any, data: str, split: str, data_root: str | None, on_bad_image: str = "stop"
+) -> Any:
+    """``split`` of dataset ``data`` as the checkpoint's model sees it: at its input size, with
+    the run's own train/val partition when it is the dataset the run trained on, and checked
+    against the checkpoint's classes."""
+    from vitkit.data import load_dataset
+
+    run = ckpt.meta.get("train_config", {})  # the run's split: val must stay held out
+    kw: dict[str, Any] = {"on_bad_image": on_bad_image, "train_transform": False}
+    if data == run.get("data"):
+        kw.update(seed=run.get("seed", 0), val_size=run.get("val_size"))
+    if data_root or (data == run.get("data") and run.get("data_root")):
+        kw["root"] = data_root or run["data_root"]
+    dataset = load_dataset(data, split, image_size=ckpt.preprocess.image_size, **kw)
+    names = dataset.info.class_names
+    if ckpt.class_names and tuple(names) != tuple(ckpt.class_names):
+        raise VitkitError(
+            f"dataset '{data}' has classes {', '.join(names)} but the checkpoint was trained "
+            f"on {', '.join(ckpt.class_names)}"
+        )
+    num_classes = ckpt.model_config.num_classes
+    if num_classes and dataset.info.num_classes != num_classes:
+        raise VitkitError(
+            f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
+            f"head has {num_classes}"
+        )
+    return dataset
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     paths = list(args.ckpt)
@@ -340,7 +371,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     import torch
 
     from vitkit.checkpoints import load_model
-    from vitkit.data import load_dataset, make_loader, to_model_input
+    from vitkit.data import make_loader, to_model_input
     from vitkit.eval import evaluate_classification, format_result
     from vitkit.plotting import plot_confusion_matrix
 
@@ -349,25 +380,10 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
-    run = ckpt.meta.get("train_config", {})  # the run's split: val must stay held out
-    kw: dict[str, Any] = {"on_bad_image": args.on_bad_image, "train_transform": False}
-    if data == run.get("data"):
-        kw.update(seed=run.get("seed", 0), val_size=run.get("val_size"))
-    if args.data_root or (data == run.get("data") and run.get("data_root")):
-        kw["root"] = args.data_root or run["data_root"]
-    size = ckpt.preprocess.image_size
-    dataset = load_dataset(data, args.split, image_size=size, **kw)
+    if not model.cfg.num_classes:
+        raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
+    dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
     names = dataset.info.class_names
-    if ckpt.class_names and tuple(names) != tuple(ckpt.class_names):
-        raise VitkitError(
-            f"dataset '{data}' has classes {', '.join(names)} but the checkpoint was trained "
-            f"on {', '.join(ckpt.class_names)}"
-        )
-    if dataset.info.num_classes != model.cfg.num_classes:
-        raise VitkitError(
-            f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
-            f"head has {model.cfg.num_classes}"
-        )
     pre = ckpt.preprocess
 
     def prepare(images: torch.Tensor) -> torch.Tensor:
@@ -393,12 +409,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     )
     print(f"{path}:")
     print(format_result(result, names))
-    if out_arg:
-        out = Path(out_arg)
-    elif ckpt.path.parent.name == "checkpoints":  # inside a run directory: next to its report
-        out = ckpt.path.parent.parent / f"eval_{args.split}"
-    else:
-        out = ckpt.path.parent / f"{ckpt.path.name}_eval_{args.split}"
+    out = Path(out_arg) if out_arg else _default_out(ckpt.path, f"eval_{args.split}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result.to_json_dict(), indent=1))
     png = plot_confusion_matrix(
@@ -533,35 +544,270 @@ def load_image_file(path: str | Path, channels: int) -> Any:
         raise VitkitError(f"{p}: cannot read image ({e})") from None
 
 
+def load_images(paths: Sequence[str], preprocess: Any) -> Any:
+    """Image files → the uint8 batch [B, C, H, W] the checkpoint's eval transform makes."""
+    import torch
+
+    from vitkit.data import PilEvalTransform
+
+    pre = preprocess
+    if pre.interpolation not in ("bilinear", "bicubic"):
+        raise VitkitError(f"unsupported interpolation {pre.interpolation!r} in the checkpoint")
+    transform = PilEvalTransform(
+        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=pre.interpolation
+    )
+    images = [load_image_file(p, pre.channels) for p in paths]  # fail before any work
+    return torch.stack([transform(img) for img in images])
+
+
+def _top_k(probs: Any, names: Sequence[str], k: int) -> list[list[dict[str, Any]]]:
+    top_p, top_i = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    return [
+        [{"label": names[i], "index": i, "prob": p} for p, i in zip(ps, idx)]
+        for ps, idx in zip(top_p.tolist(), top_i.tolist())
+    ]
+
+
+def _show_top_k(preds: list[dict[str, Any]]) -> str:
+    return "  ".join(f"{q['label']} {100 * q['prob']:.1f}%" for q in preds)
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     import torch
 
     from vitkit.checkpoints import load_model
-    from vitkit.data import PilEvalTransform, normalize
+    from vitkit.data import normalize
 
     for path in args.images:  # the cheapest mistake first, before loading any weights
         if not Path(path).is_file():
             raise VitkitError(f"{path}: no such image file")
     model, ckpt = load_model(args.ckpt)
+    if not model.cfg.num_classes:
+        raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")
     pre = ckpt.preprocess
-    transform = PilEvalTransform(
-        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=pre.interpolation
-    )
-    images = [load_image_file(p, pre.channels) for p in args.images]  # fail before any work
-    batch = normalize(torch.stack([transform(img) for img in images]).float(), pre.mean, pre.std)
+    batch = normalize(load_images(args.images, pre).float(), pre.mean, pre.std)
     with torch.inference_mode():
         probs = model(batch).float().softmax(-1)
-    k = min(args.top_k, probs.shape[-1])
-    top_p, top_i = probs.topk(k, dim=-1)
     names = ckpt.class_names or tuple(str(i) for i in range(probs.shape[-1]))
-    for path, ps, idx in zip(args.images, top_p.tolist(), top_i.tolist()):
-        preds = [{"label": names[i], "index": i, "prob": p} for p, i in zip(ps, idx)]
+    for path, preds in zip(args.images, _top_k(probs, names, args.top_k)):
         if args.json:
             print(json.dumps({"image": str(path), "top_k": preds}))
         else:
-            shown = "  ".join(f"{q['label']} {100 * q['prob']:.1f}%" for q in preds)
-            print(f"{path}: {shown}")
+            print(f"{path}: {_show_top_k(preds)}")
     return 0
+
+
+def _default_out(ckpt_path: Path, name: str) -> Path:
+    """RUN/NAME for a run's checkpoint, else CKPT_NAME beside the checkpoint."""
+    if ckpt_path.parent.name == "checkpoints":
+        return ckpt_path.parent.parent / name
+    return ckpt_path.parent / f"{ckpt_path.name}_{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# explain
+
+
+def _add_explain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="attention rollout and per-layer attention maps of images (PNG), with top-k",
+        description="For each image: IMAGE_rollout.png (the input, the attention rollout over "
+        "it and the input multiplied by it, as in the paper's Figure 6) and IMAGE_layers.png "
+        "(every layer's and head's attention from the class token, or the mean query for GAP "
+        "models, over the patches, with the rollout up to each layer); prints the top-k "
+        "prediction.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument(
+        "--out",
+        help="directory for the PNGs (default: RUN/explain for a run's checkpoint, else "
+        "CKPT_explain beside the checkpoint)",
+    )
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument(
+        "--head-fusion",
+        default="mean",
+        choices=["mean", "max", "min"],
+        help="how the rollout combines heads (the paper: mean)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    from vitkit.analysis import explain, plot_layer_maps, plot_rollout
+    from vitkit.checkpoints import load_model
+    from vitkit.data import normalize
+
+    for path in args.images:
+        if not Path(path).is_file():
+            raise VitkitError(f"{path}: no such image file")
+    if args.top_k < 1:
+        raise VitkitError(f"--top-k must be at least 1, got {args.top_k}")
+    model, ckpt = load_model(args.ckpt)
+    model.to(args.device)
+    pre = ckpt.preprocess
+    raw = load_images(args.images, pre)
+    found = explain(model, normalize(raw.float(), pre.mean, pre.std), head_fusion=args.head_fusion)
+    out = Path(args.out) if args.out else _default_out(ckpt.path, "explain")
+    out.mkdir(parents=True, exist_ok=True)
+    names = ckpt.class_names or tuple(str(i) for i in range(found.logits.shape[-1]))
+    if model.cfg.num_classes:
+        top = _top_k(found.logits.softmax(-1), names, args.top_k)
+    else:
+        top = [[] for _ in args.images]
+    stems = [Path(p).stem for p in args.images]
+    for i, path in enumerate(args.images):
+        stem = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}_{i + 1}"
+        shown = _show_top_k(top[i])
+        title = f"{Path(path).name}: {shown}" if shown else Path(path).name
+        pixels = raw[i].float() / 255
+        rollout_png = plot_rollout(
+            pixels, found.rollout[i], out / f"{stem}_rollout.png", title=title
+        )
+        layers_png = plot_layer_maps(
+            found.layer_maps[i],
+            found.rollout_maps[i],
+            out / f"{stem}_layers.png",
+            image=pixels,
+            title=f"{title}  ({model.cfg.short_name}, per-layer attention)",
+        )
+        if args.json:
+            record = {"image": str(path), "top_k": top[i]}
+            record.update(rollout_png=str(rollout_png), layers_png=str(layers_png))
+            print(json.dumps(record))
+        else:
+            print(f"{path}: {shown}" if shown else f"{path}:")
+            print(f"    {rollout_png}\n    {layers_png}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# analyze
+
+
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="the paper's Figure 7 panels, rollout examples and an HTML report for a checkpoint",
+        description="Writes embedding_filters.png, position_similarity.png, "
+        "attention_distance.png, rollout_examples.png, analysis.json (the numbers) and "
+        "report.html (self-contained: every figure embedded) into --out. Attention distance "
+        "and rollout need images: from --data, else the dataset the checkpoint was trained "
+        "on; a checkpoint that names none (e.g. a converted one) without --data gets the "
+        "weight-only panels. For a run's checkpoint the report also shows its training "
+        "curves and confusion matrix.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
+    p.add_argument("--data-root", help="mnist: directory with the IDX files")
+    p.add_argument(
+        "--split", default="test", choices=["train", "val", "test", "all"], help="part of --data"
+    )
+    p.add_argument(
+        "--num-images",
+        type=int,
+        default=128,
+        help="images (spread evenly over the split) for attention distance and rollout; the "
+        "paper uses 128",
+    )
+    p.add_argument("--examples", type=int, default=8, help="rollout examples to draw")
+    p.add_argument("--components", type=int, default=28, help="embedding-filter components")
+    p.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--out",
+        help="output directory (default: RUN/analysis for a run's checkpoint, else "
+        "CKPT_analysis beside the checkpoint)",
+    )
+    p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
+    p.add_argument("--threads", type=int)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.set_defaults(func=cmd_analyze)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    from vitkit.analysis import analyze_model, sample_dataset, write_report
+    from vitkit.checkpoints import load_model
+
+    for name in ("num_images", "batch_size", "components"):
+        if getattr(args, name) < 1:
+            raise VitkitError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.examples < 0:
+        raise VitkitError(f"--examples must be at least 0, got {args.examples}")
+    model, ckpt = load_model(args.ckpt)
+    model.to(args.device)
+    data_name = args.data or ckpt.meta.get("dataset")
+    data = None
+    if data_name:
+        dataset = checkpoint_dataset(ckpt, data_name, args.split, args.data_root, args.on_bad_image)
+        n = min(args.num_images, len(dataset))
+        data = sample_dataset(
+            dataset,
+            n,
+            ckpt.preprocess,
+            description=f"{n} {args.split} images of {dataset.info.name}",
+        )
+    else:
+        print(
+            f"{ckpt.path}: the checkpoint names no dataset and no --data was given: "
+            "attention distance and rollout are skipped",
+            file=sys.stderr,
+        )
+    out = Path(args.out) if args.out else _default_out(ckpt.path, "analysis")
+    result = analyze_model(
+        model,
+        out,
+        data,
+        num_examples=args.examples,
+        filter_components=args.components,
+        head_fusion=args.head_fusion,
+        batch_size=args.batch_size,
+    )
+    run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
+    report = write_report(
+        out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
+    )
+    print(_format_numbers(result.numbers))
+    files = "  ".join(str(p) for p in result.files.values())
+    print(f"wrote {files}  {report}")
+    return 0
+
+
+def _format_numbers(numbers: dict[str, Any]) -> str:
+    """The headline numbers of an analysis, a few lines of text."""
+    lines = []
+    ps = numbers.get("position_similarity")
+    if ps:
+        lines.append(
+            f"position embeddings, mean cosine: adjacent {ps['adjacent']:.3f}, same row/column "
+            f"{ps['same_row_or_column']:.3f}, far {ps['far']:.3f}, all pairs {ps['other']:.3f}"
+        )
+    ad = numbers.get("attention_distance")
+    if ad:
+        shown = " ".join(f"{d:.1f}" for d in ad["per_layer_mean"])
+        lowest = " ".join(f"{d:.1f}" for d in ad["per_layer_min"])
+        highest = " ".join(f"{d:.1f}" for d in ad["per_layer_max"])
+        lines.append(f"mean attention distance (px) by layer: {shown}")
+        lines.append(f"    lowest head: {lowest}\n    highest head: {highest}")
+    rb = numbers.get("rollout_in_box")
+    if rb:
+        lines.append(
+            f"rollout mass inside the object box {rb['mass_inside_box']:.3f} vs box area "
+            f"{rb['box_area_share']:.3f}: ratio {rb['ratio']:.2f} (control with another "
+            f"image's box {rb['control_ratio_other_images_box']:.2f})"
+        )
+    if "sample_top1" in numbers:
+        lines.append(f"top-1 on the analysed images: {100 * numbers['sample_top1']:.1f}%")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -868,6 +1114,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_predict(sub)
+    _add_explain(sub)
+    _add_analyze(sub)
     _add_models(sub)
     _add_convert(sub)
     _add_inspect(sub)

@@ -101,7 +101,7 @@ def plot_confusion_matrix(
         vmax = max(float(values.max()), 1.0)
 
     side = min(max(4.0, 0.45 * k + 2.5), 14.0)
-    fig = _new_figure((side + 1.2, side))
+    fig = new_figure((side + 1.2, side))
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=vmax, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -128,7 +128,7 @@ def plot_confusion_matrix(
                 ax.text(j, i, text, ha="center", va="center", color=color, fontsize=fontsize)
 
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def plot_training_curves(
@@ -160,14 +160,14 @@ def plot_training_curves(
 
     ncols = 2 if len(panels) == 4 else len(panels)
     nrows = 2 if len(panels) == 4 else 1
-    fig = _new_figure((5.0 * ncols, 3.6 * nrows))
+    fig = new_figure((5.0 * ncols, 3.6 * nrows))
     for index, (panel_title, ylabel, lines) in enumerate(panels, start=1):
         ax = fig.add_subplot(nrows, ncols, index)
         _draw_panel(ax, panel_title, ylabel, lines)
     if title is not None:
         fig.suptitle(title)
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _draw_panel(
@@ -200,7 +200,8 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def _new_figure(size: tuple[float, float]) -> Figure:
+def new_figure(size: tuple[float, float]) -> Figure:
+    """A matplotlib ``Figure`` (inches) on its own Agg canvas: no pyplot, no global state."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -209,7 +210,7 @@ def _new_figure(size: tuple[float, float]) -> Figure:
     return fig
 
 
-def _save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
+def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Write ``fig`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

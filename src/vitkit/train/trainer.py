@@ -68,6 +68,7 @@ from vitkit.train.optim import OptimizerName, build_optimizer
 from vitkit.train.schedules import Decay, warmup_decay
 
 Precision = Literal["fp32", "bf16"]
+REPORT_IMAGES = 128  # evaluation images the run report's attention analysis looks at
 Augment = Literal["none", "digits", "inception"]
 
 
@@ -799,4 +800,20 @@ class Trainer:
         if records:
             plot_training_curves(records, self.out / "curves.png", title=str(self.out))
         atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
+        self.write_report(eval_set, "test" if eval_set is self.test_set else "val")
         return report
+
+    def write_report(self, eval_set: Any, split: str) -> Path:
+        """``report.html``: the run's numbers, curves and confusion matrix with the analysis
+        panels of :mod:`vitkit.analysis` (PNGs and numbers in ``analysis/``), computed on up to
+        ``REPORT_IMAGES`` evaluation images."""
+        from vitkit.analysis import analyze_model, sample_dataset, write_report
+
+        data = None
+        if eval_set is not None:
+            n = min(REPORT_IMAGES, len(eval_set))
+            data = sample_dataset(
+                eval_set, n, self.preprocess, description=f"{n} {split} images of {self.info.name}"
+            )
+        result = analyze_model(self.model, self.out / "analysis", data)
+        return write_report(self.out / "report.html", self.model, result, run_dir=self.out)

@@ -1,0 +1,251 @@
+"""What the attention looks at: per-layer maps, attention rollout, mean attention distance.
+
+- **Attention maps.** Every block's softmax weights [B, heads, T, T] come from
+  :meth:`VisionTransformer.forward_intermediates` (the explicit-softmax path).
+  :func:`patch_map` reads, from a [.., T, T] matrix, what the model's output looks at over the
+  patch grid: the class token's row for ``pool="token"``, the mean row over all tokens for
+  ``pool="gap"`` (the pooled feature is the mean of all tokens), renormalised over patches.
+- **Attention rollout** (Abnar & Zuidema, 2020; the paper's Figure 6 and Appendix D.8):
+  average the heads, add the identity for the residual connection, renormalise the rows, and
+  multiply the matrices from the first layer to the last, ``R = Â_L ... Â_1``. Each row of R is
+  a distribution over input tokens; with attention that is the identity, R is the identity.
+- **Mean attention distance** (Figure 7, right; Appendix D.7): for a query patch, the pixel
+  distance to every key patch weighted by the attention, averaged over query patches and
+  images, per head and layer. Distances are between patch centres in input pixels (non-square
+  patches and grids included). The class token is neither a query nor a key here, and the
+  weights of a query over the patches are renormalised: a head that puts most of its weight on
+  the class token is measured by where its remaining weight goes, instead of reading as
+  "local" (the paper does not say how it treats the class token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.config import ViTConfig
+from vitkit.errors import VitkitError
+from vitkit.model import VisionTransformer
+
+HeadFusion = Literal["mean", "max", "min"]
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` in eval mode (no dropout), then restore its previous mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def attention_weights(model: VisionTransformer, x: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Every block's attention weights [B, heads, T, T] (float32, on CPU) and the logits
+    [B, classes], for normalised model input ``x`` [B, C, H, W], in eval mode."""
+    device = next(model.parameters()).device
+    with eval_mode(model), torch.inference_mode():
+        out = model.forward_intermediates(x.to(device))
+    return [a.float().cpu() for a in out.attentions], out.logits.float().cpu()
+
+
+def _check_attentions(attentions: Sequence[Tensor]) -> None:
+    if not attentions:
+        raise VitkitError("no attention maps given (a model has at least one block)")
+    for i, a in enumerate(attentions):
+        if a.ndim != 4 or a.shape[-1] != a.shape[-2] or a.shape != attentions[0].shape:
+            raise VitkitError(
+                f"attention map {i} has shape {tuple(a.shape)}; expected every layer's "
+                f"[B, heads, T, T] with the shape of layer 0, {tuple(attentions[0].shape)}"
+            )
+
+
+def fuse_heads(attention: Tensor, how: HeadFusion = "mean") -> Tensor:
+    """[B, heads, T, T] → [B, T, T]: the heads' mean (the paper's rollout), max or min."""
+    if how == "mean":
+        return attention.mean(dim=1)
+    if how == "max":
+        return attention.amax(dim=1)
+    if how == "min":
+        return attention.amin(dim=1)
+    raise VitkitError(f"head fusion must be mean, max or min, got {how!r}")
+
+
+def rollout_by_layer(
+    attentions: Sequence[Tensor], *, head_fusion: HeadFusion = "mean", residual: bool = True
+) -> list[Tensor]:
+    """Attention rollout after each layer: ``[Â_1, Â_2 Â_1, ..., Â_L ... Â_1]``, each
+    [B, T, T] with rows that are distributions over the input tokens.
+
+    ``Â_l = normalise_rows(fuse_heads(A_l) + I)``; ``residual=False`` leaves out the identity
+    (then rows are renormalised fused attention, which for ``"mean"`` is the attention itself).
+    """
+    _check_attentions(attentions)
+    b, _, t, _ = attentions[0].shape
+    eye = torch.eye(t, dtype=torch.float64)
+    rolled = eye.expand(b, t, t)
+    out = []
+    for a in attentions:
+        a_hat = fuse_heads(a.to(torch.float64), head_fusion)
+        if residual:
+            a_hat = a_hat + eye
+        a_hat = a_hat / a_hat.sum(dim=-1, keepdim=True)
+        rolled = a_hat @ rolled  # the later layer on the left: R_l = Â_l R_{l-1}
+        out.append(rolled.float())
+    return out
+
+
+def attention_rollout(
+    attentions: Sequence[Tensor], *, head_fusion: HeadFusion = "mean", residual: bool = True
+) -> Tensor:
+    """Attention rollout through all layers, ``Â_L ... Â_1`` [B, T, T] (see
+    :func:`rollout_by_layer`)."""
+    return rollout_by_layer(attentions, head_fusion=head_fusion, residual=residual)[-1]
+
+
+def patch_map(matrix: Tensor, cfg: ViTConfig) -> Tensor:
+    """What the model's output attends to, as a distribution over the patch grid.
+
+    ``matrix`` is [..., T, T] (attention or rollout, rows = queries). For ``pool="token"`` the
+    class token's row, for ``pool="gap"`` the mean of all rows; restricted to the patch columns
+    and renormalised to sum to 1. Returns [..., grid_h, grid_w].
+    """
+    t, p = cfg.seq_len, cfg.num_prefix_tokens
+    if matrix.shape[-2:] != (t, t):
+        raise VitkitError(
+            f"a {cfg.short_name} model at {cfg.image_size} px has {t} tokens, but the matrix "
+            f"is {tuple(matrix.shape[-2:])}"
+        )
+    row = matrix[..., 0, :] if cfg.pool == "token" else matrix.mean(dim=-2)
+    patches = row[..., p:]
+    patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    return patches.reshape(*patches.shape[:-1], *cfg.grid_size)
+
+
+def upsample_map(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """[..., gh, gw] → [..., H, W] by bilinear interpolation (for drawing over the image)."""
+    lead = maps.shape[:-2]
+    flat = maps.reshape(-1, 1, *maps.shape[-2:]).float()
+    up = F.interpolate(flat, size=tuple(size), mode="bilinear", align_corners=False)
+    return up.reshape(*lead, *size)
+
+
+def box_mass(maps: Tensor, boxes: Tensor, cfg: ViTConfig) -> tuple[Tensor, Tensor]:
+    """The share of each map's mass that lies inside an object box, and the box's share of the
+    image.
+
+    ``maps`` [B, gh, gw] are distributions over patches (:func:`patch_map`); a patch's mass is
+    spread evenly over its pixels, so a box covering a third of a patch gets a third of its mass
+    (exact rectangle overlap). ``boxes`` [B, 4] are (x0, y0, x1, y1) in model-input pixels.
+    Returns ``(mass_inside [B], area_share [B])``; their ratio is 1 for a map that ignores the
+    object and grows the more the map concentrates on it.
+    """
+    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    h, w = cfg.image_size
+    if maps.ndim != 3 or tuple(maps.shape[1:]) != (gh, gw):
+        raise VitkitError(f"expected maps [B, {gh}, {gw}], got {tuple(maps.shape)}")
+    if boxes.shape != (maps.shape[0], 4):
+        raise VitkitError(f"expected boxes [{maps.shape[0]}, 4], got {tuple(boxes.shape)}")
+    boxes = boxes.to(torch.float64)
+    x0, y0 = boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h)
+    x1, y1 = boxes[:, 2].clamp(0, w), boxes[:, 3].clamp(0, h)
+    px = torch.arange(gw, dtype=torch.float64) * pw  # patch left edges
+    py = torch.arange(gh, dtype=torch.float64) * ph
+    ox = (torch.minimum(x1[:, None], px + pw) - torch.maximum(x0[:, None], px)).clamp_min(0)
+    oy = (torch.minimum(y1[:, None], py + ph) - torch.maximum(y0[:, None], py)).clamp_min(0)
+    overlap = oy[:, :, None] * ox[:, None, :] / (ph * pw)  # [B, gh, gw] fraction of each patch
+    inside = (maps.to(torch.float64) * overlap).sum(dim=(1, 2))
+    share = (x1 - x0) * (y1 - y0) / (h * w)
+    return inside.float(), share.float()
+
+
+def patch_distances(cfg: ViTConfig) -> Tensor:
+    """Pixel distance between the centres of every pair of patches, [N, N] (row-major)."""
+    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    ys = (torch.arange(gh, dtype=torch.float64) + 0.5) * ph
+    xs = (torch.arange(gw, dtype=torch.float64) + 0.5) * pw
+    centres = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(-1, 2)
+    return torch.cdist(centres, centres)
+
+
+def attention_distance(attentions: Sequence[Tensor], cfg: ViTConfig) -> Tensor:
+    """Mean attention distance in pixels per image, layer and head, [B, L, heads]: for each
+    query patch the attention-weighted distance to the key patches (weights renormalised over
+    patches), averaged over query patches."""
+    _check_attentions(attentions)
+    p = cfg.num_prefix_tokens
+    dist = patch_distances(cfg)
+    out = []
+    for a in attentions:
+        if a.shape[-1] != cfg.seq_len:
+            raise VitkitError(
+                f"attention over {a.shape[-1]} tokens does not fit a model with {cfg.seq_len}"
+            )
+        w = a[..., p:, p:].to(torch.float64)  # [B, heads, N, N], patch queries and keys
+        w = w / w.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        out.append((w * dist).sum(dim=-1).mean(dim=-1))  # [B, heads]
+    return torch.stack(out, dim=1).float()
+
+
+def mean_attention_distance(
+    model: VisionTransformer, images: Tensor, *, batch_size: int = 32
+) -> Tensor:
+    """:func:`attention_distance` averaged over ``images`` (normalised model input), [L, heads].
+
+    Runs in batches, so memory stays at one batch's attention maps.
+    """
+    if images.shape[0] == 0:
+        raise VitkitError("mean attention distance needs at least one image")
+    total = None
+    for start in range(0, images.shape[0], batch_size):
+        attentions, _ = attention_weights(model, images[start : start + batch_size])
+        d = attention_distance(attentions, model.cfg).sum(dim=0).double()
+        total = d if total is None else total + d
+    assert total is not None
+    return (total / images.shape[0]).float()
+
+
+@dataclass
+class Explanation:
+    """What :func:`explain` finds for a batch of images.
+
+    logits: [B, classes].
+    layer_maps: [B, L, heads, gh, gw], each head's attention from the pooled query over patches.
+    rollout_maps: [B, L, gh, gw], the rollout through layers 1..l over patches.
+    """
+
+    logits: Tensor
+    layer_maps: Tensor
+    rollout_maps: Tensor
+
+    @property
+    def rollout(self) -> Tensor:
+        """The rollout through all layers over the patches, [B, gh, gw]."""
+        return self.rollout_maps[:, -1]
+
+
+def explain(
+    model: VisionTransformer,
+    x: Tensor,
+    *,
+    head_fusion: HeadFusion = "mean",
+    batch_size: int = 32,
+) -> Explanation:
+    """Per-layer, per-head attention maps and the attention rollout of images ``x``
+    (normalised model input [B, C, H, W]), all over the patch grid."""
+    cfg = model.cfg
+    logits, layer_maps, rollout_maps = [], [], []
+    for start in range(0, x.shape[0], batch_size):
+        attentions, out = attention_weights(model, x[start : start + batch_size])
+        logits.append(out)
+        layer_maps.append(torch.stack([patch_map(a, cfg) for a in attentions], dim=1))
+        rolled = rollout_by_layer(attentions, head_fusion=head_fusion)
+        rollout_maps.append(torch.stack([patch_map(r, cfg) for r in rolled], dim=1))
+    return Explanation(torch.cat(logits), torch.cat(layer_maps), torch.cat(rollout_maps))
