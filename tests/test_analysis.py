@@ -312,9 +312,7 @@ def test_every_figure_is_a_drawn_png(tmp_path: Path) -> None:
         paths = [
             plot_embedding_filters(embedding_filter_pca(model), d / "f.png"),
             plot_position_similarity(position_embedding_similarity(model), d / "p.png"),
-            plot_attention_distance(
-                mean_attention_distance(model, x), d / "a.png", image_size=(16, 24)
-            ),
+            plot_attention_distance(mean_attention_distance(model, x), d / "a.png", uniform=9.0),
             plot_rollout(pixels[0], found.rollout[0], d / "r.png", title="t"),
             plot_layer_maps(
                 found.layer_maps[0], found.rollout_maps[0], d / "l.png", image=pixels[0]
@@ -516,3 +514,14 @@ def test_explain_command(shapes_run: Path, tmp_path: Path, capsys) -> None:
     assert abs(sum(p["prob"] for p in record["top_k"]) - 1) < 0.2  # 5 of 6 classes
     code, _, err = run_cli(["explain", str(tmp_path / "missing.png"), "--from", "x"], capsys)
     assert code == 2 and "missing.png: no such image file" in err
+
+
+def test_analysis_batches_bound_attention_memory() -> None:
+    from vitkit.analysis.attention import ATTENTION_BYTES, safe_batch_size
+    from vitkit.config import model_config
+
+    big = model_config("L/16", image_size=384)  # 24 layers x 16 heads x 577^2 tokens
+    b = safe_batch_size(big, 32)
+    assert 1 <= b < 32
+    assert b * big.depth * big.num_heads * big.seq_len**2 * 4 <= ATTENTION_BYTES
+    assert safe_batch_size(model_config("Ti/4", image_size=28), 32) == 32

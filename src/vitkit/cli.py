@@ -777,8 +777,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
     )
     print(_format_numbers(result.numbers))
-    files = "  ".join(str(p) for p in result.files.values())
-    print(f"wrote {files}  {report}")
+    print(f"wrote {report} (self-contained) and, in {out}:")
+    print("    " + "  ".join(p.name for p in result.files.values()))
     return 0
 
 
@@ -796,7 +796,10 @@ def _format_numbers(numbers: dict[str, Any]) -> str:
         shown = " ".join(f"{d:.1f}" for d in ad["per_layer_mean"])
         lowest = " ".join(f"{d:.1f}" for d in ad["per_layer_min"])
         highest = " ".join(f"{d:.1f}" for d in ad["per_layer_max"])
-        lines.append(f"mean attention distance (px) by layer: {shown}")
+        lines.append(
+            f"mean attention distance (px) by layer: {shown} "
+            f"(uniform attention: {ad['uniform_attention']:.1f})"
+        )
         lines.append(f"    lowest head: {lowest}\n    highest head: {highest}")
     rb = numbers.get("rollout_in_box")
     if rb:

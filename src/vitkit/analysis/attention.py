@@ -34,6 +34,15 @@ from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
 
 HeadFusion = Literal["mean", "max", "min"]
+ATTENTION_BYTES = 1 << 30  # analysis batches hold at most about this much attention (float32)
+
+
+def safe_batch_size(cfg: ViTConfig, batch_size: int) -> int:
+    """``batch_size``, lowered so one batch's attention maps (every layer's [heads, T, T] per
+    image, as ``forward_intermediates`` returns them) stay under ``ATTENTION_BYTES``: 32 images
+    of B/16 at 224 px fit, an L/16 at 384 px goes a few images at a time."""
+    per_image = cfg.depth * cfg.num_heads * cfg.seq_len**2 * 4
+    return max(1, min(batch_size, ATTENTION_BYTES // per_image))
 
 
 @contextmanager
@@ -203,6 +212,7 @@ def mean_attention_distance(
     """
     if images.shape[0] == 0:
         raise VitkitError("mean attention distance needs at least one image")
+    batch_size = safe_batch_size(model.cfg, batch_size)
     total = None
     for start in range(0, images.shape[0], batch_size):
         attentions, _ = attention_weights(model, images[start : start + batch_size])
@@ -241,6 +251,7 @@ def explain(
     """Per-layer, per-head attention maps and the attention rollout of images ``x``
     (normalised model input [B, C, H, W]), all over the patch grid."""
     cfg = model.cfg
+    batch_size = safe_batch_size(cfg, batch_size)
     logits, layer_maps, rollout_maps = [], [], []
     for start in range(0, x.shape[0], batch_size):
         attentions, out = attention_weights(model, x[start : start + batch_size])

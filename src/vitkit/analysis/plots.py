@@ -125,11 +125,13 @@ def plot_attention_distance(
     distance: Tensor,
     path: str | os.PathLike[str],
     *,
-    image_size: tuple[int, int] | None = None,
+    uniform: float | None = None,
     title: str | None = None,
 ) -> Path:
     """Mean attention distance of every head against network depth, one dot per head, with the
-    mean over heads as a line (the paper's Figure 7, right). ``distance`` is [L, heads]."""
+    mean over heads as a line (the paper's Figure 7, right). ``distance`` is [L, heads];
+    ``uniform``, if given, is drawn as a dotted line: the distance of a head that attends to all
+    patches equally."""
     if distance.ndim != 2:
         raise VitkitError(f"expected attention distances [layers, heads], got {distance.shape}")
     d = distance.numpy()
@@ -139,21 +141,19 @@ def plot_attention_distance(
     depth = np.arange(1, layers + 1)
     cmap = _cmap("tab20" if heads > 10 else "tab10")
     for h in range(heads):
-        ax.scatter(depth, d[:, h], s=14, color=cmap(h % cmap.N), label=f"head {h + 1}", zorder=3)
+        label = f"head {h + 1}" if heads <= 16 else None
+        ax.scatter(depth, d[:, h], s=14, color=cmap(h % cmap.N), label=label, zorder=3)
     ax.plot(depth, d.mean(axis=1), color="black", linewidth=1.2, label="mean", zorder=2)
+    top = float(np.nanmax(d)) if d.size else 1.0
+    if uniform is not None:
+        ax.axhline(uniform, color="gray", linestyle=":", linewidth=1.2, label="uniform attention")
+        top = max(top, uniform)
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(depth if layers <= 24 else depth[:: -(-layers // 24)])
-    top = float(np.nanmax(d)) if d.size else 1.0
-    if image_size is not None:
-        ax.axhline(
-            float(np.hypot(*image_size)) / 2, color="gray", linestyle=":", linewidth=1, zorder=1
-        )
-        top = max(top, float(np.hypot(*image_size)) / 2)
-    ax.set_ylim(0, 1.08 * top)
+    ax.set_ylim(0, 1.1 * top)
     ax.grid(True, alpha=0.3)
-    if heads <= 16:
-        ax.legend(fontsize=7, ncol=2 if heads > 6 else 1, loc="lower right")
+    ax.legend(fontsize=7, ncol=2 if heads > 6 else 1, loc="lower right")
     ax.set_title(title or "Mean attention distance by head and depth")
     fig.tight_layout()
     return save_png(fig, path)
@@ -181,8 +181,8 @@ def plot_rollout(
     *,
     title: str | None = None,
 ) -> Path:
-    """Three panels: the input, the attention rollout upsampled onto it (with the patch grid),
-    and the input multiplied by the rollout (as in the paper's Figure 6).
+    """Three panels: the input, the attention rollout upsampled to the image (with the patch
+    grid; scaled to its maximum), and the input multiplied by it (the paper's Figure 6).
 
     ``image`` is [C, H, W] in [0, 1]; ``rollout`` [gh, gw] over the patches."""
     img, cmap = _display(image)
@@ -193,9 +193,8 @@ def plot_rollout(
     panels.append(("input x rollout", _masked(img, heat), cmap))
     for i, (name, data, cm) in enumerate(panels, start=1):
         ax = fig.add_subplot(1, 3, i)
-        if data is None:
-            ax.imshow(img, cmap=cmap, interpolation="nearest")
-            ax.imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1, interpolation="nearest")
+        if data is None:  # the map alone: an overlay would let bright pixels pass for attention
+            ax.imshow(heat, cmap="inferno", vmin=0, vmax=1)
             gh, gw = rollout.shape
             for r in range(1, gh):
                 ax.axhline(r * size[0] / gh - 0.5, color="white", linewidth=0.3, alpha=0.4)
@@ -270,35 +269,38 @@ def plot_rollout_examples(
     boxes: Tensor | None = None,
     title: str | None = None,
 ) -> Path:
-    """A grid of examples, each the input and the input x rollout side by side (Figure 6), with
-    the object box drawn where there is one. ``images`` [N, C, H, W] in [0, 1], ``rollouts``
-    [N, gh, gw], ``boxes`` [N, 4] (x0, y0, x1, y1) in pixels."""
+    """A grid of examples, each three panels: the input, the rollout upsampled to the image, and
+    the input multiplied by the rollout (Figure 6), with the object box drawn where there is
+    one. ``images`` [N, C, H, W] in [0, 1], ``rollouts`` [N, gh, gw], ``boxes`` [N, 4]
+    (x0, y0, x1, y1) in pixels."""
     from matplotlib.patches import Rectangle
 
     n = images.shape[0]
     if n == 0:
         raise VitkitError("no images to draw")
-    per_row = min(4, n)
+    per_row = min(3, n)
     rows = -(-n // per_row)
-    fig = new_figure((per_row * 3.0, rows * 1.75 + 0.5))
+    fig = new_figure((per_row * 4.2, rows * 1.6 + 0.5))
     size = tuple(images.shape[-2:])
     for i in range(n):
         img, cmap = _display(images[i])
         heat = _heat(rollouts[i], size)
-        for j, data in enumerate((img, _masked(img, heat))):
-            ax = fig.add_subplot(rows, 2 * per_row, 2 * i + j + 1)
-            ax.imshow(data, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
-            if j == 1 and boxes is not None:
+        for j in range(3):
+            ax = fig.add_subplot(rows, 3 * per_row, 3 * i + j + 1)
+            if j == 1:  # the map alone: an overlay would let bright pixels pass for attention
+                ax.imshow(heat, cmap="inferno", vmin=0, vmax=1)
+            else:
+                data = img if j == 0 else _masked(img, heat)
+                ax.imshow(data, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+            if j > 0 and boxes is not None:
                 x0, y0, x1, y1 = (float(v) for v in boxes[i])
-                ax.add_patch(
-                    Rectangle(
-                        (x0 - 0.5, y0 - 0.5), x1 - x0, y1 - y0, fill=False, color="cyan", lw=1
-                    )
-                )
+                box = Rectangle((x0 - 0.5, y0 - 0.5), x1 - x0, y1 - y0, fill=False, lw=1)
+                box.set_edgecolor("cyan")
+                ax.add_patch(box)
             ax.set_xticks([])
             ax.set_yticks([])
             if j == 0 and captions is not None:
                 ax.set_title(captions[i], fontsize=7, loc="left")
-    fig.suptitle(title or "Attention rollout: input and input x rollout", fontsize=10)
+    fig.suptitle(title or "Attention rollout: input, rollout, input x rollout", fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)

@@ -25,7 +25,9 @@ from vitkit.analysis.attention import (
     attention_rollout,
     attention_weights,
     box_mass,
+    patch_distances,
     patch_map,
+    safe_batch_size,
 )
 from vitkit.analysis.filters import embedding_filter_pca
 from vitkit.analysis.plots import (
@@ -152,6 +154,7 @@ def _predict(
     """One pass over the images: attention distance [N, L, heads], final rollout over patches
     [N, gh, gw] and logits [N, classes]."""
     cfg = model.cfg
+    batch_size = safe_batch_size(cfg, batch_size)
     distances, rollouts, logits = [], [], []
     for start in range(0, data.images.shape[0], batch_size):
         attentions, out = attention_weights(model, data.images[start : start + batch_size])
@@ -247,8 +250,9 @@ def analyze_model(
 
 def _attention_sections(cfg, dist, data, out, files, numbers, sections) -> None:
     mean = dist.mean(dim=0)  # [L, heads]
+    uniform = float(patch_distances(cfg).mean())
     files["attention_distance"] = plot_attention_distance(
-        mean, out / FILES["attention_distance"], image_size=cfg.image_size
+        mean, out / FILES["attention_distance"], uniform=uniform
     )
     per_layer = mean.mean(dim=1)
     numbers["attention_distance"] = {
@@ -257,6 +261,7 @@ def _attention_sections(cfg, dist, data, out, files, numbers, sections) -> None:
         "per_layer_min": mean.amin(dim=1).tolist(),
         "per_layer_max": mean.amax(dim=1).tolist(),
         "per_layer_head": mean.tolist(),
+        "uniform_attention": uniform,
         "image_size": list(cfg.image_size),
     }
     rows = [
@@ -268,9 +273,10 @@ def _attention_sections(cfg, dist, data, out, files, numbers, sections) -> None:
             "Mean attention distance",
             [
                 f"For each head, the pixel distance between query and key patches weighted by "
-                f"the attention, averaged over query patches and {dist.shape[0]} images "
-                f"({data.description}), as in the paper's Figure 7 (right). The dotted line is "
-                "half the image diagonal.",
+                "the attention, averaged over query patches and "
+                f"{data.description}, as in the paper's Figure 7 (right). The dotted line, "
+                f"{uniform:.1f} px, is where a head that attends to all patches equally lies: "
+                "below it a head prefers nearby patches.",
                 Figure(files["attention_distance"]),
                 Table(["layer", "mean over heads (px)", "lowest head", "highest head"], rows),
             ],
@@ -341,8 +347,8 @@ def _rollout_sections(
         items.append(
             Figure(
                 files["rollout_examples"],
-                "Each pair: the input, and the input multiplied by the attention rollout "
-                f"(scaled to its maximum){with_box}.",
+                "Each example: the input, the attention rollout over it, and the input "
+                f"multiplied by the rollout (scaled to its maximum){with_box}.",
             )
         )
     pooled = "the class token" if cfg.pool == "token" else "the mean over all tokens (GAP)"
