@@ -207,7 +207,7 @@ def plot_rollout(
         ax.set_yticks([])
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.94 if title else 1))
     return save_png(fig, path)
 
 
