@@ -525,3 +525,12 @@ def test_analysis_batches_bound_attention_memory() -> None:
     assert 1 <= b < 32
     assert b * big.depth * big.num_heads * big.seq_len**2 * 4 <= ATTENTION_BYTES
     assert safe_batch_size(model_config("Ti/4", image_size=28), 32) == 32
+
+
+def test_help_of_the_analysis_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd, must_mention in [("explain", "--head-fusion"), ("analyze", "--num-images")]:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert must_mention in out and "default: None" not in out

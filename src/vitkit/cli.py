@@ -617,7 +617,6 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
         "(every layer's and head's attention from the class token, or the mean query for GAP "
         "models, over the patches, with the rollout up to each layer); prints the top-k "
         "prediction.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
@@ -626,16 +625,16 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
         help="directory for the PNGs (default: RUN/explain for a run's checkpoint, else "
         "CKPT_explain beside the checkpoint)",
     )
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=5, help="labels to print (default: 5)")
     p.add_argument(
         "--head-fusion",
         default="mean",
         choices=["mean", "max", "min"],
-        help="how the rollout combines heads (the paper: mean)",
+        help="how the rollout combines heads (default: mean, as in the paper)",
     )
     p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     p.set_defaults(func=cmd_explain)
 
 
@@ -703,33 +702,47 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "on; a checkpoint that names none (e.g. a converted one) without --data gets the "
         "weight-only panels. For a run's checkpoint the report also shows its training "
         "curves and confusion matrix.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
     p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
     p.add_argument("--data-root", help="mnist: directory with the IDX files")
     p.add_argument(
-        "--split", default="test", choices=["train", "val", "test", "all"], help="part of --data"
+        "--split",
+        default="test",
+        choices=["train", "val", "test", "all"],
+        help="part of --data (default: test)",
     )
     p.add_argument(
         "--num-images",
         type=int,
         default=128,
         help="images (spread evenly over the split) for attention distance and rollout; the "
-        "paper uses 128",
+        "paper uses 128 (default: 128)",
     )
-    p.add_argument("--examples", type=int, default=8, help="rollout examples to draw")
-    p.add_argument("--components", type=int, default=28, help="embedding-filter components")
-    p.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--examples", type=int, default=8, help="rollout examples drawn (default: 8)")
+    p.add_argument(
+        "--components", type=int, default=28, help="embedding-filter components (default: 28)"
+    )
+    p.add_argument(
+        "--head-fusion",
+        default="mean",
+        choices=["mean", "max", "min"],
+        help="how the rollout combines heads (default: mean, as in the paper)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward (default: 32)")
     p.add_argument(
         "--out",
         help="output directory (default: RUN/analysis for a run's checkpoint, else "
         "CKPT_analysis beside the checkpoint)",
     )
-    p.add_argument("--on-bad-image", default="stop", choices=["stop", "skip"])
-    p.add_argument("--threads", type=int)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    p.add_argument(
+        "--on-bad-image",
+        default="stop",
+        choices=["stop", "skip"],
+        help="a corrupt ImageFolder file: stop (default) or skip",
+    )
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     p.set_defaults(func=cmd_analyze)
 
 

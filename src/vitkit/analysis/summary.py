@@ -306,6 +306,7 @@ def _rollout_sections(
             "ratio": float(inside.mean() / share.mean()),
             "median_per_image_ratio": float(per_image.median()),
             "control_ratio_other_images_box": float(inside_c.mean() / share_c.mean()),
+            "head_fusion": head_fusion,
         }
         r = numbers["rollout_in_box"]
         items.append(
