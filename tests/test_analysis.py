@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from vitkit.analysis import (
+    AnalysisData,
     Figure,
     Section,
     Table,
@@ -534,3 +535,27 @@ def test_help_of_the_analysis_commands(capsys: pytest.CaptureFixture[str]) -> No
         assert e.value.code == 0
         out = capsys.readouterr().out
         assert must_mention in out and "default: None" not in out
+
+
+def test_hybrid_models_measure_in_input_pixels_and_have_no_filter_picture(tmp_path: Path) -> None:
+    from vitkit.analysis import token_pixels
+    from vitkit.config import ViTConfig
+
+    cfg = ViTConfig(
+        image_size=(32, 48), patch_size=1, width=32, depth=2, num_heads=2, mlp_dim=64,
+        num_classes=3, resnet_layers=(1,), resnet_width_factor=0.25,
+    )  # fmt: skip
+    model = create_model(cfg).eval()
+    assert cfg.grid_size == (8, 12) and token_pixels(cfg) == (4, 4)
+    d = patch_distances(cfg)
+    assert d[0, 1] == pytest.approx(4.0) and d[0, 12] == pytest.approx(4.0)
+    with pytest.raises(VitkitError, match="hybrid"):
+        embedding_filter_pca(model)
+    x = torch.randn(3, 3, 32, 48)
+    data = AnalysisData(
+        images=x, pixels=(x * 0.5 + 0.5).clamp(0, 1), boxes=torch.tensor([[0.0, 0, 24, 16]] * 3)
+    )
+    result = analyze_model(model, tmp_path, data)
+    assert "filters" not in result.files and "rollout_examples" in result.files
+    box = result.numbers["rollout_in_box"]  # the box is a quarter of the image
+    assert box["box_area_share"] == pytest.approx(0.25)

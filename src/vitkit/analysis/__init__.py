@@ -15,6 +15,7 @@ from vitkit.analysis.attention import (
     patch_distances,
     patch_map,
     rollout_by_layer,
+    token_pixels,
     upsample_map,
 )
 from vitkit.analysis.filters import FilterComponents, embedding_filter_pca
@@ -76,6 +77,7 @@ __all__ = [
     "rollout_by_layer",
     "sample_dataset",
     "similarity_by_distance",
+    "token_pixels",
     "training_sections",
     "upsample_map",
     "write_html",

@@ -146,6 +146,13 @@ def upsample_map(maps: Tensor, size: tuple[int, int]) -> Tensor:
     return up.reshape(*lead, *size)
 
 
+def token_pixels(cfg: ViTConfig) -> tuple[int, int]:
+    """The (height, width) in input pixels that one patch token covers: the patch size, times
+    the ResNet's downsampling for a hybrid."""
+    s = cfg.stem_stride
+    return cfg.patch_size[0] * s, cfg.patch_size[1] * s
+
+
 def box_mass(maps: Tensor, boxes: Tensor, cfg: ViTConfig) -> tuple[Tensor, Tensor]:
     """The share of each map's mass that lies inside an object box, and the box's share of the
     image.
@@ -156,7 +163,7 @@ def box_mass(maps: Tensor, boxes: Tensor, cfg: ViTConfig) -> tuple[Tensor, Tenso
     Returns ``(mass_inside [B], area_share [B])``; their ratio is 1 for a map that ignores the
     object and grows the more the map concentrates on it.
     """
-    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    (gh, gw), (ph, pw) = cfg.grid_size, token_pixels(cfg)
     h, w = cfg.image_size
     if maps.ndim != 3 or tuple(maps.shape[1:]) != (gh, gw):
         raise VitkitError(f"expected maps [B, {gh}, {gw}], got {tuple(maps.shape)}")
@@ -177,7 +184,7 @@ def box_mass(maps: Tensor, boxes: Tensor, cfg: ViTConfig) -> tuple[Tensor, Tenso
 
 def patch_distances(cfg: ViTConfig) -> Tensor:
     """Pixel distance between the centres of every pair of patches, [N, N] (row-major)."""
-    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    (gh, gw), (ph, pw) = cfg.grid_size, token_pixels(cfg)
     ys = (torch.arange(gh, dtype=torch.float64) + 0.5) * ph
     xs = (torch.arange(gw, dtype=torch.float64) + 0.5) * pw
     centres = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(-1, 2)

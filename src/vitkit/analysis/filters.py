@@ -34,6 +34,11 @@ def embedding_filter_pca(model: VisionTransformer, k: int = 28) -> FilterCompone
     filters span fewer dimensions)."""
     if k < 1:
         raise VitkitError(f"the number of principal components must be at least 1, got {k}")
+    if model.cfg.is_hybrid:
+        raise VitkitError(
+            f"{model.cfg.short_name} is a hybrid: its patch embedding filters ResNet features, "
+            "not pixels, so they have no picture"
+        )
     weight = model.patch_embed.proj.weight.detach().cpu().double()  # [D, C, P_h, P_w]
     d, shape = weight.shape[0], tuple(weight.shape[1:])
     if d < 2:

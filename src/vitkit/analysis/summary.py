@@ -28,6 +28,7 @@ from vitkit.analysis.attention import (
     patch_distances,
     patch_map,
     safe_batch_size,
+    token_pixels,
 )
 from vitkit.analysis.filters import embedding_filter_pca
 from vitkit.analysis.plots import (
@@ -127,6 +128,7 @@ def _json_safe(x: Any) -> Any:
 def model_table(model: VisionTransformer, *, source: str = "") -> Table:
     """The facts about a model, for a report."""
     cfg = model.cfg
+    ph, pw = token_pixels(cfg)
     rows: list[list[object]] = []
     if source:
         rows.append(["checkpoint", source])
@@ -134,11 +136,7 @@ def model_table(model: VisionTransformer, *, source: str = "") -> Table:
         ["model", cfg.short_name],
         ["parameters", sum(p.numel() for p in model.parameters())],
         ["input", f"{cfg.image_size[0]} x {cfg.image_size[1]} px, {cfg.in_chans} channel(s)"],
-        [
-            "patch grid",
-            f"{cfg.grid_size[0]} x {cfg.grid_size[1]} patches of "
-            f"{cfg.patch_size[0]} x {cfg.patch_size[1]} px",
-        ],
+        ["patch grid", f"{cfg.grid_size[0]} x {cfg.grid_size[1]} patches of {ph} x {pw} px"],
         [
             "width / depth / heads / MLP",
             f"{cfg.width} / {cfg.depth} / {cfg.num_heads} / {cfg.mlp_dim}",
@@ -184,23 +182,34 @@ def analyze_model(
     sections: list[Section] = []
 
     # Figure 7, left: embedding filters.
-    pca = embedding_filter_pca(model, filter_components)
-    files["filters"] = plot_embedding_filters(pca, out / FILES["filters"])
-    ratio = pca.explained_variance_ratio.tolist()
-    numbers["embedding_filters"] = {"explained_variance_ratio": ratio}
-    k = len(ratio)
-    sections.append(
-        Section(
-            "Embedding filters",
-            [
-                f"The first {k} principal components of the {cfg.width} patch-embedding filters "
-                f"({cfg.in_chans} x {cfg.patch_size[0]} x {cfg.patch_size[1]} each), as in the "
-                f"paper's Figure 7 (left). Together they explain {100 * sum(ratio):.1f}% of the "
-                f"filters' variance; the first explains {100 * ratio[0]:.1f}%.",
-                Figure(files["filters"], "Each tile is one component, scaled to its own range."),
-            ],
+    if cfg.is_hybrid:
+        sections.append(
+            Section(
+                "Embedding filters",
+                ["A hybrid's patch embedding filters ResNet features, not pixels: no picture."],
+            )
         )
-    )
+    else:
+        pca = embedding_filter_pca(model, filter_components)
+        files["filters"] = plot_embedding_filters(pca, out / FILES["filters"])
+        ratio = pca.explained_variance_ratio.tolist()
+        numbers["embedding_filters"] = {"explained_variance_ratio": ratio}
+        k = len(ratio)
+        sections.append(
+            Section(
+                "Embedding filters",
+                [
+                    f"The first {k} principal components of the {cfg.width} patch-embedding "
+                    f"filters ({cfg.in_chans} x {cfg.patch_size[0]} x {cfg.patch_size[1]} each), "
+                    "as in the paper's Figure 7 (left). Together they explain "
+                    f"{100 * sum(ratio):.1f}% of the filters' variance; the first explains "
+                    f"{100 * ratio[0]:.1f}%.",
+                    Figure(
+                        files["filters"], "Each tile is one component, scaled to its own range."
+                    ),
+                ],
+            )
+        )
 
     # Figure 7, centre: position-embedding similarity.
     sim = position_embedding_similarity(model)

@@ -807,8 +807,23 @@ class Trainer:
         """``report.html``: the run's numbers, curves and confusion matrix with the analysis
         panels of :mod:`vitkit.analysis` (PNGs and numbers in ``analysis/``), computed on up to
         ``REPORT_IMAGES`` evaluation images."""
-        from vitkit.analysis import analyze_model, sample_dataset, write_report
+        from vitkit.analysis import (
+            Section,
+            analyze_model,
+            sample_dataset,
+            training_sections,
+            write_html,
+            write_report,
+        )
 
+        if self.strategy == "fsdp":  # sharded parameters: rank 0 alone cannot run the model
+            note = (
+                "The parameters of this FSDP run are sharded over its processes; run "
+                f"'vitkit analyze --from {self.out}' for the attention analysis (it reads the "
+                "sharded checkpoint in one process)."
+            )
+            sections = [*training_sections(self.out), Section("Attention analysis", [note])]
+            return write_html(self.out / "report.html", self.model_cfg.short_name, sections)
         data = None
         if eval_set is not None:
             n = min(REPORT_IMAGES, len(eval_set))
