@@ -559,3 +559,18 @@ def test_hybrid_models_measure_in_input_pixels_and_have_no_filter_picture(tmp_pa
     assert "filters" not in result.files and "rollout_examples" in result.files
     box = result.numbers["rollout_in_box"]  # the box is a quarter of the image
     assert box["box_area_share"] == pytest.approx(0.25)
+
+
+def test_sample_dataset_streams_the_first_images_of_webdataset_shards(tmp_path: Path) -> None:
+    from vitkit.data import load_dataset, make_loader
+    from vitkit.data.shards import write_index, write_shards
+
+    digits = load_dataset("digits", "test")
+    entries, _ = write_shards(digits, tmp_path, "test", shard_size=100)
+    write_index(tmp_path, digits.info, {"test": entries}, digits.info.image_size, "digits")
+    shards = load_dataset(tmp_path, "test")
+    pre = PreprocessConfig(image_size=(8, 8), channels=1, mean=(0.5,), std=(0.5,))
+    data = sample_dataset(shards, 150, pre)
+    assert data.images.shape == (150, 1, 8, 8) and data.boxes is None
+    first = next(iter(make_loader(shards, 150, shuffle=False, drop_last=False, seed=0)))
+    assert data.labels.tolist() == first[1].tolist()

@@ -41,7 +41,7 @@ from vitkit.analysis.posemb import position_embedding_similarity, similarity_by_
 from vitkit.analysis.report import Figure, Section, Table, write_html
 from vitkit.checkpoints import atomic_write_text
 from vitkit.config import PreprocessConfig
-from vitkit.data import ArrayDataset, to_model_input
+from vitkit.data import ArrayDataset, make_loader, to_model_input
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
 
@@ -70,9 +70,9 @@ def sample_dataset(
     dataset: Any, n: int, preprocess: PreprocessConfig, *, description: str = ""
 ) -> AnalysisData:
     """``n`` images spread evenly over ``dataset`` (so every class is represented in a sorted
-    ImageFolder), prepared with the checkpoint's preprocessing. Boxes are rescaled to the model
-    input when the dataset's images are another size. Unreadable ImageFolder files that the
-    dataset skips are left out."""
+    ImageFolder), prepared with the checkpoint's preprocessing; for a dataset that can only be
+    streamed (webdataset shards), its first ``n``. Boxes are rescaled to the model input when
+    the dataset's images are another size. Unreadable files the dataset skips are left out."""
     if n < 1:
         raise VitkitError(f"the number of images to analyse must be at least 1, got {n}")
     total = len(dataset)
@@ -84,13 +84,15 @@ def sample_dataset(
         raw, labels = dataset.get_batch(idx.tolist())
         if dataset.boxes is not None:
             boxes = dataset.boxes[idx].clone()
-    else:
+    elif hasattr(dataset, "__getitem__"):
         items = [dataset[i] for i in idx.tolist()]
-        items = [it for it in items if it is not None]
+        items = [it for it in items if it is not None]  # unreadable files skipped
         if not items:
             raise VitkitError(f"{dataset.info.name}: none of the sampled images could be read")
         raw = torch.stack([im for im, _ in items])
         labels = torch.tensor([label for _, label in items])
+    else:  # a stream (webdataset shards): its first n images
+        raw, labels = _first_images(dataset, n)
     pre = preprocess
     x = to_model_input(raw, pre.image_size, pre.channels, pre.mean, pre.std)
     mean = torch.tensor(pre.mean).view(1, -1, 1, 1)
@@ -106,6 +108,21 @@ def sample_dataset(
         class_names=tuple(dataset.info.class_names),
         description=description or f"{len(labels)} images of {dataset.info.name}",
     )
+
+
+def _first_images(dataset: Any, n: int) -> tuple[Tensor, Tensor]:
+    """The first ``n`` images of a dataset that can only be streamed, in its stored order."""
+    loader = make_loader(dataset, min(n, 256), shuffle=False, drop_last=False, seed=0)
+    images, labels, count = [], [], 0
+    for x, y, _ in loader:
+        images.append(x)
+        labels.append(y)
+        count += len(y)
+        if count >= n:
+            break
+    if not count:
+        raise VitkitError(f"{dataset.info.name}: no images could be read")
+    return torch.cat(images)[:n], torch.cat(labels)[:n]
 
 
 @dataclass
