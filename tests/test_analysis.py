@@ -470,7 +470,7 @@ def test_analyze_command(shapes_run: Path, tmp_path: Path, capsys) -> None:
     assert ">Training</h2>" in page  # the run's curves travel with the checkpoint's report
 
 
-def test_analyze_without_data_and_with_wrong_data(tmp_path: Path, capsys) -> None:
+def test_analyze_without_data_and_with_other_data(tmp_path: Path, capsys) -> None:
     model = tiny(image_size=(16, 16))
     ckpt = save_checkpoint(tmp_path / "bare", model)  # names no dataset (like a converted one)
     code, stdout, err = run_cli(["analyze", "--from", str(ckpt)], capsys)
@@ -478,8 +478,13 @@ def test_analyze_without_data_and_with_wrong_data(tmp_path: Path, capsys) -> Non
     assert (tmp_path / "bare_analysis" / "report.html").is_file()
     assert not (tmp_path / "bare_analysis" / "attention_distance.png").exists()
     assert "position embeddings, mean cosine" in stdout
-    code, _, err = run_cli(["analyze", "--from", str(ckpt), "--data", "shapes"], capsys)
-    assert code == 2 and "6 classes" in err and "head has 5" in err
+    # Other classes than the head's: attention is still analysed, accuracy is not claimed.
+    out = tmp_path / "other"
+    args = ["analyze", "--from", str(ckpt), "--data", "shapes", "--num-images", "8"]
+    code, stdout, err = run_cli([*args, "--out", str(out)], capsys)
+    assert code == 0 and "6 classes" in err and "head has 5" in err and "no accuracy" in err
+    numbers = json.loads((out / "analysis.json").read_text())
+    assert "sample_top1" not in numbers and numbers["rollout_in_box"]["images"] == 8
     code, _, err = run_cli(["analyze", "--from", str(tmp_path / "nope")], capsys)
     assert code == 2 and "nope" in err and "\n" not in err.strip()
 

@@ -313,11 +313,17 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def checkpoint_dataset(
-    ckpt: Any, data: str, split: str, data_root: str | None, on_bad_image: str = "stop"
+    ckpt: Any,
+    data: str,
+    split: str,
+    data_root: str | None,
+    on_bad_image: str = "stop",
+    *,
+    check_classes: bool = True,
 ) -> Any:
     """``split`` of dataset ``data`` as the checkpoint's model sees it: at its input size, with
-    the run's own train/val partition when it is the dataset the run trained on, and checked
-    against the checkpoint's classes."""
+    the run's own train/val partition when it is the dataset the run trained on, and (with
+    ``check_classes``) checked against the checkpoint's classes."""
     from vitkit.data import load_dataset
 
     run = ckpt.meta.get("train_config", {})  # the run's split: val must stay held out
@@ -327,19 +333,27 @@ def checkpoint_dataset(
     if data_root or (data == run.get("data") and run.get("data_root")):
         kw["root"] = data_root or run["data_root"]
     dataset = load_dataset(data, split, image_size=ckpt.preprocess.image_size, **kw)
+    problem = _class_mismatch(ckpt, dataset, data)
+    if check_classes and problem:
+        raise VitkitError(problem)
+    return dataset
+
+
+def _class_mismatch(ckpt: Any, dataset: Any, data: str) -> str | None:
+    """Why ``dataset``'s labels do not mean the checkpoint's classes, or None if they do."""
     names = dataset.info.class_names
     if ckpt.class_names and tuple(names) != tuple(ckpt.class_names):
-        raise VitkitError(
+        return (
             f"dataset '{data}' has classes {', '.join(names)} but the checkpoint was trained "
             f"on {', '.join(ckpt.class_names)}"
         )
     num_classes = ckpt.model_config.num_classes
     if num_classes and dataset.info.num_classes != num_classes:
-        raise VitkitError(
+        return (
             f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
             f"head has {num_classes}"
         )
-    return dataset
+    return None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -619,7 +633,9 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
         "prediction.",
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
-    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument(
+        "--from", dest="ckpt", required=True, help="checkpoint or run directory (any format)"
+    )
     p.add_argument(
         "--out",
         help="directory for the PNGs (default: RUN/explain for a run's checkpoint, else "
@@ -703,7 +719,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "weight-only panels. For a run's checkpoint the report also shows its training "
         "curves and confusion matrix.",
     )
-    p.add_argument("--from", dest="ckpt", required=True, help="checkpoint or run directory")
+    p.add_argument(
+        "--from", dest="ckpt", required=True, help="checkpoint or run directory (any format)"
+    )
     p.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
     p.add_argument("--data-root", help="mnist: directory with the IDX files")
     p.add_argument(
@@ -761,7 +779,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     data_name = args.data or ckpt.meta.get("dataset")
     data = None
     if data_name:
-        dataset = checkpoint_dataset(ckpt, data_name, args.split, args.data_root, args.on_bad_image)
+        dataset = checkpoint_dataset(
+            ckpt, data_name, args.split, args.data_root, args.on_bad_image, check_classes=False
+        )
         n = min(args.num_images, len(dataset))
         data = sample_dataset(
             dataset,
@@ -769,6 +789,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             ckpt.preprocess,
             description=f"{n} {args.split} images of {dataset.info.name}",
         )
+        problem = _class_mismatch(ckpt, dataset, data_name)
+        if problem:  # attention needs no labels; accuracy and "true" captions would mislead
+            print(
+                f"{problem}: no accuracy, predictions shown by the model's labels", file=sys.stderr
+            )
+            data.labels = None
+            data.class_names = ckpt.class_names
     else:
         print(
             f"{ckpt.path}: the checkpoint names no dataset and no --data was given: "
