@@ -120,7 +120,7 @@ DIGITS_FINETUNE = dataclasses.replace(
     data="digits",
     image_size=56,  # MNIST was 28 px: twice the resolution, 14x14 instead of 7x7 patches
     augment="digits",
-    epochs=30,
+    epochs=20,
     max_steps=None,
     batch_size=64,
     warmup_steps=20,
@@ -233,7 +233,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "digits-finetune",
             """The fine-tuning half: paper-finetune scaled to scikit-learn's digits at 56 px
-            (twice MNIST's 28), batch 64, 30 epochs, 20 warmup steps.
+            (twice MNIST's 28), batch 64, 20 epochs, 20 warmup steps.
 
             Command: ``vitkit finetune --from runs/mnist-pretrain --recipe digits-finetune``.""",
             DIGITS_FINETUNE,
