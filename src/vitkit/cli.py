@@ -61,7 +61,82 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "curves.png and a confusion matrix in the output directory. Any option overrides the "
         "recipe's value; 'vitkit train --list-recipes' shows each recipe's settings.",
     )
-    p.add_argument("--recipe", default="mnist", help="recipe to start from (default: mnist)")
+    _add_train_options(p, "mnist")
+    p.add_argument(
+        "--init-from", metavar="CKPT", help="start from this checkpoint (see also 'finetune')"
+    )
+    p.set_defaults(func=cmd_train)
+
+
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a checkpoint (any format) the paper's way, optionally with its lr sweep",
+        description="Start from CKPT (vitkit, npz, timm or Hugging Face), replace the head by a "
+        "zero-initialised one, drop the pre-logits layer, resample the position embeddings to "
+        "--image-size, and train with the paper-finetune recipe (SGD, momentum 0.9, no weight "
+        "decay, clipping at 1, warmup + cosine). --lr-sweep picks the learning rate on a "
+        "held-out slice of the training set, then retrains on all of it.",
+    )
+    p.add_argument("--from", dest="init_from", required=True, metavar="CKPT")
+    p.add_argument(
+        "--lr-sweep",
+        nargs="*",
+        type=float,
+        metavar="LR",
+        help="sweep these learning rates (none given: the paper's 0.001 0.003 0.01 0.03)",
+    )
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="fraction (or count) of the training set held out to choose the learning rate",
+    )
+    p.add_argument(
+        "--no-retrain",
+        action="store_true",
+        help="report the best sweep run instead of retraining on the whole training set",
+    )
+    _add_train_options(p, "paper-finetune")
+    p.set_defaults(func=cmd_finetune)
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        raise VitkitError(
+            "finetune runs in one process; use torchrun with 'vitkit train "
+            "--recipe paper-finetune' and --init-from for data parallelism"
+        )
+    _set_threads(args.threads)
+    from vitkit.train.finetune import lr_sweep
+    from vitkit.train.trainer import Trainer
+
+    cfg = train_config_from_args(args)
+    if not cfg.data:
+        raise VitkitError("finetune needs --data (a dataset to fine-tune on)")
+    if args.lr_sweep is None:
+        report = Trainer(cfg).fit()
+    else:
+        from vitkit.recipes import PAPER_FINETUNE_LRS
+
+        result = lr_sweep(
+            cfg,
+            args.lr_sweep or PAPER_FINETUNE_LRS,
+            holdout=args.holdout,
+            retrain=not args.no_retrain,
+        )
+        for r in result["runs"]:
+            print(f"lr {r['lr']:g}: held-out top-1 {100 * r['val_top1']:.2f} %")
+        print(f"chosen lr {result['chosen_lr']:g}")
+        report = result["final"]["report"]
+    for key in ("test_top1", "ema_test_top1"):
+        if key in report:
+            print(f"{key}: {100 * report[key]:.2f} %")
+    return 0
+
+
+def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
+    p.add_argument("--recipe", default=recipe, help=f"recipe to start from (default: {recipe})")
     p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
@@ -91,6 +166,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
     )
     g.add_argument("--image-size", type=int, help="model input size (default: the data's)")
+    g.add_argument(
+        "--init-resample",
+        choices=["bicubic", "bilinear", "zoom"],
+        help="fine-tuning: position-embedding interpolation to --image-size",
+    )
+    g.add_argument(
+        "--keep-pre-logits", action="store_true", help="fine-tuning: keep the pre-logits layer"
+    )
+    g.add_argument(
+        "--keep-head", action="store_true", help="fine-tuning: keep the checkpoint's head"
+    )
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int)
     g.add_argument("--batch-size", type=int, help="images per optimizer step")
@@ -105,6 +191,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--schedule", choices=["cosine", "linear", "constant"])
     g.add_argument("--grad-clip", type=float, help="global-norm clip (0: off)")
     g.add_argument("--label-smoothing", type=float)
+    g.add_argument("--ema-decay", type=float, help="Polyak averaging of the weights, e.g. 0.9999")
+    g.add_argument(
+        "--randaugment",
+        type=float,
+        nargs=2,
+        metavar=("OPS", "MAGNITUDE"),
+        help="RandAugment: operations per image and magnitude (0..30), e.g. 2 15",
+    )
+    g.add_argument("--mixup", type=float, dest="mixup_alpha", help="Mixup alpha (0: off)")
+    g.add_argument("--cutmix", type=float, dest="cutmix_alpha", help="CutMix alpha (0: off)")
     g.add_argument("--precision", choices=["fp32", "bf16"])
     g = p.add_argument_group("run")
     g.add_argument("--out-dir", help="run directory (checkpoints, metrics, plots)")
@@ -139,14 +235,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="recompute each block's activations in the backward pass (less memory)",
     )
-    p.set_defaults(func=cmd_train)
 
 
 _TRAIN_FIELDS = (
     "data data_root val_size augment on_bad_image num_workers model image_size epochs "
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
-    "device prefetch_factor shuffle_buffer strategy"
+    "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
+    "cutmix_alpha"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 
@@ -157,7 +253,7 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
 
     cfg = get_recipe(args.recipe).config
     if args.smoke:
-        cfg = smoke(cfg)
+        cfg = smoke(cfg, finetune=bool(getattr(args, "init_from", None)))
     saved = Path(args.out_dir or cfg.out_dir) / "train_config.json"
     if args.resume and saved.is_file():  # continue the run as it was started
         try:
@@ -174,6 +270,14 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
         changes["model_overrides"].update(model_opts)
     changes["resume"] = args.resume
+    if args.randaugment is not None:
+        changes["randaugment"] = (int(args.randaugment[0]), float(args.randaugment[1]))
+    if getattr(args, "init_from", None):
+        changes["init_from"] = args.init_from
+    if args.keep_pre_logits:
+        changes["keep_pre_logits"] = True
+    if args.keep_head:
+        changes["new_head"] = False
     for switch in _TRAIN_SWITCHES:  # on if given; else the recipe's (or the resumed run's)
         if getattr(args, switch):
             changes[switch] = True
@@ -1155,6 +1259,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
+    _add_finetune(sub)
     _add_eval(sub)
     _add_predict(sub)
     _add_explain(sub)

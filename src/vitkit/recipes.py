@@ -40,6 +40,95 @@ MNIST = TrainConfig(
     out_dir="runs/mnist",
 )
 
+# --- The paper's recipes (Dosovitskiy et al. 2021, Sec. 4.1 "Training & Fine-tuning", Table 3,
+# Appendix B.1). Data paths are the user's; `data` must be set on the command line.
+
+PAPER_PRETRAIN_BASE = TrainConfig(
+    data="",
+    model="B/16",
+    model_overrides={"representation_size": 768, "dropout": 0.1},  # tanh pre-logits (B)
+    image_size=224,
+    epochs=300,
+    batch_size=4096,  # reach it with --accum-steps when memory is short
+    optimizer="adamw",  # Adam with decoupled weight decay
+    betas=(0.9, 0.999),
+    lr=3e-3,
+    weight_decay=0.3,
+    warmup_steps=10_000,
+    schedule="cosine",
+    grad_clip=1.0,
+    augment="inception",  # random crop + flip (the official input pipeline)
+    precision="bf16",
+    out_dir="runs/paper-pretrain",
+)
+
+PAPER_FINETUNE = TrainConfig(
+    data="",
+    init_from=None,  # set by `vitkit finetune --from`
+    new_head=True,  # zero-initialised D x K head
+    keep_pre_logits=False,  # the pre-logits layer is dropped
+    image_size=384,  # higher than pre-training; position embeddings interpolated in 2-D
+    init_resample="bicubic",
+    epochs=10_000,  # bounded by max_steps
+    max_steps=10_000,  # ImageNet 20k, CIFAR 10k, Pets/Flowers 500, VTAB 2.5k steps in the paper
+    batch_size=512,
+    optimizer="sgd",
+    momentum=0.9,
+    lr=0.01,  # chosen from {0.001, 0.003, 0.01, 0.03} with --lr-sweep
+    weight_decay=0.0,
+    warmup_steps=500,
+    schedule="cosine",
+    grad_clip=1.0,
+    augment="inception",
+    precision="bf16",
+    out_dir="runs/paper-finetune",
+)
+PAPER_FINETUNE_LRS: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03)
+
+AUGREG = TrainConfig(
+    data="",
+    model="S/16",
+    model_overrides={"dropout": 0.1, "drop_path": 0.1},
+    image_size=224,
+    epochs=300,
+    batch_size=1024,
+    optimizer="adamw",
+    lr=1e-3,
+    weight_decay=0.1,
+    warmup_steps=10_000,
+    schedule="cosine",
+    grad_clip=1.0,
+    augment="inception",
+    randaugment=(2, 15.0),
+    mixup_alpha=0.5,
+    cutmix_alpha=0.0,
+    label_smoothing=0.1,
+    ema_decay=0.9999,
+    precision="bf16",
+    out_dir="runs/augreg",
+)
+
+# Scaled-down versions that run here, used by the transfer experiments (docs/experiments.md).
+MNIST_PRETRAIN = dataclasses.replace(
+    MNIST,
+    model_overrides={**MNIST_MODEL, "representation_size": 64},
+    epochs=6,
+    out_dir="runs/mnist-pretrain",
+)
+DIGITS_FINETUNE = dataclasses.replace(
+    PAPER_FINETUNE,
+    data="digits",
+    image_size=56,  # MNIST was 28 px: twice the resolution, 14x14 instead of 7x7 patches
+    augment="digits",
+    epochs=20,
+    max_steps=None,
+    batch_size=64,
+    warmup_steps=20,
+    lr=0.01,
+    precision="bf16",
+    out_dir="runs/digits-finetune",
+)
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -70,6 +159,85 @@ RECIPES: dict[str, Recipe] = {
                 out_dir="runs/mnist-long",
             ),
         ),
+        Recipe(
+            "paper-pretrain",
+            """The paper's ImageNet-1k pre-training (Table 3): Adam (0.9, 0.999) with decoupled
+            weight decay 0.3, lr 3e-3, 10k warmup steps then cosine decay, batch 4096, gradient
+            clipping at global norm 1, dropout 0.1, tanh pre-logits of width D, 300 epochs.
+
+            Command: ``vitkit train --recipe paper-pretrain --data IMAGENET_DIR [--accum-steps N]``.
+            Not run here (no ImageNet, no accelerator); the smoke version runs in the tests.""",
+            PAPER_PRETRAIN_BASE,
+        ),
+        Recipe(
+            "paper-pretrain-i21k",
+            """The paper's ImageNet-21k pre-training (Table 3): as paper-pretrain but lr 1e-3,
+            weight decay 0.03, linear decay, 90 epochs.
+
+            Command: ``vitkit train --recipe paper-pretrain-i21k --data DIR`` (not run here).""",
+            dataclasses.replace(
+                PAPER_PRETRAIN_BASE,
+                lr=1e-3,
+                weight_decay=0.03,
+                schedule="linear",
+                epochs=90,
+                out_dir="runs/paper-pretrain-i21k",
+            ),
+        ),
+        Recipe(
+            "paper-pretrain-jft",
+            """The paper's JFT-300M pre-training (Table 3): weight decay 0.1, no dropout, linear
+            decay, 7 epochs; lr by model size: B 8e-4, L/32 6e-4, L/16 4e-4, H/14 3e-4 (14 epochs
+            for L/16's long schedule and H/14). This entry is B/16.
+
+            Command: ``vitkit train --recipe paper-pretrain-jft --data SHARDS`` (not run here).""",
+            dataclasses.replace(
+                PAPER_PRETRAIN_BASE,
+                lr=8e-4,
+                weight_decay=0.1,
+                schedule="linear",
+                epochs=7,
+                model_overrides={"representation_size": 768},
+                out_dir="runs/paper-pretrain-jft",
+            ),
+        ),
+        Recipe(
+            "paper-finetune",
+            """The paper's fine-tuning (Sec. 4.1, Appendix B.1.1): SGD momentum 0.9, no weight
+            decay, gradient clipping at 1, batch 512, 500 warmup steps then cosine decay, a new
+            zero-initialised head, pre-logits dropped, resolution 384 with the position
+            embeddings interpolated in 2-D; lr from {0.001, 0.003, 0.01, 0.03} chosen on a
+            held-out slice of the training set (--lr-sweep); optional Polyak averaging
+            (--ema-decay 0.9999).
+
+            Command: ``vitkit finetune --from CKPT --data D --lr-sweep``.""",
+            PAPER_FINETUNE,
+        ),
+        Recipe(
+            "augreg",
+            """Data-efficient training ("How to train your ViT?", Steiner et al. 2022, and DeiT):
+            AdamW lr 1e-3, weight decay 0.1, RandAugment(2, 15), Mixup 0.5, label smoothing 0.1,
+            dropout 0.1, stochastic depth 0.1, Polyak averaging 0.9999, 300 epochs, S/16.
+
+            Command: ``vitkit train --recipe augreg --data D``. Not run here at full scale.""",
+            AUGREG,
+        ),
+        Recipe(
+            "mnist-pretrain",
+            """The pre-training half of the transfer experiment: the default MNIST model with a
+            tanh pre-logits layer (width 64), 6 epochs (docs/experiments.md).
+
+            Command: ``vitkit train --recipe mnist-pretrain``.""",
+            MNIST_PRETRAIN,
+        ),
+        Recipe(
+            "digits-finetune",
+            """The fine-tuning half: paper-finetune scaled to scikit-learn's digits at 56 px
+            (twice MNIST's 28), batch 64, 20 epochs, 20 warmup steps.
+
+            Command: ``vitkit finetune --from runs/mnist-pretrain --recipe digits-finetune``.""",
+            DIGITS_FINETUNE,
+        ),
     )
 }
 
@@ -80,15 +248,26 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def smoke(cfg: TrainConfig) -> TrainConfig:
-    """A seconds-long version of a recipe for tests: tiny model, one short epoch."""
-    overrides = {**cfg.model_overrides, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
+def smoke(cfg: TrainConfig, data: str = "digits", finetune: bool = False) -> TrainConfig:
+    """A seconds-long version of a recipe for tests: tiny model on a small dataset, a few steps.
+    ``finetune``: the run starts from a checkpoint, whose architecture is kept."""
+    tiny = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
+    overrides = dict(cfg.model_overrides)
+    if cfg.init_from is None and not finetune:
+        overrides.update(tiny)
+        if overrides.get("representation_size"):
+            overrides["representation_size"] = 32
     return dataclasses.replace(
         cfg,
+        data=cfg.data or data,
+        model="Ti/4" if cfg.image_size and cfg.image_size >= 16 else cfg.model,
         model_overrides=overrides,
+        image_size=16 if cfg.image_size and cfg.image_size > 16 else cfg.image_size,
         epochs=1,
-        max_steps=20,
+        max_steps=6,
         batch_size=32,
+        accum_steps=1,
+        warmup_steps=2 if cfg.warmup_steps else None,
         progress=False,
         out_dir=f"{cfg.out_dir}-smoke",
     )

@@ -25,6 +25,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +37,16 @@ from torch import Tensor
 
 from vitkit.checkpoints import (
     LATEST,
+    Checkpoint,
     atomic_write_text,
     config_diff,
     load_checkpoint,
     load_state_dict_strict,
+    read_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
 )
+from vitkit.checkpoints.adapt import Resample
 from vitkit.checkpoints.distributed import (
     is_distributed_checkpoint,
     load_distributed_checkpoint,
@@ -64,6 +68,8 @@ from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.model import VisionTransformer
 from vitkit.train import distributed as D
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
+from vitkit.train.augment import mix, rand_augment
+from vitkit.train.ema import WeightAverage
 from vitkit.train.optim import OptimizerName, build_optimizer
 from vitkit.train.schedules import Decay, warmup_decay
 
@@ -91,6 +97,11 @@ class TrainConfig:
     model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", ...)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields
     image_size: int | None = None  # model input size; None: the dataset's own size
+    # fine-tuning (paper Sec. 3.2): start from a checkpoint of any format
+    init_from: str | None = None  # checkpoint to start from; `model` is then ignored
+    init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
+    new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
+    keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
     # optimisation
     epochs: int = 10
     batch_size: int = 128  # images per optimizer step (split into accum_steps micro-batches)
@@ -106,6 +117,10 @@ class TrainConfig:
     end_lr: float = 0.0
     grad_clip: float | None = 1.0  # global-norm gradient clipping; None: off
     label_smoothing: float = 0.0
+    ema_decay: float | None = None  # Polyak averaging of the weights (paper fine-tuning: 0.9999)
+    randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
+    mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
+    cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
     precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
     # scale (used when a process group is initialised, e.g. under torchrun)
     strategy: D.Strategy = "auto"  # ddp, fsdp (FSDP2), or auto: fsdp for ViT-L and bigger
@@ -145,6 +160,18 @@ class TrainConfig:
             raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
         if self.shuffle_buffer < 1:
             raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise VitkitError(f"ema_decay must lie in (0, 1), got {self.ema_decay}")
+        if self.randaugment is not None:
+            object.__setattr__(
+                self, "randaugment", (int(self.randaugment[0]), float(self.randaugment[1]))
+            )
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise VitkitError("mixup_alpha and cutmix_alpha must be >= 0")
+        if self.init_resample not in ("bicubic", "bilinear", "zoom"):
+            raise VitkitError(
+                f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -155,6 +182,8 @@ class TrainConfig:
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
+        if d.get("randaugment") is not None:
+            d["randaugment"] = tuple(d["randaugment"])
         return cls(**d)
 
 
@@ -225,8 +254,15 @@ class Trainer:
         self.test_set = self._maybe_split("test")
 
         torch.manual_seed(cfg.seed)  # model init draws from the global RNG (same on every rank)
-        self.model_cfg = self._model_config()
+        self.init: Checkpoint | None = None
+        if cfg.init_from:
+            self.init = self._init_checkpoint()
+            self.model_cfg = self.init.model_config.replace(**self._non_weight_overrides())
+        else:
+            self.model_cfg = self._model_config()
         self.model = VisionTransformer(self.model_cfg).to(self.device)
+        if self.init is not None:
+            load_state_dict_strict(self.model, self.init.state_dict, source=cfg.init_from)
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(self.model.blocks)
         # What a training step calls: the model itself, DDP around it, or it sharded by FSDP2
@@ -242,9 +278,18 @@ class Trainer:
                 bf16=cfg.precision == "bf16",
                 blocks=list(self.model.blocks),
             )
-        self.preprocess = PreprocessConfig.for_model(
-            self.model_cfg, crop_pct=1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
-        )
+        crop = 1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
+        self.preprocess = PreprocessConfig.for_model(self.model_cfg, crop_pct=crop)
+        if self.init is not None:  # keep the checkpoint's normalisation and channels
+            pre = self.init.preprocess
+            self.preprocess = PreprocessConfig(
+                self.model_cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, crop
+            )
+        self.ema: WeightAverage | None = None
+        if cfg.ema_decay is not None:
+            if self.dist.enabled:
+                raise VitkitError("ema_decay is not supported under torchrun yet (one process)")
+            self.ema = WeightAverage(self.model, cfg.ema_decay)
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,
@@ -317,6 +362,46 @@ class Trainer:
             **self._data_kwargs(),
         )
 
+    def _init_checkpoint(self) -> Checkpoint:
+        """The starting checkpoint at this run's resolution, with the paper's new head."""
+        cfg = self.cfg
+        k = self.info.num_classes
+        with warnings.catch_warnings():
+            if cfg.new_head:  # a zeroed head is about to be replaced: nothing to warn about
+                warnings.simplefilter("ignore")
+            return self._read_init(cfg, k)
+
+    def _read_init(self, cfg: TrainConfig, k: int) -> Checkpoint:
+        probe = read_checkpoint(cfg.init_from)  # type: ignore[arg-type]
+        size = cfg.image_size or self.info.image_size
+        if not cfg.new_head and probe.model_config.num_classes != k:
+            raise VitkitError(
+                f"{cfg.init_from}: its head has {probe.model_config.num_classes} classes but "
+                f"dataset '{self.info.name}' has {k}; fine-tune with a new head"
+            )
+        ckpt = read_checkpoint(
+            cfg.init_from,  # type: ignore[arg-type]
+            image_size=size,
+            num_classes=k,
+            pre_logits=None if cfg.keep_pre_logits else False,
+            resample=cfg.init_resample,
+        )
+        if cfg.new_head and ckpt.model_config.num_classes == probe.model_config.num_classes:
+            ckpt.state_dict["head.weight"] = torch.zeros_like(ckpt.state_dict["head.weight"])
+            ckpt.state_dict["head.bias"] = torch.zeros_like(ckpt.state_dict["head.bias"])
+        return ckpt
+
+    def _non_weight_overrides(self) -> dict[str, Any]:
+        """Model options a fine-tuning run may set: those that do not change the weights."""
+        allowed = {"dropout", "attn_dropout", "drop_path"}
+        bad = sorted(set(self.cfg.model_overrides) - allowed)
+        if bad:
+            raise VitkitError(
+                f"fine-tuning from {self.cfg.init_from}: model options {', '.join(bad)} would "
+                f"change its weights; only {', '.join(sorted(allowed))} may be set"
+            )
+        return dict(self.cfg.model_overrides)
+
     def _model_config(self) -> ViTConfig:
         overrides = dict(self.cfg.model_overrides)
         overrides.setdefault("num_classes", self.info.num_classes)
@@ -341,7 +426,12 @@ class Trainer:
     def augment(self, images: Tensor) -> Tensor:
         """Random augmentation of a uint8 in-memory batch (ImageFolder data is augmented by its
         PIL transform in the loader), drawing only from ``self.aug_generator``."""
-        if not isinstance(self.train_set, ArrayDataset) or self.cfg.augment == "none":
+        if not isinstance(self.train_set, ArrayDataset):
+            return images
+        if self.cfg.randaugment is not None:
+            ops, magnitude = self.cfg.randaugment
+            images = rand_augment(images, ops, magnitude, self.aug_generator)
+        if self.cfg.augment == "none":
             return images
         x = images.float()
         # This rank's rows of the global micro-batch: parameters are drawn for all its rows.
@@ -389,6 +479,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "aug_rng": self.aug_generator.get_state(),
             "train_config": json.dumps(self.cfg.to_dict()),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
         }
 
     def _meta(self) -> dict[str, Any]:
@@ -398,6 +489,8 @@ class Trainer:
             "epoch": self.epoch,
             "train_config": self.cfg.to_dict(),
         }
+        if self.cfg.init_from:
+            meta["init_from"] = self.cfg.init_from
         if self.dist.enabled:
             meta["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
         return meta
@@ -467,6 +560,8 @@ class Trainer:
                 self.optimizer.load_state_dict(st["optimizer"])
             torch.set_rng_state(st["torch_rng"])
             self.aug_generator.set_state(st["aug_rng"])
+            if self.ema is not None:
+                self.ema.load_state_dict(st["ema"])
             self.step, self.epoch = int(st["step"]), int(st["epoch"])
             self.batch_in_epoch = int(st["batch_in_epoch"])
         except (KeyError, TypeError, ValueError) as e:
@@ -576,9 +671,12 @@ class Trainer:
         for images, labels in micro_batches:
             x = self.prepare(self.augment(images))
             y = labels.to(self.device)
+            x, target = self._mix(x, y)
             with self._autocast():
                 logits = self.model(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=self.cfg.label_smoothing)
+                loss = F.cross_entropy(
+                    logits.float(), target, label_smoothing=self.cfg.label_smoothing
+                )
             (loss * (len(y) / total)).backward()  # the mean over all the step's images
             loss_sum += loss.item() * len(y)
             correct += int((logits.argmax(-1) == y).sum())
@@ -603,13 +701,14 @@ class Trainer:
                 x = torch.zeros(1, *self._input_shape(), device=self.device)
                 y = torch.zeros(1, dtype=torch.int64, device=self.device)
             last = i == len(micro_batches) - 1
+            x, target = self._mix(x, y)
             with contextlib.ExitStack() as stack:
                 if not last:
                     stack.enter_context(D.no_gradient_sync(self.forward_model))
                 with self._autocast():
                     logits = self.forward_model(x)
                     loss = F.cross_entropy(
-                        logits.float(), y, label_smoothing=self.cfg.label_smoothing
+                        logits.float(), target, label_smoothing=self.cfg.label_smoothing
                     )
                 (loss * weight).backward()
             if len(labels):
@@ -619,6 +718,20 @@ class Trainer:
         loss_sum, correct_f, n_f = D.all_reduce_sum([loss_sum, correct, n], self.dist)
         return self._optimizer_step(loss_sum, int(correct_f), int(n_f))
 
+    def _mix(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Mixup / CutMix (if asked) of a prepared batch: soft targets, else the labels."""
+        cfg = self.cfg
+        if (cfg.mixup_alpha <= 0 and cfg.cutmix_alpha <= 0) or len(y) < 2:
+            return x, y
+        soft = F.one_hot(y, self.model_cfg.num_classes).float()
+        return mix(
+            x,
+            soft,
+            mixup_alpha=cfg.mixup_alpha,
+            cutmix_alpha=cfg.cutmix_alpha,
+            generator=self.aug_generator,
+        )
+
     def _input_shape(self) -> tuple[int, int, int]:
         return (self.model_cfg.in_chans, *self.model_cfg.image_size)
 
@@ -627,6 +740,8 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
         self.step += 1
         return loss_sum / max(n, 1), correct / max(n, 1)
 
@@ -786,6 +901,20 @@ class Trainer:
             report["per_class_accuracy"] = [
                 None if math.isnan(a) else a for a in res.per_class_accuracy
             ]
+            if self.ema is not None:  # the Polyak-averaged weights, evaluated the same way
+                raw = {k: v.clone() for k, v in self.model.state_dict().items()}
+                self.model.load_state_dict(self.ema.averaged_model(self.model).state_dict())
+                ema_res = self.evaluate(eval_set)
+                report.update({f"ema_{split}_{k}": v for k, v in ema_res.metrics().items()})
+                if self.dist.is_main:
+                    save_checkpoint(
+                        self.out / "ema",
+                        self.model,
+                        preprocess=self.preprocess,
+                        class_names=self.info.class_names,
+                        meta={**self._meta(), "ema_decay": self.cfg.ema_decay},
+                    )
+                self.model.load_state_dict(raw)
         if not self.dist.is_main:  # (every rank evaluated its share; rank 0 writes)
             return report
         if eval_set is not None:

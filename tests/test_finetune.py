@@ -1,0 +1,172 @@
+"""Fine-tuning the paper's way: start from a checkpoint, new zero head, pre-logits dropped,
+position embeddings resampled; EMA, RandAugment and Mixup in the trainer; the lr sweep; every
+recipe runs a tiny training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.checkpoints import (
+    load_checkpoint,
+    read_checkpoint,
+    resample_pos_embed,
+    write_checkpoint,
+)
+from vitkit.cli import main
+from vitkit.errors import VitkitError
+from vitkit.recipes import RECIPES, smoke
+from vitkit.train.trainer import TrainConfig, Trainer
+
+TINY = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "representation_size": 16}
+
+
+def pretrain(out: Path) -> Path:
+    cfg = TrainConfig(
+        data="digits",
+        model="Ti/2",
+        model_overrides=TINY,
+        image_size=8,
+        epochs=1,
+        max_steps=5,
+        batch_size=32,
+        augment="none",
+        precision="fp32",
+        progress=False,
+        out_dir=str(out),
+    )
+    Trainer(cfg).fit()
+    return out
+
+
+def ft_config(src: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(
+        data="digits",
+        init_from=str(src),
+        image_size=16,
+        epochs=2,
+        batch_size=32,
+        optimizer="sgd",
+        lr=0.01,
+        weight_decay=0.0,
+        warmup_steps=2,
+        augment="none",
+        precision="fp32",
+        progress=False,
+        out_dir=str(out),
+        keep_checkpoints=5,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    return pretrain(tmp_path_factory.mktemp("pre") / "run")
+
+
+def test_finetuning_starts_from_the_checkpoint_as_the_paper_says(pretrained, tmp_path):
+    src = read_checkpoint(pretrained)
+    trainer = Trainer(ft_config(pretrained, tmp_path / "ft"))
+    cfg, sd = trainer.model_cfg, trainer.model.state_dict()
+    assert cfg.image_size == (16, 16) and cfg.grid_size == (8, 8)
+    assert cfg.representation_size is None and "pre_logits.0.weight" not in sd  # dropped
+    assert not sd["head.weight"].any() and not sd["head.bias"].any()  # zero-initialised
+    assert sd["head.weight"].shape == (10, 32)
+    want = resample_pos_embed(src.state_dict["pos_embed"], (4, 4), (8, 8), 1, "bicubic")
+    assert torch.equal(sd["pos_embed"], want)
+    for k, v in src.state_dict.items():
+        if (
+            k.startswith("blocks.")
+            or k.startswith("patch_embed")
+            or k in ("cls_token", "norm.weight")
+        ):
+            assert torch.equal(sd[k], v), k
+    report = trainer.fit()
+    assert report["test_top1"] > 0.1
+    assert load_checkpoint(tmp_path / "ft").meta["init_from"] == str(pretrained)
+
+
+def test_finetuning_from_a_foreign_format(pretrained, tmp_path):
+    write_checkpoint(
+        read_checkpoint(pretrained, pre_logits=False, num_classes=10), tmp_path / "m.npz", "npz"
+    )
+    trainer = Trainer(ft_config(tmp_path / "m.npz", tmp_path / "ft", max_steps=2))
+    assert trainer.model_cfg.gelu == "tanh" and trainer.model_cfg.image_size == (16, 16)
+    trainer.fit()
+    with pytest.raises(VitkitError, match="only attn_dropout, drop_path, dropout may be set"):
+        Trainer(ft_config(pretrained, tmp_path / "x", model_overrides={"depth": 3}))
+
+
+def test_ema_randaugment_mixup_train_and_resume_bitwise(pretrained, tmp_path):
+    extra = dict(
+        ema_decay=0.9,
+        randaugment=(2, 9.0),
+        mixup_alpha=0.4,
+        cutmix_alpha=1.0,
+        augment="digits",
+        label_smoothing=0.1,
+    )
+    full = ft_config(pretrained, tmp_path / "full", **extra)
+    report = Trainer(full).fit()
+    assert "ema_test_top1" in report and (tmp_path / "full" / "ema" / "config.json").is_file()
+    ema = load_checkpoint(tmp_path / "full" / "ema").state_dict
+    raw = load_checkpoint(tmp_path / "full").state_dict
+    assert any(not torch.equal(ema[k], raw[k]) for k in raw)
+    # Resume from the end of epoch 1 in a fresh directory: bitwise the same weights and EMA.
+    first = sorted((tmp_path / "full" / "checkpoints").glob("step_*"))[0]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first, resumed / "checkpoints" / first.name)
+    (resumed / "checkpoints" / "LATEST").write_text(first.name + "\n")
+    shutil.copy(tmp_path / "full" / "train_config.json", resumed / "train_config.json")
+    Trainer(dataclasses.replace(full, out_dir=str(resumed), resume=True)).fit()
+    for name in ("", "ema"):
+        a = load_checkpoint(tmp_path / "full" / name).state_dict
+        b = load_checkpoint(resumed / name).state_dict
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_lr_sweep_chooses_on_held_out_data_and_retrains(pretrained, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = [
+        "finetune",
+        "--from",
+        str(pretrained),
+        "--data",
+        "digits",
+        "--smoke",
+        "--lr-sweep",
+        "0.001",
+        "0.03",
+        "--out-dir",
+        str(out),
+    ]
+    assert main(args) == 0
+    result = json.loads((out / "sweep.json").read_text())
+    assert [r["lr"] for r in result["runs"]] == [0.001, 0.03]
+    best = max(result["runs"], key=lambda r: r["val_top1"])
+    assert result["chosen_lr"] == best["lr"]
+    final = json.loads((out / "final" / "train_config.json").read_text())
+    assert final["lr"] == best["lr"] and final["val_size"] == 0 and final["optimizer"] == "sgd"
+    swept = json.loads((out / "lr_0.001" / "train_config.json").read_text())
+    assert swept["val_size"] == 0.1
+    assert "chosen lr" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_runs_a_tiny_training(name, pretrained, tmp_path):
+    cfg = smoke(RECIPES[name].config, finetune=name.endswith("finetune"))
+    changes: dict = {"out_dir": str(tmp_path / name), "max_steps": 3}
+    if cfg.data == "mnist":
+        changes["data"] = "digits"
+    if RECIPES[name].config.init_from is None and name.endswith("finetune"):
+        changes["init_from"] = str(pretrained)
+    cfg = dataclasses.replace(cfg, **changes)
+    report = Trainer(cfg).fit()
+    assert report["steps"] == 3 and 0.0 <= report["test_top1"] <= 1.0
