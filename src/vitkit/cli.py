@@ -1100,6 +1100,47 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# export
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint (any format) to ONNX, checked against onnxruntime",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("ckpt", metavar="CKPT", help="checkpoint file or directory (any format)")
+    p.add_argument("out", metavar="OUT", help="the .onnx file to write")
+    p.add_argument("--format", dest="out_format", default="onnx", choices=["onnx"])
+    p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip comparing onnxruntime's outputs with PyTorch's (needs onnxruntime)",
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import load_model
+    from vitkit.export import check_onnx, export_onnx
+
+    model, ckpt = load_model(args.ckpt)
+    out = export_onnx(model, args.out, opset=args.opset)
+    cfg = model.cfg
+    print(
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): input pixel_values "
+        f"[batch, {cfg.in_chans}, {cfg.image_size[0]}, {cfg.image_size[1]}], output logits"
+    )
+    if not args.no_check:
+        diff = check_onnx(model, out)
+        print(f"onnxruntime vs PyTorch: max abs difference {diff:.2e}")
+        if diff > 1e-4:
+            raise VitkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.2e} (> 1e-4)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # models
 
 
@@ -1267,6 +1308,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models(sub)
     _add_convert(sub)
     _add_inspect(sub)
+    _add_export(sub)
     _add_fewshot(sub)
     _add_shards(sub)
     _add_consolidate(sub)
