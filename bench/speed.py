@@ -1,0 +1,246 @@
+"""Speed of vitkit against timm and Hugging Face transformers, side by side in one run.
+
+For each model (identical configuration and weights in all three libraries: vitkit's weights are
+converted with vitkit's own converters), precision (fp32, bf16 autocast) and mode (eager,
+``torch.compile``), it times
+
+- inference at batch 1 (latency) and at ``--batch`` (throughput), under ``torch.inference_mode``;
+- a training step at ``--batch``: forward + backward + AdamW step.
+
+Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings, so
+machine noise hits all alike; medians are reported, with vitkit/timm and vitkit/HF ratios (> 1:
+vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which
+hook-based counters miss inside fused attention; training = 3x forward) over time, against the
+matmul ceiling measured on this machine at the same precision. Peak memory is reported on CUDA.
+
+    python bench/speed.py                                   # MNIST model + Ti/16, quick
+    python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the torchvision-op shim for importing timm
+
+from references import import_reference  # noqa: E402
+
+import vitkit  # noqa: E402
+from vitkit.checkpoints import hf as hf_conv  # noqa: E402
+from vitkit.checkpoints import timm as timm_conv  # noqa: E402
+from vitkit.config import count_flops  # noqa: E402
+from vitkit.recipes import MNIST_MODEL  # noqa: E402
+
+
+def model_cfg(name: str) -> vitkit.ViTConfig:
+    if name == "mnist":  # the default recipe's model, in the libraries' common GELU
+        return vitkit.model_config(
+            "Ti/4", image_size=28, in_chans=1, num_classes=10, gelu="none", **MNIST_MODEL
+        )
+    return vitkit.model_config(name, image_size=224, num_classes=1000, gelu="none")
+
+
+def build(name: str, device: torch.device) -> dict[str, torch.nn.Module]:
+    """The same network and weights in vitkit, timm and transformers."""
+    cfg = model_cfg(name)
+    torch.manual_seed(0)
+    ours = vitkit.create_model(cfg)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    models = {"vitkit": ours}
+    timm = import_reference("timm")
+    t = timm.create_model("vit_base_patch16_224", **timm_conv.timm_model_args(cfg))
+    t.load_state_dict(timm_conv.state_dict_to_timm(ours.state_dict(), cfg))
+    models["timm"] = t
+    transformers = import_reference("transformers")
+    arch, hsd = hf_conv.state_dict_to_hf(ours.state_dict(), cfg, "5")
+    hc = transformers.ViTConfig(
+        **{
+            k: v
+            for k, v in hf_conv.vit_to_hf_config(cfg, arch).items()
+            if k not in ("architectures", "model_type")
+        }
+    )
+    h = transformers.ViTForImageClassification(hc)
+    h.load_state_dict(hsd)
+    models["hf"] = h
+    return {k: m.to(device).eval() for k, m in models.items()}
+
+
+def logits_of(impl: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).logits if impl == "hf" else model(x)
+
+
+def matmul_ceiling(dtype: torch.dtype, device: torch.device, n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of a large square matmul at ``dtype`` (the best of ``reps``)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(reps + 1):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mnist,Ti/16")
+    ap.add_argument("--impls", default="vitkit,timm,hf")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--modes", default="eager", help="eager and/or compiled")
+    ap.add_argument("--batch", type=int, default=32, help="batch for throughput and training")
+    ap.add_argument("--mnist-batch", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speed"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    precisions = args.precisions.split(",")
+    ceilings = {
+        p: matmul_ceiling(torch.float32 if p == "fp32" else torch.bfloat16, device)
+        for p in precisions
+    }
+    rows = []
+    for name in args.models.split(","):
+        models = build(name, device)
+        cfg = model_cfg(name)
+        batch = args.mnist_batch if name == "mnist" else args.batch
+        fns: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+        for impl in args.impls.split(","):
+            for prec in precisions:
+                for mode in args.modes.split(","):
+                    fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device))
+        times: dict[tuple[str, str, str, str], list[float]] = {k: [] for k in fns}
+        for fn in fns.values():  # warm up (and compile) everything first
+            fn()
+            fn()
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                sync(device)
+                t = time.perf_counter()
+                fn()
+                sync(device)
+                times[key].append(time.perf_counter() - t)
+        flops = count_flops(cfg)
+        for (impl, prec, mode, task), ts in times.items():
+            med = statistics.median(ts)
+            n = 1 if task == "infer_b1" else batch
+            work = flops * n * (3 if task == "train" else 1)
+            rows.append(
+                {
+                    "model": name,
+                    "impl": impl,
+                    "precision": prec,
+                    "mode": mode,
+                    "task": task,
+                    "batch": n,
+                    "median_s": med,
+                    "images_per_s": n / med,
+                    "mfu": work / med / ceilings[prec],
+                    "rounds": ts,
+                }
+            )
+        print(f"{name}: done", file=sys.stderr)
+    write(rows, ceilings, args)
+
+
+def make_fns(impl, model, cfg, prec, mode, batch, device) -> dict:
+    net = torch.compile(model) if mode == "compiled" else model
+    x1 = torch.randn(1, cfg.in_chans, *cfg.image_size, device=device)
+    xb = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
+    y = torch.randint(cfg.num_classes, (batch,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def infer(x):
+        def fn():
+            with torch.inference_mode(), amp_ctx():
+                logits_of(impl, net, x)
+
+        return fn
+
+    def amp_ctx():
+        return (
+            torch.autocast(device.type, dtype=torch.bfloat16)
+            if prec == "bf16"
+            else contextlib.nullcontext()
+        )
+
+    def train():
+        model.train()
+        with amp_ctx():
+            loss = torch.nn.functional.cross_entropy(logits_of(impl, net, xb).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.eval()
+
+    return {
+        (impl, prec, mode, "infer_b1"): infer(x1),
+        (impl, prec, mode, f"infer_b{batch}"): infer(xb),
+        (impl, prec, mode, "train"): train,
+    }
+
+
+def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": args.device,
+        "matmul_ceiling_flops": ceilings,
+    }
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    by = {(r["model"], r["impl"], r["precision"], r["mode"], r["task"]): r for r in rows}
+    lines = [
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}; matmul "
+        + ", ".join(f"{p} {c / 1e9:.0f} GFLOP/s" for p, c in ceilings.items()),
+        "",
+        "| model | precision | mode | task | vitkit img/s | timm img/s | HF img/s "
+        "| vitkit/timm | vitkit/HF | vitkit MFU |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (model, impl, prec, mode, task), r in by.items():
+        if impl != "vitkit":
+            continue
+        t = by.get((model, "timm", prec, mode, task))
+        h = by.get((model, "hf", prec, mode, task))
+
+        def ips(x):
+            return f"{x['images_per_s']:.1f}" if x else "-"
+
+        def ratio(x, r=r):
+            return f"{r['images_per_s'] / x['images_per_s']:.2f}" if x else "-"
+
+        lines.append(
+            f"| {model} | {prec} | {mode} | {task} | {ips(r)} | {ips(t)} | {ips(h)} | "
+            f"{ratio(t)} | {ratio(h)} | {100 * r['mfu']:.0f} % |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
