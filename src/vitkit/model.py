@@ -210,17 +210,24 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: Tensor) -> Tensor:
         """Eq. 1: patch embeddings, class token prepended, position embeddings added."""
-        x = self.patch_embed(x)
+        return self.embed_patches(self.patch_embed(x))
+
+    def embed_patches(self, patches: Tensor) -> Tensor:
+        """Eq. 1 from the patch embeddings x_p E [B, N, D] on: class token prepended, E_pos
+        added. (Masked patch prediction corrupts the patch embeddings before this step.)"""
         if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+            patches = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)
+        return self.pos_drop(patches + self.pos_embed)
+
+    def encode(self, tokens: Tensor) -> Tensor:
+        """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]."""
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.norm(tokens)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return self.encode(self.embed(x))
 
     def pool(self, tokens: Tensor) -> Tensor:
         """Eq. 4's z_L^0 (the class token), or the mean over tokens with ``pool="gap"``."""

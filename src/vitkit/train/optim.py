@@ -1,7 +1,8 @@
 """Optimizers with the paper's parameter grouping.
 
 Weight decay is decoupled (AdamW) and applies only to weight matrices and convolution kernels:
-never to norms, biases, the position embeddings or the class token (as big_vision and timm).
+never to norms, biases, the position embeddings, the class token or a pre-training mask token
+(as big_vision and timm).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from vitkit.errors import VitkitError
 
 OptimizerName = Literal["adamw", "sgd"]
 
-NO_DECAY_NAMES = ("pos_embed", "cls_token")
+NO_DECAY_NAMES = ("pos_embed", "cls_token", "mask_token")
 
 
 def decays(name: str, param: torch.Tensor) -> bool:

