@@ -369,6 +369,15 @@ def test_cli_pretrain_then_finetune_then_fewshot(
     assert not torch.equal(tuned.state_dict()["blocks.0.mlp.fc1.weight"],
                            before["blocks.0.mlp.fc1.weight"])  # fmt: skip
 
+    # The few-labels recipe from the encoder: model sizes equal to the checkpoint's are fine.
+    few = ["train", "--recipe", "mnist-few-labels", "--smoke", "--data", "digits"]
+    few += ["--init-from", str(pre), "--no-progress", "--train-size", "100"]
+    sizes = ["-o", "width=32", "-o", "depth=2", "-o", "num_heads=2", "-o", "mlp_dim=64"]
+    assert main([*few, *sizes, "--out-dir", str(tmp_path / "few")]) == 0
+    assert json.loads((tmp_path / "few" / "report.json").read_text())["test_top1"] >= 0
+    assert main([*few, "--out-dir", str(tmp_path / "bad")]) == 2  # width 64 != 32
+    assert "model options depth, mlp_dim, num_heads, width would" in capsys.readouterr().err
+
     result = tmp_path / "fewshot.json"
     fewshot = ["fewshot", "--from", str(pre), "--data", "digits", "--shots", "2,5"]
     assert main([*fewshot, "--seeds", "2", "--out", str(result)]) == 0

@@ -189,7 +189,6 @@ MNIST_MAE = dataclasses.replace(
     objective="mae",
     objective_options={"decoder_width": 64, "decoder_depth": 2, "decoder_heads": 4},
     betas=(0.9, 0.95),
-    epochs=16,
     out_dir="runs/mnist-mae",
 )
 # Few labels: the MNIST recipe on a stratified 1 % of the training images (600), no held-out
@@ -347,7 +346,7 @@ RECIPES: dict[str, Recipe] = {
             "mnist-mae",
             """MAE on MNIST images without their labels: the default MNIST model as encoder, 75 %
             masked, a 2-block decoder of width 64, normalised-pixel MSE, AdamW (0.9, 0.95) lr 1e-3,
-            16 epochs, bf16.
+            8 epochs, bf16.
 
             Command: ``vitkit pretrain --objective mae``.
             Expected: about 10 min on 2 vCPUs (docs/experiments.md).""",
@@ -356,7 +355,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "mnist-few-labels",
             """The MNIST recipe on 1 % of the labels (a stratified 600 images, chosen by the
-            seed), batch 64, 50 epochs; --train-size 0.1 --batch-size 128 --epochs 15 for 10 %.
+            seed), batch 64, 50 epochs; --train-size 0.1 --batch-size 128 --epochs 10 for 10 %.
             From scratch, or from a pre-trained encoder with --init-from (new zero head).
 
             Command: ``vitkit train --recipe mnist-few-labels [--init-from runs/mnist-mpp]``.""",

@@ -423,13 +423,17 @@ class Trainer:
     def _non_weight_overrides(self) -> dict[str, Any]:
         """Model options a fine-tuning run may set: those that do not change the weights."""
         allowed = {"dropout", "attn_dropout", "drop_path"}
-        bad = sorted(set(self.cfg.model_overrides) - allowed)
+        assert self.init is not None
+        have = self.init.model_config.to_dict()
+        # A recipe's model sizes that equal the checkpoint's change nothing: not an error.
+        same = {k for k, v in self.cfg.model_overrides.items() if have.get(k, object()) == v}
+        bad = sorted(set(self.cfg.model_overrides) - allowed - same)
         if bad:
             raise VitkitError(
                 f"fine-tuning from {self.cfg.init_from}: model options {', '.join(bad)} would "
                 f"change its weights; only {', '.join(sorted(allowed))} may be set"
             )
-        return dict(self.cfg.model_overrides)
+        return {k: v for k, v in self.cfg.model_overrides.items() if k not in same}
 
     def _model_config(self) -> ViTConfig:
         overrides = dict(self.cfg.model_overrides)
