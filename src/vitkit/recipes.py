@@ -355,7 +355,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "mnist-few-labels",
             """The MNIST recipe on 1 % of the labels (a stratified 600 images, chosen by the
-            seed), batch 64, 50 epochs; --train-size 0.1 --batch-size 128 --epochs 10 for 10 %.
+            seed), batch 64, 50 epochs; --train-size 0.1 --batch-size 128 --epochs 5 for 10 %.
             From scratch, or from a pre-trained encoder with --init-from (new zero head).
 
             Command: ``vitkit train --recipe mnist-few-labels [--init-from runs/mnist-mpp]``.""",
