@@ -185,7 +185,7 @@ def plot_image_rows(
     if not rows:
         raise VitkitError("nothing to plot: no rows of images")
     cols = max(len(images) for _, images in rows)
-    fig = _new_figure((1.3 * cols + 1.4, 1.35 * len(rows) + 0.5))
+    fig = new_figure((1.3 * cols + 1.4, 1.35 * len(rows) + 0.5))
     for r, (label, images) in enumerate(rows):
         arr = np.asarray(images.detach().float().cpu() if hasattr(images, "detach") else images)
         for c in range(len(arr)):
@@ -202,7 +202,7 @@ def plot_image_rows(
     if title is not None:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _draw_panel(
