@@ -175,3 +175,30 @@ def test_every_recipe_runs_a_tiny_training(name, pretrained, tmp_path):
         return
     report = Trainer(cfg).fit()
     assert report["steps"] == 3 and 0.0 <= report["test_top1"] <= 1.0
+
+
+def test_randaugment_applies_to_image_folders_too(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(6):
+            img = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(img).save(tmp_path / "data" / c / f"{i}.png")
+    cfg = TrainConfig(
+        data=str(tmp_path / "data"),
+        model="Ti/4",
+        image_size=16,
+        model_overrides={"width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+        randaugment=(2, 20.0),
+        batch_size=4,
+        progress=False,
+        out_dir=str(tmp_path / "run"),
+    )
+    trainer = Trainer(cfg)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    assert not torch.equal(trainer.augment(images), images)
+    plain = Trainer(dataclasses.replace(cfg, randaugment=None, out_dir=str(tmp_path / "r2")))
+    assert torch.equal(plain.augment(images), images)  # (crop/flip happen in the loader)

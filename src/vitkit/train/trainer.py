@@ -457,14 +457,13 @@ class Trainer:
         )
 
     def augment(self, images: Tensor) -> Tensor:
-        """Random augmentation of a uint8 in-memory batch (ImageFolder data is augmented by its
-        PIL transform in the loader), drawing only from ``self.aug_generator``."""
-        if not isinstance(self.train_set, ArrayDataset):
-            return images
-        if self.cfg.randaugment is not None:
+        """Random augmentation of a uint8 batch, drawing only from ``self.aug_generator``:
+        RandAugment (if asked) on any data; the geometric augmentation on in-memory data
+        (ImageFolder data gets its crop and flip from the PIL transform in the loader)."""
+        if self.cfg.randaugment is not None:  # any data: decoded uint8 batches
             ops, magnitude = self.cfg.randaugment
             images = rand_augment(images, ops, magnitude, self.aug_generator)
-        if self.cfg.augment == "none":
+        if not isinstance(self.train_set, ArrayDataset) or self.cfg.augment == "none":
             return images
         x = images.float()
         # This rank's rows of the global micro-batch: parameters are drawn for all its rows.
