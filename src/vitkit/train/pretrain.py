@@ -180,22 +180,12 @@ class Pretrainer(Trainer):
         from vitkit.checkpoints import atomic_write_text
         from vitkit.plotting import plot_training_curves, read_jsonl
 
-        report: dict[str, Any] = {
-            "out_dir": str(self.out),
-            "model": self.model_cfg.short_name,
-            "model_config": self.model_cfg.to_dict(),
-            "num_params": sum(p.numel() for p in self.model.parameters()),
-            "objective": self.cfg.objective,
-            "objective_settings": dataclasses.asdict(self.objective_cfg),
-            "objective_params": sum(p.numel() for p in self.objective.parameters()),
-            "dataset": self.info.name,
-            "steps": self.step,
-            "epochs": self.epoch,
-            "wall_s": wall_s,
-            "train_images_per_s": images_seen / train_time if train_time else None,
-            "precision": self.cfg.precision,
-            "threads": torch.get_num_threads(),
-        }
+        report = self.report_header(wall_s, images_seen, train_time)
+        report.update(
+            objective=self.cfg.objective,
+            objective_settings=dataclasses.asdict(self.objective_cfg),
+            objective_params=sum(p.numel() for p in self.objective.parameters()),
+        )
         eval_set = self.test_set if self.test_set is not None else self.val_set
         if eval_set is not None:
             split = "test" if self.test_set is not None else "val"

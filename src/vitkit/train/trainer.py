@@ -925,11 +925,9 @@ class Trainer:
                 on_epoch_end(self, record)
         return self.finish(time.perf_counter() - start, images_seen, train_time)
 
-    def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
-        """Final evaluation on the test split, curves and confusion matrix PNGs, report.json."""
-        from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
-
-        report: dict[str, Any] = {
+    def report_header(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
+        """What every run's report.json starts with: model, data, steps, time, speed."""
+        return {
             "out_dir": str(self.out),
             "model": self.model_cfg.short_name,
             "model_config": self.model_cfg.to_dict(),
@@ -942,6 +940,12 @@ class Trainer:
             "precision": self.cfg.precision,
             "threads": torch.get_num_threads(),
         }
+
+    def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
+        """Final evaluation on the test split, curves and confusion matrix PNGs, report.json."""
+        from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
+
+        report = self.report_header(wall_s, images_seen, train_time)
         if self.dist.enabled:
             report["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
         eval_set = self.test_set if self.test_set is not None else self.val_set
