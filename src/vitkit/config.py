@@ -1,9 +1,12 @@
-"""Model configuration and the variant table.
+"""Model configuration and the variant tables.
 
 A ViT is fully described by one frozen :class:`ViTConfig`. The paper's model sizes (Table 1 of
 Dosovitskiy et al., 2021, plus the Ti and S sizes of the follow-up "How to train your ViT") live
 in one table, :data:`SIZES`; a name such as ``"B/16"`` or ``"vit_b16"`` picks a size and a
-patch size from it. Nothing else in vitkit defines a variant.
+patch size from it. The paper's named hybrids (``"r50_vit_b16"``, ...) are rows of
+:data:`HYBRIDS` on top of it, and its baseline, BiT's ResNet-v2 (a :class:`ResNetConfig`), is
+named by depth and width factor (``"bit_r50x1"``) from :data:`RESNET_DEPTHS`. Nothing else in
+vitkit defines a variant; :func:`model_config` turns any of these names into a config.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from vitkit.errors import VitkitError
 
 Pool = Literal["token", "gap"]
 GeluApprox = Literal["tanh", "none"]
+ResNetRoot = Literal["bit", "small"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -235,21 +239,193 @@ def canonical_name(name: str) -> str:
     return f"{size}/{patch}"
 
 
-def model_config(name: str, **overrides: Any) -> ViTConfig:
-    """A named variant's config with any field overridden (``depth=6``, ``image_size=384``)."""
-    size, patch = parse_name(name)
-    base = dataclasses.asdict(SIZES[size])
-    base["patch_size"] = patch
+# The paper's hybrids as named in its code (vit_jax ``configs/models.py``; timm's
+# ``vit_*_r*_s*``): (transformer size, patch size on the ResNet feature map, ResNet stage depths).
+# The ResNet downsamples 4x (root) and 2x per stage after the first, so "r50_vit_b16" (stages
+# (3, 4, 9): 16x) with 1x1 patches sees 16-pixel patches. "r_vit_ti16" is vit_jax's "R+ViT-Ti/16":
+# root only (4x) and 8x8 patches, which makes 32-pixel patches despite the name (timm calls it
+# "vit_tiny_r_s16_p8"; both have a 7x7 grid at 224 px).
+HYBRIDS: dict[str, tuple[str, int, tuple[int, ...]]] = {
+    "r_vit_ti16": ("Ti", 8, ()),
+    "r26_vit_s32": ("S", 1, (2, 2, 2, 2)),
+    "r26_vit_b32": ("B", 1, (2, 2, 2, 2)),
+    "r50_vit_b16": ("B", 1, (3, 4, 9)),
+    "r50_vit_l32": ("L", 1, (3, 4, 6, 3)),
+}
+
+# BiT's ResNet-v2 depths (Kolesnikov et al., 2020): units per stage. Depth = 3 x units + 2.
+RESNET_DEPTHS: dict[int, tuple[int, ...]] = {
+    26: (2, 2, 2, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+# The BiT models people ask for by name (`vitkit models` lists them).
+STANDARD_RESNETS: tuple[str, ...] = ("bit_r26x1", "bit_r50x1", "bit_r50x3", "bit_r101x1")
+
+_RESNET_RE = re.compile(
+    r"^(?:bit[_-]?(?:[sm][_-])?)?(?:resnet[_-]?v?2?[_-]?)?r?(?P<depth>\d+)(?:x(?P<wf>\d+(?:\.\d+)?))?$",
+    re.IGNORECASE,
+)
+
+
+def _squash(name: str) -> str:
+    """``"R50+ViT-B/16"``, ``"r50_vit_b16"`` → ``"r50b16"``: the key hybrid names are matched by."""
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("vit", ""))
+
+
+_HYBRID_BY_SQUASHED = {_squash(k): k for k in HYBRIDS}
+
+
+def hybrid_name(name: str) -> str | None:
+    """The :data:`HYBRIDS` key a name refers to (``"R50+ViT-B/16"`` → ``"r50_vit_b16"``)."""
+    return _HYBRID_BY_SQUASHED.get(_squash(name))
+
+
+def parse_resnet_name(name: str) -> tuple[tuple[int, ...], float] | None:
+    """``"bit_r50x3"``, ``"BiT-M-R101x1"``, ``"resnet50"`` → ``((3, 4, 6, 3), 3.0)``; None when
+    the name is not a ResNet's. A depth outside :data:`RESNET_DEPTHS` is an error."""
+    stripped = name.strip()
+    if not re.match(r"^(bit|resnet|r\d)", stripped, re.IGNORECASE):
+        return None
+    m = _RESNET_RE.match(stripped)
+    if not m:
+        return None
+    depth = int(m["depth"])
+    if depth not in RESNET_DEPTHS:
+        raise VitkitError(
+            f"unknown ResNet depth {depth} in '{name}': BiT's depths are "
+            f"{', '.join(str(d) for d in RESNET_DEPTHS)} (other stage depths: -o layers=1,1,1)"
+        )
+    return RESNET_DEPTHS[depth], float(m["wf"] or 1.0)
+
+
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+    """A named variant's config with any field overridden (``depth=6``, ``image_size=384``).
+
+    ViTs (``"B/16"``, ``"vit_s16"``) and the paper's hybrids (``"r50_vit_b16"``) give a
+    :class:`ViTConfig`, BiT ResNets (``"bit_r50x1"``) a :class:`ResNetConfig`.
+    """
+    resnet = parse_resnet_name(name)
+    if resnet is not None:
+        layers, width_factor = resnet
+        check_fields(ResNetConfig, overrides, "ResNet model option(s)")
+        return ResNetConfig(**{"layers": layers, "width_factor": width_factor, **overrides})
+    hybrid = hybrid_name(name)
+    if hybrid is not None:
+        size, patch, layers = HYBRIDS[hybrid]
+        base: dict[str, Any] = dataclasses.asdict(SIZES[size])
+        base.update(patch_size=patch, resnet_layers=layers)
+    else:
+        size, patch = parse_name(name)
+        base = dataclasses.asdict(SIZES[size])
+        base["patch_size"] = patch
     check_fields(ViTConfig, overrides, "model option(s)")
     base.update(overrides)
     return ViTConfig(**base)
 
 
-def count_flops(cfg: ViTConfig) -> int:
+def config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """A config from its ``to_dict()``: a ResNet's carries ``"architecture": "resnet"``."""
+    if d.get("architecture") == ResNetConfig.architecture:
+        return ResNetConfig.from_dict(d)
+    return ViTConfig.from_dict(d)
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """Everything needed to build a :class:`vitkit.bit.ResNetV2`: BiT's ResNet-v2 classifier."""
+
+    architecture: ClassVar[str] = "resnet"
+
+    image_size: tuple[int, int] = (224, 224)  # input (height, width)
+    in_chans: int = 3  # input channels
+    num_classes: int = 1000  # size of the classification head; 0 = no head (features only)
+    layers: tuple[int, ...] = (3, 4, 6, 3)  # bottleneck units per stage (R50); any depths
+    width_factor: float = 1.0  # channel multiplier: root width 64 x factor (BiT's "x3")
+    # "bit": 7x7 stride-2 root conv + 3x3 stride-2 max-pool (BiT, for ImageNet-size images);
+    # "small": a 3x3 stride-1 root conv and no pool (for 28-32 px images; not in BiT).
+    root: ResNetRoot = "bit"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        layers = self.layers
+        if isinstance(layers, int):
+            layers = (layers,)
+        layers = tuple(int(n) for n in layers)
+        if not layers or any(n <= 0 for n in layers):
+            raise VitkitError(f"layers must be one or more positive unit counts, got {layers}")
+        object.__setattr__(self, "layers", layers)
+        if self.width_factor <= 0 or int(64 * self.width_factor) < 1:
+            raise VitkitError(f"width_factor must be > 0, got {self.width_factor}")
+        if self.root not in ("bit", "small"):
+            raise VitkitError(f"root must be 'bit' or 'small', got {self.root!r}")
+        if not isinstance(self.in_chans, int) or self.in_chans <= 0:
+            raise VitkitError(f"in_chans must be a positive integer, got {self.in_chans!r}")
+        if self.num_classes < 0:
+            raise VitkitError(f"num_classes must be >= 0, got {self.num_classes}")
+        if min(self.image_size) <= 0:
+            raise VitkitError(f"image_size must be positive, got {self.image_size}")
+
+    is_hybrid: ClassVar[bool] = False
+
+    @property
+    def width(self) -> int:
+        """Channels of the root conv (64 x width factor)."""
+        return int(64 * self.width_factor)
+
+    @property
+    def depth(self) -> int:
+        """Weight layers in the classic count: 3 per bottleneck unit + root + head."""
+        return 3 * sum(self.layers) + 2
+
+    @property
+    def feature_dim(self) -> int:
+        """Channels of the last stage (what the head sees after global average pooling)."""
+        return 4 * self.width * 2 ** (len(self.layers) - 1)
+
+    @property
+    def stride(self) -> int:
+        """Downsampling from the image to the last feature map."""
+        return (4 if self.root == "bit" else 1) * 2 ** (len(self.layers) - 1)
+
+    @property
+    def short_name(self) -> str:
+        """``"BiT-R50x1"`` for BiT's depths, else ``"BiT-R(1,1,1)x0.25"``."""
+        named = {v: k for k, v in RESNET_DEPTHS.items()}
+        depth = (
+            f"{named[self.layers]}"
+            if self.layers in named
+            else f"({','.join(map(str, self.layers))})"
+        )
+        root = "" if self.root == "bit" else "-small"
+        return f"BiT-R{depth}x{self.width_factor:g}{root}"
+
+    def replace(self, **changes: Any) -> ResNetConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(image_size=list(self.image_size), layers=list(self.layers))
+        return {"architecture": self.architecture, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
+        d = {k: v for k, v in d.items() if k != "architecture"}
+        check_fields(cls, d, "ResNet config fields")
+        return cls(**d)
+
+
+ModelConfig = ViTConfig | ResNetConfig
+
+
+def count_flops(cfg: ModelConfig) -> int:
     """Analytic forward FLOPs of one image (2 per multiply-add; matmuls and convolutions only).
 
     Counted from the shapes rather than by hooks, which miss the fused attention kernel.
     """
+    if isinstance(cfg, ResNetConfig):
+        return 2 * _bit_macs(cfg)
     t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
     ph, pw = cfg.patch_size
     macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
@@ -301,13 +477,15 @@ class PreprocessConfig:
         return cls(**d)
 
     @classmethod
-    def for_model(cls, cfg: ViTConfig, crop_pct: float = 1.0) -> PreprocessConfig:
+    def for_model(cls, cfg: ModelConfig, crop_pct: float = 1.0) -> PreprocessConfig:
         c = cfg.in_chans
         return cls(cfg.image_size, c, (0.5,) * c, (0.5,) * c, "bilinear", crop_pct)
 
 
-def count_params(cfg: ViTConfig) -> int:
+def count_params(cfg: ModelConfig) -> int:
     """Analytic parameter count (equals ``sum(p.numel())`` of the built model)."""
+    if isinstance(cfg, ResNetConfig):
+        return _bit_params(cfg)
     d, m = cfg.width, cfg.mlp_dim
     ph, pw = cfg.patch_size
     n = cfg.patch_in_chans * ph * pw * d + d  # patch embedding
@@ -361,3 +539,46 @@ def _resnet_macs(cfg: ViTConfig) -> int:
         if cin != 4 * f or stride != 1:
             macs += pix * cin * 4 * f
     return macs
+
+
+def bit_units(cfg: ResNetConfig) -> list[tuple[int, int, int]]:
+    """(input channels, bottleneck width, stride) of every unit of a BiT ResNet, in order."""
+    units, cin = [], cfg.width
+    for i, n in enumerate(cfg.layers):
+        f = cfg.width * 2**i
+        for u in range(n):
+            units.append((cin, f, 2 if (i > 0 and u == 0) else 1))
+            cin = 4 * f
+    return units
+
+
+def _bit_params(cfg: ResNetConfig) -> int:
+    k = 7 if cfg.root == "bit" else 3
+    n = k * k * cfg.in_chans * cfg.width  # root conv (no bias, no norm in a pre-act ResNet)
+    for cin, f, stride in bit_units(cfg):
+        n += (
+            2 * cin + cin * f + 2 * f + 9 * f * f + 2 * f + f * 4 * f
+        )  # gn1 conv1 gn2 conv2 gn3 conv3
+        if cin != 4 * f or stride != 1:
+            n += cin * 4 * f  # downsample conv (no norm)
+    n += 2 * cfg.feature_dim  # final GroupNorm
+    if cfg.num_classes:
+        n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
+    return n
+
+
+def _bit_macs(cfg: ResNetConfig) -> int:
+    h, w = cfg.image_size
+    if cfg.root == "bit":
+        h, w = -(-h // 2), -(-w // 2)
+        macs = h * w * 49 * cfg.in_chans * cfg.width
+        h, w = -(-h // 2), -(-w // 2)  # max-pool
+    else:
+        macs = h * w * 9 * cfg.in_chans * cfg.width
+    for cin, f, stride in bit_units(cfg):
+        oh, ow = -(-h // stride), -(-w // stride)
+        macs += h * w * cin * f + oh * ow * (9 * f * f + f * 4 * f)
+        if cin != 4 * f or stride != 1:
+            macs += oh * ow * cin * 4 * f
+        h, w = oh, ow
+    return macs + cfg.feature_dim * cfg.num_classes

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig, model_config
+from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
 from vitkit.resnet import ResNetStem, init_resnet
 
@@ -298,9 +298,20 @@ def init_weights(model: VisionTransformer) -> None:
         nn.init.zeros_(model.head.bias)
 
 
-def create_model(name: str | ViTConfig, **overrides: Any) -> VisionTransformer:
-    """A freshly initialised ViT: ``create_model("B/16")``, ``create_model("vit_s16",
-    num_classes=10, image_size=(96, 128))``, or from a :class:`ViTConfig` plus overrides."""
-    if isinstance(name, ViTConfig):
-        return VisionTransformer(name.replace(**overrides))
-    return VisionTransformer(model_config(name, **overrides))
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The network a config describes: a :class:`VisionTransformer` (plain or hybrid) for a
+    :class:`ViTConfig`, BiT's :class:`vitkit.bit.ResNetV2` for a :class:`ResNetConfig`."""
+    if isinstance(cfg, ResNetConfig):
+        from vitkit.bit import ResNetV2
+
+        return ResNetV2(cfg)
+    return VisionTransformer(cfg)
+
+
+def create_model(name: str | ModelConfig, **overrides: Any) -> nn.Module:
+    """A freshly initialised model: ``create_model("B/16")``, ``create_model("vit_s16",
+    num_classes=10, image_size=(96, 128))``, the paper's hybrids (``"r50_vit_b16"``), BiT
+    ResNets (``"bit_r50x1"``, ``layers=(1, 1, 1)``), or from a config plus overrides."""
+    if isinstance(name, (ViTConfig, ResNetConfig)):
+        return build_model(name.replace(**overrides))
+    return build_model(model_config(name, **overrides))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitkit.config import ViTConfig
+from vitkit.config import ModelConfig, ResNetConfig
 from vitkit.errors import VitkitError
 
 Resample = Literal["bicubic", "bilinear", "zoom"]
@@ -67,7 +67,7 @@ def is_zero_head(state_dict: dict[str, Tensor]) -> bool:
 
 
 def adapt(
-    cfg: ViTConfig,
+    cfg: ModelConfig,
     state_dict: dict[str, Tensor],
     *,
     image_size: int | tuple[int, int] | None = None,
@@ -75,27 +75,29 @@ def adapt(
     pre_logits: bool | None = None,
     resample: Resample = "bicubic",
     source: str = "checkpoint",
-) -> tuple[ViTConfig, dict[str, Tensor]]:
+) -> tuple[ModelConfig, dict[str, Tensor]]:
     """Return ``(cfg, state_dict)`` for another image size and/or head.
 
     ``num_classes`` different from the checkpoint's (or ``pre_logits=False`` on a checkpoint with
     a pre-logits layer) puts in a zero-initialised head. ``pre_logits=False`` drops the tanh
     pre-logits layer, as the paper does when fine-tuning. A loaded head that is all zeros and is
-    kept gets a warning.
+    kept gets a warning. A BiT ResNet has no position embeddings or pre-logits layer: a new
+    image size only changes its config (convolutions run at any size).
     """
     sd = dict(state_dict)
     new = cfg
     if image_size is not None:
         new = new.replace(image_size=image_size)
-        if new.grid_size != cfg.grid_size:
+        if not isinstance(cfg, ResNetConfig) and new.grid_size != cfg.grid_size:
             sd["pos_embed"] = resample_pos_embed(
                 sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_prefix_tokens, resample
             )
-    drop_pre = pre_logits is False and cfg.representation_size is not None
-    if pre_logits is True and cfg.representation_size is None:
+    representation = None if isinstance(cfg, ResNetConfig) else cfg.representation_size
+    drop_pre = pre_logits is False and representation is not None
+    if pre_logits is True and representation is None:
         raise VitkitError(f"{source} has no pre-logits layer to keep")
     if drop_pre:
-        new = new.replace(representation_size=None)
+        new = new.replace(representation_size=None)  # type: ignore[call-arg]
         sd.pop("pre_logits.0.weight", None)
         sd.pop("pre_logits.0.bias", None)
     k = cfg.num_classes if num_classes is None else num_classes

@@ -46,7 +46,7 @@ from vitkit.checkpoints.io import (
     load_state_dict_strict,
     save_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
@@ -249,7 +249,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     (reading hints), and any config field that does not change the weights (``dropout=0.1``).
     The model is in eval mode.
     """
-    from vitkit.model import VisionTransformer
+    from vitkit.model import build_model
 
     read_keys = (
         "format",
@@ -266,7 +266,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
         cfg = ckpt.model_config.replace(**overrides)
     except TypeError as e:
         raise VitkitError(f"unknown model option: {e}") from None
-    model = VisionTransformer(cfg)
+    model = build_model(cfg)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
     return model.eval(), ckpt
@@ -286,15 +286,20 @@ def write_checkpoint(
 ) -> Path:
     """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
     temporary name and renamed into place, so an interrupted write never leaves half a file."""
-    from vitkit.model import VisionTransformer
+    from vitkit.model import build_model
 
     dst = Path(dst)
     cfg, sd = ckpt.model_config, ckpt.state_dict
     if to == "vitkit":
-        model = VisionTransformer(cfg)
+        model = build_model(cfg)
         load_state_dict_strict(model, sd, source=str(ckpt.path))
         return save_checkpoint(
             dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
+        )
+    if isinstance(cfg, ResNetConfig):
+        raise VitkitError(
+            f"{ckpt.path}: {cfg.short_name} is a BiT ResNet; vitkit writes ResNets only in its "
+            "own format (the npz, timm and Hugging Face converters are for ViTs)"
         )
     if to == "npz":
         if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh":
@@ -374,7 +379,7 @@ def describe(ckpt: Checkpoint) -> dict[str, Any]:
         "architecture": cfg.to_dict(),
         "parameters": count_params(cfg),
         "resolution": list(cfg.image_size),
-        "grid": list(cfg.grid_size),
+        "grid": None if isinstance(cfg, ResNetConfig) else list(cfg.grid_size),
         "num_classes": cfg.num_classes,
         "class_names": list(ckpt.class_names[:10])
         + (["..."] if len(ckpt.class_names) > 10 else []),

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.config import ModelConfig, PreprocessConfig, config_from_dict
 from vitkit.errors import VitkitError
 
 FORMAT = "vitkit"
@@ -47,7 +47,7 @@ class Checkpoint:
     """A loaded checkpoint: the model's description, its weights and, if saved, training state."""
 
     path: Path
-    model_config: ViTConfig
+    model_config: ModelConfig  # a ViTConfig (plain or hybrid ViT) or a ResNetConfig (BiT)
     preprocess: PreprocessConfig
     state_dict: dict[str, Tensor]
     class_names: tuple[str, ...] = ()
@@ -160,7 +160,7 @@ def save_checkpoint(
     If ``path`` already exists it is replaced only once the new checkpoint is complete.
     """
     path = Path(path)
-    cfg: ViTConfig = model.cfg  # type: ignore[assignment]
+    cfg: ModelConfig = model.cfg  # type: ignore[assignment]
     preprocess = preprocess or PreprocessConfig.for_model(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer
@@ -260,7 +260,7 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
             f"(<= {FORMAT_VERSION}); upgrade vitkit"
         )
     try:
-        model_cfg = ViTConfig.from_dict(config["model"])
+        model_cfg = config_from_dict(config["model"])
         preprocess = PreprocessConfig.from_dict(config["preprocess"])
         class_names = tuple(str(c) for c in config.get("class_names", ()))
         meta = dict(config.get("meta", {}))
@@ -288,8 +288,10 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
     )
 
 
-def config_diff(a: ViTConfig, b: ViTConfig) -> list[str]:
+def config_diff(a: ModelConfig, b: ModelConfig) -> list[str]:
     """Human-readable differences between two model configs: ``["depth: 12 != 6", ...]``."""
+    if type(a) is not type(b):
+        return [f"architecture: {a.short_name} != {b.short_name}"]
     da, db = a.to_dict(), b.to_dict()
     return [f"{k}: {da[k]} != {db[k]}" for k in da if da[k] != db[k]]
 

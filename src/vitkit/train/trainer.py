@@ -52,7 +52,7 @@ from vitkit.checkpoints.distributed import (
     load_distributed_checkpoint,
     save_distributed_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ViTConfig, check_fields, model_config
+from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig, check_fields, model_config
 from vitkit.data import (
     ArrayDataset,
     DataInfo,
@@ -65,7 +65,7 @@ from vitkit.data import (
 )
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
-from vitkit.model import VisionTransformer
+from vitkit.model import build_model
 from vitkit.pretrain.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
@@ -97,8 +97,8 @@ class TrainConfig:
     prefetch_factor: int | None = None  # batches each worker loads ahead (None: PyTorch's 2)
     shuffle_buffer: int = 1000  # webdataset shards: samples in each worker's shuffle buffer
     # model
-    model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", ...)
-    model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields
+    model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", "r50_vit_b16", "bit_r50x1", ...)
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig/ResNetConfig fields
     image_size: int | None = None  # model input size; None: the dataset's own size
     # fine-tuning (paper Sec. 3.2): start from a checkpoint of any format
     init_from: str | None = None  # checkpoint to start from; `model` is then ignored
@@ -289,11 +289,11 @@ class Trainer:
             self.model_cfg = self.init.model_config.replace(**self._non_weight_overrides())
         else:
             self.model_cfg = self._model_config()
-        self.model = VisionTransformer(self.model_cfg).to(self.device)
+        self.model = build_model(self.model_cfg).to(self.device)
         if self.init is not None:
             load_state_dict_strict(self.model, self.init.state_dict, source=cfg.init_from)
         if cfg.activation_checkpointing:
-            apply_activation_checkpointing(self.model.blocks)
+            apply_activation_checkpointing(self._units())
         # What a training step calls: the model itself, DDP around it, or it sharded by FSDP2
         # (in place: self.model then holds the sharded parameters).
         self.forward_model: torch.nn.Module = self.model
@@ -305,7 +305,7 @@ class Trainer:
                 self.strategy,  # type: ignore[arg-type]
                 self.device,
                 bf16=cfg.precision == "bf16",
-                blocks=list(self.model.blocks),
+                blocks=self._units(),
             )
         crop = 1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
         self.preprocess = PreprocessConfig.for_model(self.model_cfg, crop_pct=crop)
@@ -420,10 +420,19 @@ class Trainer:
             ckpt.state_dict["head.bias"] = torch.zeros_like(ckpt.state_dict["head.bias"])
         return ckpt
 
+    def _units(self) -> list[torch.nn.Module]:
+        """The repeated units (encoder blocks; a ResNet's bottlenecks) for activation
+        checkpointing and FSDP wrapping."""
+        if isinstance(self.model_cfg, ResNetConfig):
+            return [unit for stage in self.model.stages for unit in stage]
+        return list(self.model.blocks)
+
     def _non_weight_overrides(self) -> dict[str, Any]:
         """Model options a fine-tuning run may set: those that do not change the weights."""
-        allowed = {"dropout", "attn_dropout", "drop_path"}
         assert self.init is not None
+        allowed = set()
+        if not isinstance(self.init.model_config, ResNetConfig):
+            allowed = {"dropout", "attn_dropout", "drop_path"}
         have = self.init.model_config.to_dict()
         # A recipe's model sizes that equal the checkpoint's change nothing: not an error.
         same = {k for k, v in self.cfg.model_overrides.items() if have.get(k, object()) == v}
@@ -431,11 +440,16 @@ class Trainer:
         if bad:
             raise VitkitError(
                 f"fine-tuning from {self.cfg.init_from}: model options {', '.join(bad)} would "
-                f"change its weights; only {', '.join(sorted(allowed))} may be set"
+                f"change its weights; "
+                + (
+                    f"only {', '.join(sorted(allowed))} may be set"
+                    if allowed
+                    else "none may be set"
+                )
             )
         return {k: v for k, v in self.cfg.model_overrides.items() if k not in same}
 
-    def _model_config(self) -> ViTConfig:
+    def _model_config(self) -> ModelConfig:
         overrides = dict(self.cfg.model_overrides)
         overrides.setdefault("num_classes", self.info.num_classes)
         overrides.setdefault("in_chans", self.info.channels)
@@ -1000,6 +1014,10 @@ class Trainer:
             write_report,
         )
 
+        if isinstance(self.model_cfg, ResNetConfig):
+            note = f"{self.model_cfg.short_name} is a ResNet: it has no attention to analyse."
+            sections = [*training_sections(self.out), Section("Attention analysis", [note])]
+            return write_html(self.out / "report.html", self.model_cfg.short_name, sections)
         if self.strategy == "fsdp":  # sharded parameters: rank 0 alone cannot run the model
             note = (
                 "The parameters of this FSDP run are sharded over its processes; run "
