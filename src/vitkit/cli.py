@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -1228,6 +1229,119 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# study
+
+
+def _add_study(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="experiments made of many training runs (data-scale)")
+    studies = p.add_subparsers(dest="study", metavar="STUDY")
+    q = studies.add_parser(
+        "data-scale",
+        help="test accuracy vs training-set size for several models (paper Fig. 3/4)",
+        description="Train every model of --models on class-stratified subsets of the training "
+        "set of every size in --sizes, with --seeds seeds each, evaluate on the full test split "
+        "and write OUT/data_scale.png (accuracy vs size), OUT/table.md (mean ± std) and "
+        "OUT/results.json. Each run lives in OUT/runs/MODEL/nSIZE/seedK; runs that finished "
+        "before are reused, so a study can be resumed or extended. Any training option sets "
+        "all runs (default: the mnist recipe's).",
+    )
+    _add_train_options(q, "mnist")
+    q.add_argument(
+        "--models",
+        required=True,
+        help="comma-separated model names, each with optional overrides in brackets, e.g. "
+        "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
+        "label=NAME in the brackets names the model in the table and plot",
+    )
+    q.add_argument(
+        "--sizes", required=True, help="comma-separated training-set sizes, e.g. 1000,3000,10000"
+    )
+    q.add_argument("--seeds", type=int, default=1, help="runs per (model, size): seeds 0..N-1")
+    q.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="small subsets train for more epochs so that every run takes at least this many "
+        "optimizer steps",
+    )
+    q.set_defaults(func=cmd_study_data_scale)
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def parse_model_specs(text: str) -> list[Any]:
+    """``"Ti/4[depth=4,width=96],bit_r26x1"`` → model specs; inside brackets a value may hold
+    commas (``layers=1,1,1``): a piece without ``=`` continues the previous value."""
+    from vitkit.train.study import ModelSpec
+
+    specs, depth, start = [], 0, 0
+    pieces = []
+    for i, ch in enumerate(text + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            pieces.append(text[start:i].strip())
+            start = i + 1
+        if depth < 0:
+            raise VitkitError(f"--models: unbalanced brackets in '{text}'")
+    if depth:
+        raise VitkitError(f"--models: unbalanced brackets in '{text}'")
+    for piece in pieces:
+        if not piece:
+            continue
+        m = re.fullmatch(r"([^\[\]]+?)\s*(?:\[(.*)\])?", piece)
+        if not m:
+            raise VitkitError(f"--models: cannot read '{piece}' (expected NAME or NAME[K=V,...])")
+        items: list[str] = []
+        for part in (m[2] or "").split(","):
+            if not part.strip():
+                continue
+            if "=" in part:
+                items.append(part)
+            elif items:
+                items[-1] += "," + part
+            else:
+                raise VitkitError(f"--models: expected KEY=VALUE in '{piece}', got '{part}'")
+        overrides = _key_values(items)
+        overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+        label = str(overrides.pop("label", ""))
+        specs.append(ModelSpec(m[1].strip(), overrides, label))
+    if not specs:
+        raise VitkitError("--models: no model given")
+    return specs
+
+
+def cmd_study_data_scale(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        return cmd_train(args)
+    for flag, value in (("--model", args.model), ("--nproc-per-node", args.nproc_per_node)):
+        if value is not None:
+            raise VitkitError(f"study data-scale takes --models, not {flag}")
+    if args.resume:
+        raise VitkitError("study data-scale always reuses finished runs; drop --resume")
+    _set_threads(args.threads)
+    from vitkit.train.study import run_data_scale, write_study
+
+    specs = parse_model_specs(args.models)  # checks names and options now, not after an hour
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        raise VitkitError(
+            f"--sizes: expected comma-separated integers, got '{args.sizes}'"
+        ) from None
+    base = train_config_from_args(args)
+    out = Path(args.out_dir or f"runs/data-scale-{base.data}")
+    base = dataclasses.replace(base, val_size=0)  # all of each subset trains
+    results = run_data_scale(base, specs, sizes, args.seeds, out, min_steps=args.min_steps)
+    title = f"{base.data}: test top-1 vs training images ({args.seeds} seed(s) per point)"
+    paths = write_study(results, out, title)
+    print(paths["table"].read_text())
+    print(f"plot: {paths['plot']}   table: {paths['table']}   runs: {paths['results']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # models
 
 
@@ -1394,6 +1508,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_explain(sub)
     _add_analyze(sub)
     _add_models(sub)
+    _add_study(sub)
     _add_convert(sub)
     _add_inspect(sub)
     _add_export(sub)

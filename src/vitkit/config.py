@@ -68,7 +68,8 @@ class ViTConfig:
         object.__setattr__(self, "image_size", _pair(self.image_size))
         object.__setattr__(self, "patch_size", _pair(self.patch_size))
         if self.resnet_layers is not None:
-            layers = tuple(int(n) for n in self.resnet_layers)
+            raw = self.resnet_layers
+            layers = (int(raw),) if isinstance(raw, int) else tuple(int(n) for n in raw)
             if any(n <= 0 for n in layers):
                 raise VitkitError(f"resnet_layers must be positive, got {self.resnet_layers}")
             object.__setattr__(self, "resnet_layers", layers)

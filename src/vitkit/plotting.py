@@ -259,3 +259,49 @@ def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def plot_data_scale(
+    rows: Sequence[dict[str, Any]],
+    runs: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    title: str = "",
+) -> Path:
+    """Test accuracy against training-set size (log axis), one line per model: the mean over
+    seeds with a ±1 std band, every seed as a dot (the paper's Figure 3/4 in miniature).
+
+    ``rows``: dicts with model, short_name, size, mean, std, params; ``runs``: model, size,
+    test_top1 per run.
+    """
+    if not rows:
+        raise VitkitError(f"{path}: nothing to plot (no runs)")
+    fig = new_figure((7.0, 4.6))
+    ax = fig.add_subplot(1, 1, 1)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    for i, model in enumerate(models):
+        color = f"C{i % 10}"
+        mine = sorted((r for r in rows if r["model"] == model), key=lambda r: r["size"])
+        x = np.array([r["size"] for r in mine], dtype=float)
+        mean = np.array([100 * r["mean"] for r in mine])
+        std = np.array([100 * r["std"] for r in mine])
+        label = f"{model} ({mine[0]['short_name']}, {mine[0]['params'] / 1e6:.2f}M params)"
+        ax.plot(x, mean, "-o", color=color, label=label, markersize=4)
+        if len(x) and std.any():
+            ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+        dots = [(r["size"], 100 * r["test_top1"]) for r in runs if r["model"] == model]
+        if dots:
+            dx, dy = zip(*dots)
+            ax.scatter(dx, dy, color=color, s=10, alpha=0.5, linewidths=0)
+    ax.set_xscale("log")
+    sizes = sorted({r["size"] for r in rows})
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([f"{s:,}" for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("training images (class-stratified subset)")
+    ax.set_ylabel("test top-1 accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_png(fig, path)
