@@ -676,13 +676,13 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         fewshot_evaluate,
         format_fewshot,
     )
-    from vitkit.model import VisionTransformer
+    from vitkit.model import build_model
 
     shots = _int_list(args.shots)
     model, ckpt = load_model(args.ckpt)
     if args.random_init:
         torch.manual_seed(0)
-        model = VisionTransformer(model.cfg).eval()
+        model = build_model(model.cfg).eval()
     model.to(args.device)
     pre = ckpt.preprocess
     dtype = torch.bfloat16 if args.precision == "bf16" else None

@@ -248,6 +248,13 @@ class Explanation:
         return self.rollout_maps[:, -1]
 
 
+def require_attention(model: object) -> None:
+    """Raise a clear error for a model without attention (a BiT ResNet)."""
+    if not isinstance(model, VisionTransformer):
+        name = getattr(getattr(model, "cfg", None), "short_name", type(model).__name__)
+        raise VitkitError(f"{name} is not a Vision Transformer: it has no attention to analyse")
+
+
 def explain(
     model: VisionTransformer,
     x: Tensor,
@@ -257,6 +264,7 @@ def explain(
 ) -> Explanation:
     """Per-layer, per-head attention maps and the attention rollout of images ``x``
     (normalised model input [B, C, H, W]), all over the patch grid."""
+    require_attention(model)
     cfg = model.cfg
     batch_size = safe_batch_size(cfg, batch_size)
     logits, layer_maps, rollout_maps = [], [], []

@@ -27,6 +27,7 @@ from vitkit.analysis.attention import (
     box_mass,
     patch_distances,
     patch_map,
+    require_attention,
     safe_batch_size,
     token_pixels,
 )
@@ -191,6 +192,7 @@ def analyze_model(
 ) -> AnalysisResult:
     """Write the analysis PNGs and ``analysis.json`` into ``out_dir`` and return the numbers
     and report sections. Without ``data`` only the weight-based panels are made."""
+    require_attention(model)
     cfg = model.cfg
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,7 @@ def detect_format(path: str | Path) -> Format:
 def _format_of_keys(sd: dict[str, Tensor], p: Path) -> Format:
     if any(k.startswith(("embeddings.", "vit.embeddings.")) for k in sd):
         return "hf"
-    if "patch_embed.proj.weight" in sd or "pos_embed" in sd:
+    if "patch_embed.proj.weight" in sd or "pos_embed" in sd or timm_conv.is_timm_bit(sd):
         return "timm"
     raise VitkitError(f"{p}: weights of an unknown model (first keys: {', '.join(list(sd)[:5])})")
 
@@ -212,13 +212,27 @@ def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
 
 def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> Checkpoint:
     if p.is_dir():
-        hub = _read_json(p / CONFIG)
         sd = _weights_in(p)
+    else:
+        sd = _read_safetensors(p) if p.suffix == ".safetensors" else _torch_load(p)
+    if timm_conv.is_timm_bit(sd):  # a BiT ResNet (resnetv2_*_bit)
+        size: Any = 224
+        if p.is_dir():
+            size = (_read_json(p / CONFIG).get("pretrained_cfg") or {}).get("input_size", [3, 224])
+            size = tuple(size[1:]) if len(size) == 3 else 224
+        bit = timm_conv.timm_bit_config(sd, image_size=size, source=str(p))
+        pre = (
+            timm_conv.timm_hub_preprocess(_read_json(p / CONFIG), bit)
+            if p.is_dir()
+            else PreprocessConfig.for_model(bit)
+        )
+        return Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
+    if p.is_dir():
+        hub = _read_json(p / CONFIG)
         cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
         pre = timm_conv.timm_hub_preprocess(hub, cfg)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:
-        sd = _read_safetensors(p) if p.suffix == ".safetensors" else _torch_load(p)
         cfg = timm_conv.timm_config(sd, num_heads=num_heads, grid=grid, source=str(p))
         pre, names = PreprocessConfig.for_model(cfg), ()
     return Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)

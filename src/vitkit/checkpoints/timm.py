@@ -14,6 +14,21 @@ vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``block
 - A state dict does not record the number of heads; it is taken from the standard sizes by width
   (Ti 3, S 6, B 12, L 16, H 16) or must be given.
 
+Hybrids (timm's ``vit_base_r50_s16_224``, ``vit_small_r26_s32_224``, ``vit_tiny_r_s16_p8_224``,
+...) are read too: their backbone is timm's ``ResNetV2(preact=False, stem_type="same")`` with
+``StdConv2dSame``, i.e. the same post-activation ResNet as vit_jax's and vitkit's
+(:mod:`vitkit.resnet`); keys ``patch_embed.backbone.stem.conv`` / ``.stem.norm`` (``.conv`` /
+``.norm`` for a root-only stem), ``stages.{i}.blocks.{j}.{conv,norm}{1,2,3}`` and
+``downsample.{conv,norm}`` become ``patch_embed.stem.conv_root`` / ``gn_root`` /
+``stages.{i}.{j}.{conv,gn}{1,2,3}`` / ``{conv,gn}_proj``. Two epsilons differ from the official
+numerics that vitkit runs: timm standardises kernels as ``(w - mean) / sqrt(var + 1e-8)`` (vit_jax:
+``/ (std + 1e-5)``) and its GroupNorm epsilon is 1e-5 (flax: 1e-6), so a converted hybrid's
+logits match timm's to about 1e-4, not bit for bit. timm's other hybrids (``resnet26d`` /
+``resnet50d`` backbones with BatchNorm) are other architectures and are refused.
+
+BiT ResNets (timm's ``resnetv2_50x1_bit``: ``stem.conv``, ``stages.{i}.blocks.{j}.norm1`` ...,
+``norm``, ``head.fc``) convert with :func:`timm_bit_config` / :func:`timm_bit_to_state_dict`.
+
 :func:`timm_model_args` gives the ``timm.create_model`` keyword arguments of the same network;
 :func:`timm_hub_config` the ``config.json`` that ``timm.create_model("local-dir:DIR")`` reads.
 """
@@ -27,7 +42,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.config import SIZES, PreprocessConfig, ViTConfig
+from vitkit.config import SIZES, PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
@@ -38,8 +53,8 @@ _UNSUPPORTED = {
     ".q_norm.": "q/k normalisation",
     "norm_pre.": "a pre-norm before the blocks (CLIP-style)",
     "attn_pool.": "an attention-pooling (MAP) head",
-    "patch_embed.backbone.": "a hybrid backbone in timm's layout (convert the official .npz)",
 }
+_BACKBONE = "patch_embed.backbone."
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, Tensor]:
@@ -67,6 +82,7 @@ def timm_config(
         hits = [k for k in sd if pattern in k or k.startswith(pattern)]
         if hits:
             raise VitkitError(f"{source}: has {what} ({hits[0]}); vitkit reads the paper's ViT")
+    resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
     need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", "norm.weight")
     missing = [k for k in need if k not in sd]
     if missing:
@@ -91,10 +107,15 @@ def timm_config(
     for k in ("pre_logits.fc.weight", "pre_logits.0.weight"):
         if k in sd:
             rep = sd[k].shape[0]
+    stride = 1
+    if resnet_layers is not None:
+        in_chans, stride = stem_in, 4 * 2 ** max(len(resnet_layers) - 1, 0)
     return ViTConfig(
-        image_size=(grid[0] * ph, grid[1] * pw),
+        image_size=(grid[0] * ph * stride, grid[1] * pw * stride),
         patch_size=(ph, pw),
         in_chans=in_chans,
+        resnet_layers=resnet_layers,
+        resnet_width_factor=resnet_wf,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         width=width,
         depth=depth,
@@ -108,10 +129,121 @@ def timm_config(
     )
 
 
+def _timm_backbone(sd: dict[str, Tensor], source: str) -> tuple[tuple[int, ...] | None, float, int]:
+    """(resnet_layers, width factor, input channels) of a timm hybrid's backbone; layers None
+    for a plain ViT."""
+    keys = [k[len(_BACKBONE) :] for k in sd if k.startswith(_BACKBONE)]
+    if not keys:
+        return None, 1.0, 0
+    if "stem.conv.weight" in keys:
+        root = sd[_BACKBONE + "stem.conv.weight"]
+        units: dict[int, int] = {}
+        for k in keys:
+            if m := re.match(r"^stages\.(\d+)\.blocks\.(\d+)\.", k):
+                units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) + 1)
+        layers = tuple(units[i] for i in range(len(units)))
+        if layers and "stages.0.blocks.0.downsample.norm.weight" not in keys:
+            raise VitkitError(
+                f"{source}: the hybrid backbone is a pre-activation ResNetV2 (no norm in its "
+                "shortcut); the paper's hybrids use timm's preact=False layout"
+            )
+    elif "conv.weight" in keys and "norm.weight" in keys:
+        root, layers = sd[_BACKBONE + "conv.weight"], ()
+    else:
+        raise VitkitError(
+            f"{source}: a hybrid backbone in a layout other than timm's ResNetV2 "
+            f"({_BACKBONE}{keys[0]}); vitkit reads the paper's R+ViT hybrids"
+        )
+    known = re.compile(
+        r"^(stem\.conv\.weight|stem\.norm\.(weight|bias)|conv\.weight|norm\.(weight|bias)|"
+        r"stages\.\d+\.blocks\.\d+\.(conv[123]\.weight|norm[123]\.(weight|bias)|"
+        r"downsample\.conv\.weight|downsample\.norm\.(weight|bias)))$"
+    )
+    odd = [k for k in keys if not known.match(k)]
+    if odd:
+        raise VitkitError(
+            f"{source}: the hybrid backbone has weights vitkit's ResNet does not "
+            f"({_BACKBONE}{odd[0]}); vitkit reads timm's ResNetV2(preact=False) hybrids"
+        )
+    width, in_chans, kh, _ = root.shape
+    if kh != 7:
+        raise VitkitError(f"{source}: hybrid root conv is {kh}x{kh}; the paper's is 7x7")
+    return layers, width / 64, int(in_chans)
+
+
+def _timm_backbone_key(k: str) -> str:
+    k = k[len(_BACKBONE) :]
+    k = re.sub(r"^stem\.conv\.|^conv\.", "conv_root.", k)
+    k = re.sub(r"^stem\.norm\.|^norm\.", "gn_root.", k)
+    k = re.sub(r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2.", k)
+    k = k.replace("downsample.conv.", "conv_proj.").replace("downsample.norm.", "gn_proj.")
+    k = re.sub(r"\.norm([123])\.", r".gn\1.", k)
+    return "patch_embed.stem." + k
+
+
 def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
-    """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; everything else equal)."""
+    """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; a hybrid's
+    ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; everything else equal)."""
     del cfg  # the layouts agree; the argument keeps every converter's signature alike
-    return {k.replace("pre_logits.fc.", "pre_logits.0."): v for k, v in sd.items()}
+    out = {}
+    for k, v in sd.items():
+        if k.startswith(_BACKBONE):
+            out[_timm_backbone_key(k)] = v
+        else:
+            out[k.replace("pre_logits.fc.", "pre_logits.0.")] = v
+    return out
+
+
+def is_timm_bit(sd: dict[str, Tensor]) -> bool:
+    """Whether a state dict is a timm ResNetV2 (BiT) classifier."""
+    return "stem.conv.weight" in sd and any(k.startswith("stages.0.blocks.0.") for k in sd)
+
+
+def timm_bit_config(
+    sd: dict[str, Tensor], *, image_size: int | tuple[int, int] = 224, source: str = "timm"
+) -> ResNetConfig:
+    """Architecture of a timm ``resnetv2_*_bit`` state dict (pre-activation ResNetV2). A state
+    dict does not record the resolution; ``image_size`` sets it (convolutions run at any)."""
+    if not is_timm_bit(sd):
+        raise VitkitError(f"{source}: not a timm ResNetV2 state dict (no stem.conv.weight)")
+    if "stages.0.blocks.0.norm1.weight" not in sd or "norm.weight" not in sd:
+        raise VitkitError(
+            f"{source}: a ResNetV2 without pre-activation norms; vitkit's BiT ResNet is "
+            "pre-activation (preact=True)"
+        )
+    units: dict[int, int] = {}
+    for k in sd:
+        if m := re.match(r"^stages\.(\d+)\.blocks\.(\d+)\.", k):
+            units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) + 1)
+    width, in_chans, kh, _ = sd["stem.conv.weight"].shape
+    if kh not in (7, 3):
+        raise VitkitError(f"{source}: root conv {kh}x{kh}: not BiT's 7x7 (or vitkit's 3x3)")
+    head = sd.get("head.fc.weight")
+    return ResNetConfig(
+        image_size=image_size,
+        in_chans=int(in_chans),
+        num_classes=0 if head is None else int(head.shape[0]),
+        layers=tuple(units[i] for i in range(len(units))),
+        width_factor=width / 64,
+        root="bit" if kh == 7 else "small",
+    )
+
+
+def timm_bit_to_state_dict(sd: dict[str, Tensor], cfg: ResNetConfig) -> dict[str, Tensor]:
+    """timm ResNetV2 keys → :class:`vitkit.bit.ResNetV2` keys."""
+    del cfg
+    out = {}
+    for k, v in sd.items():
+        if k == "stem.conv.weight":
+            out["root.weight"] = v
+            continue
+        if k.startswith("head.fc."):
+            out["head." + k[len("head.fc.") :]] = v.flatten(1) if v.ndim == 4 else v
+            continue
+        k = re.sub(r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2.", k)
+        k = k.replace("downsample.conv.", "downsample.")
+        out[re.sub(r"\.norm([123])\.", r".gn\1.", k)] = v
+    return out
 
 
 def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
@@ -192,7 +324,7 @@ def timm_hub_to_config(hub: dict[str, Any], sd: dict[str, Tensor], source: str) 
     return cfg.replace(**changes)
 
 
-def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig) -> PreprocessConfig:
+def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> PreprocessConfig:
     p = hub.get("pretrained_cfg", {}) or {}
     c = cfg.in_chans
     mean = tuple(p.get("mean", (0.5,) * c))
