@@ -237,7 +237,10 @@ def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
     g.add_argument("--prefetch-factor", type=int, help="batches each worker loads ahead")
     g.add_argument("--shuffle-buffer", type=int, help="shards: samples per worker's buffer")
     g = p.add_argument_group("model")
-    g.add_argument("--model", help="variant: B/16, vit_s16, Ti/4, ... (see 'vitkit models')")
+    g.add_argument(
+        "--model",
+        help="variant: B/16, vit_s16, Ti/4, r50_vit_b16, bit_r50x1, ... (see 'vitkit models')",
+    )
     g.add_argument(
         "-o",
         "--model-opt",
@@ -1348,7 +1351,7 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
 def _add_models(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
-        help="the variant table with parameters and GFLOPs",
+        help="the variant tables (ViTs, hybrids, BiT ResNets) with parameters and GFLOPs",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--image-size", type=int, default=224)
@@ -1358,7 +1361,15 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vitkit.config import SIZES, STANDARD_MODELS, count_flops, count_params, model_config
+    from vitkit.config import (
+        HYBRIDS,
+        SIZES,
+        STANDARD_MODELS,
+        STANDARD_RESNETS,
+        count_flops,
+        count_params,
+        model_config,
+    )
 
     names = [f"{s}/{args.all_sizes}" for s in SIZES] if args.all_sizes else STANDARD_MODELS
     print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds")
@@ -1370,6 +1381,23 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(
             f"{name:<8}{'vit_' + size.lower() + patch:<10}{cfg.width:>6}{cfg.depth:>6}"
             f"{cfg.num_heads:>6}{cfg.mlp_dim:>6}{cfg.seq_len:>8}{count_params(cfg):>14,}"
+            f"{count_flops(cfg) / 1e9:>9.2f}"
+        )
+    size_px = dict(image_size=args.image_size, num_classes=args.num_classes)
+    print("\nhybrids (paper Sec. 3.1; vit_jax names): ResNet stages + ViT on its feature map")
+    print(f"{'name':<14}{'model':<22}{'tokens':>8}{'params':>14}{'GFLOPs':>9}")
+    for name in HYBRIDS:
+        cfg = model_config(name, **size_px)
+        print(
+            f"{name:<14}{cfg.short_name:<22}{cfg.seq_len:>8}{count_params(cfg):>14,}"
+            f"{count_flops(cfg) / 1e9:>9.2f}"
+        )
+    print("\nBiT ResNet-v2 baselines (any depth: -o layers=1,1,1; width: bit_r50x3)")
+    print(f"{'name':<14}{'model':<22}{'features':>8}{'params':>14}{'GFLOPs':>9}")
+    for name in STANDARD_RESNETS:
+        cfg = model_config(name, **size_px)
+        print(
+            f"{name:<14}{cfg.short_name:<22}{cfg.feature_dim:>8}{count_params(cfg):>14,}"
             f"{count_flops(cfg) / 1e9:>9.2f}"
         )
     return 0
