@@ -72,7 +72,7 @@ def test_standard_models_parse():
         assert f"{size}/{patch}" == name
 
 
-@pytest.mark.parametrize("bad", ["vit_q16", "B16x", "resnet50", "vit_b", "B/", "/16", "vitb_16x"])
+@pytest.mark.parametrize("bad", ["vit_q16", "B16x", "resnet34", "vit_b", "B/", "/16", "vitb_16x"])
 def test_bad_names_raise_naming_the_name(bad):
     with pytest.raises(VitkitError) as err:
         parse_name(bad)

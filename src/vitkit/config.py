@@ -328,7 +328,7 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
 
 def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     """A config from its ``to_dict()``: a ResNet's carries ``"architecture": "resnet"``."""
-    if d.get("architecture") == ResNetConfig.architecture:
+    if isinstance(d, dict) and d.get("architecture") == ResNetConfig.architecture:
         return ResNetConfig.from_dict(d)
     return ViTConfig.from_dict(d)
 
