@@ -221,7 +221,7 @@ def test_timm_other_hybrid_backbones_are_refused(tmp_path):
         load_model(path)
 
 
-def test_resnet_checkpoint_round_trip(tmp_path):
+def test_resnet_checkpoint_round_trip(tmp_path, capsys):
     torch.manual_seed(0)
     model = create_model("bit_r26x1", **TINY_BIT, image_size=12, in_chans=1, num_classes=3)
     with torch.no_grad():
@@ -236,6 +236,8 @@ def test_resnet_checkpoint_round_trip(tmp_path):
         assert torch.equal(loaded(x), model.eval()(x))
     info = describe(ckpt)
     assert info["model"] == "BiT-R(1,1)x0.25-small" and info["grid"] is None
+    assert main(["inspect", str(path)]) == 0
+    assert "BiT ResNet-v2, stages [1, 1]" in capsys.readouterr().out
     # New head for fine-tuning, and a new resolution (no position embeddings to resample).
     new = read_checkpoint(path, num_classes=5, image_size=20)
     assert new.model_config.num_classes == 5 and new.model_config.image_size == (20, 20)

@@ -1158,24 +1158,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"model:       {info['model']}  ({info['parameters']:,} parameters, "
         f"{', '.join(info['dtype'])})"
     )
-    print(
-        f"layers:      width {arch['width']}, depth {arch['depth']}, heads {arch['num_heads']}, "
-        f"mlp {arch['mlp_dim']}, patch {arch['patch_size']}, pool {arch['pool']}, "
-        f"pre-logits {arch['representation_size']}"
-    )
-    print(
-        f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "
-        f"{'tanh approximation' if arch['gelu'] == 'tanh' else 'exact (erf)'}"
-    )
-    if arch.get("resnet_layers") is not None:
+    if arch.get("architecture") == "resnet":
         print(
-            f"hybrid:      ResNet stages {arch['resnet_layers']}, "
-            f"width x{arch['resnet_width_factor']:g}"
+            f"layers:      BiT ResNet-v2, stages {arch['layers']}, "
+            f"width x{arch['width_factor']:g}, root {arch['root']}"
         )
-    print(
-        f"resolution:  {info['resolution'][0]}x{info['resolution'][1]} "
-        f"(grid {info['grid'][0]}x{info['grid'][1]})"
-    )
+        print(f"resolution:  {info['resolution'][0]}x{info['resolution'][1]}")
+    else:
+        print(
+            f"layers:      width {arch['width']}, depth {arch['depth']}, heads "
+            f"{arch['num_heads']}, mlp {arch['mlp_dim']}, patch {arch['patch_size']}, pool "
+            f"{arch['pool']}, pre-logits {arch['representation_size']}"
+        )
+        print(
+            f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "
+            f"{'tanh approximation' if arch['gelu'] == 'tanh' else 'exact (erf)'}"
+        )
+        if arch.get("resnet_layers") is not None:
+            print(
+                f"hybrid:      ResNet stages {arch['resnet_layers']}, "
+                f"width x{arch['resnet_width_factor']:g}"
+            )
+        print(
+            f"resolution:  {info['resolution'][0]}x{info['resolution'][1]} "
+            f"(grid {info['grid'][0]}x{info['grid'][1]})"
+        )
     head = f"{info['num_classes']}" + (
         "  (all zeros: train or replace it)" if info["zero_head"] else ""
     )

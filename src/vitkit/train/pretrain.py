@@ -82,7 +82,13 @@ class Pretrainer(Trainer):
         overrides["num_classes"] = 0
         overrides.setdefault("in_chans", self.info.channels)
         overrides.setdefault("image_size", self.cfg.image_size or self.info.image_size)
-        return model_config(self.cfg.model, **overrides)
+        cfg = model_config(self.cfg.model, **overrides)
+        if not isinstance(cfg, ViTConfig):
+            raise VitkitError(
+                f"{cfg.short_name} is a ResNet: masked patch prediction and MAE pre-train "
+                "a Vision Transformer (plain or hybrid)"
+            )
+        return cfg
 
     # ----- one step ----------------------------------------------------------------------
 
