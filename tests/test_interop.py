@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 import warnings
 from pathlib import Path
 
@@ -108,16 +109,17 @@ def _linen(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _scanned(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    blocks: dict[str, list[np.ndarray]] = {}
+    """One `encoderblock` whose arrays carry a leading depth axis, as big_vision's scan=True."""
+    blocks: dict[str, dict[int, np.ndarray]] = {}
     out = {}
-    for k, v in sorted(arrays.items(), key=lambda kv: kv[0]):
-        if k.startswith("Transformer/encoderblock_"):
-            _, i, rest = k.split("/", 2)[0], int(k.split("/")[1].split("_")[1]), k.split("/", 2)[2]
-            blocks.setdefault(rest, []).append((i, v))
+    for k, v in arrays.items():
+        m = re.match(r"^Transformer/encoderblock_(\d+)/(.*)$", k)
+        if m:
+            blocks.setdefault(m[2], {})[int(m[1])] = v
         else:
             out[k] = v
-    for rest, items in blocks.items():
-        out[f"Transformer/encoderblock/{rest}"] = np.stack([v for _, v in sorted(items)])
+    for rest, by_depth in blocks.items():
+        out[f"Transformer/encoderblock/{rest}"] = np.stack([by_depth[i] for i in sorted(by_depth)])
     return out
 
 
@@ -476,7 +478,6 @@ def test_bicubic_mode_equals_hugging_face_interpolation():
         want = ref(x, interpolate_pos_encoding=True).last_hidden_state
         emb = ref.embeddings.position_embeddings
         ours_pos = resample_pos_embed(emb, (4, 4), (6, 6), 1, "bicubic")
-        ref.embeddings.position_embeddings.copy_(emb)  # unchanged
     # Rebuild HF at 48 px with our resampled table: same hidden states.
     big = transformers.ViTModel(hf_config(transformers, image_size=48), add_pooling_layer=False)
     sd = dict(ref.state_dict())

@@ -14,6 +14,7 @@
 from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
 from vitkit.checkpoints.formats import (
     FORMATS,
+    adapt_checkpoint,
     describe,
     detect_format,
     load,
@@ -37,6 +38,7 @@ __all__ = [
     "LATEST",
     "Checkpoint",
     "adapt",
+    "adapt_checkpoint",
     "atomic_write_text",
     "config_diff",
     "describe",

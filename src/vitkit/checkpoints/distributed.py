@@ -24,7 +24,6 @@ files, fsyncs and renames the directory into place once every rank is done.
 
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -43,6 +42,7 @@ from vitkit.checkpoints.io import (
     _read_json,
     _write_json,
     flatten_state,
+    replace_dir,
     resolve_checkpoint,
     save_checkpoint,
     unflatten_state,
@@ -140,15 +140,7 @@ def save_distributed_checkpoint(
         _write_json(tmp / CONFIG, config)
         _write_json(tmp / TRAIN_JSON, {"state": train_state or {}, "optimizer": hyper_json})
         _fsync_dir(tmp / DCP_DIR)
-        _fsync_dir(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        replace_dir(tmp, path)
     _barrier()
     return path
 

@@ -44,6 +44,7 @@ from vitkit.checkpoints.io import (
     _write_json,
     load_checkpoint,
     load_state_dict_strict,
+    replace_dir,
     save_checkpoint,
 )
 from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
@@ -181,6 +182,25 @@ def read_checkpoint(
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
             adapt(ckpt.model_config, ckpt.state_dict, source=str(p))
         return ckpt
+    return adapt_checkpoint(
+        ckpt,
+        image_size=image_size,
+        num_classes=num_classes,
+        pre_logits=pre_logits,
+        resample=resample,
+    )
+
+
+def adapt_checkpoint(
+    ckpt: Checkpoint,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    pre_logits: bool | None = None,
+    resample: Resample = "bicubic",
+) -> Checkpoint:
+    """``ckpt`` at another resolution and/or head (see :func:`adapt`), its preprocessing at the
+    new size; class names are kept only with the same head."""
     cfg, sd = adapt(
         ckpt.model_config,
         ckpt.state_dict,
@@ -188,14 +208,14 @@ def read_checkpoint(
         num_classes=num_classes,
         pre_logits=pre_logits,
         resample=resample,
-        source=str(p),
+        source=str(ckpt.path),
     )
     pre = ckpt.preprocess
     pre = PreprocessConfig(
         cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, pre.crop_pct
     )
     names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
-    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta, format=fmt)
+    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta, format=ckpt.format)
 
 
 def _wrap(fn: Any, p: Path) -> Any:
@@ -368,16 +388,7 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
     for name, obj in jsons.items():
         _write_json(tmp / name, obj)
-    _fsync_dir(tmp)
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.rename(dst, old)
-        os.rename(tmp, dst)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, dst)
-    _fsync_dir(dst.parent)
-    return dst
+    return replace_dir(tmp, dst)
 
 
 def describe(ckpt: Checkpoint) -> dict[str, Any]:

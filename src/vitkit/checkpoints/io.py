@@ -181,8 +181,15 @@ def save_checkpoint(
         tensors, skeleton = flatten_state(train_state)
         _write_tensors(tmp / TRAIN_TENSORS, tensors)
         _write_json(tmp / TRAIN_JSON, skeleton)
+    return replace_dir(tmp, path)
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``path`` (fsynced). An existing ``path`` is
+    moved aside first and deleted only after the swap, so a kill at any instant leaves the old
+    or the new one (``resolve_checkpoint`` finds a ``.NAME.old-*`` left by a kill)."""
     _fsync_dir(tmp)
-    if path.exists():  # replace: move the old one aside first, delete it only after the swap
+    if path.exists():
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.rename(path, old)
         os.rename(tmp, path)

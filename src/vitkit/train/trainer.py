@@ -52,6 +52,7 @@ from vitkit.checkpoints.distributed import (
     load_distributed_checkpoint,
     save_distributed_checkpoint,
 )
+from vitkit.checkpoints.formats import adapt_checkpoint
 from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig, check_fields, model_config
 from vitkit.data import (
     ArrayDataset,
@@ -408,8 +409,8 @@ class Trainer:
                 f"{cfg.init_from}: its head has {probe.model_config.num_classes} classes but "
                 f"dataset '{self.info.name}' has {k}; fine-tune with a new head"
             )
-        ckpt = read_checkpoint(
-            cfg.init_from,  # type: ignore[arg-type]
+        ckpt = adapt_checkpoint(  # the file is read once
+            probe,
             image_size=size,
             num_classes=k,
             pre_logits=None if cfg.keep_pre_logits else False,
