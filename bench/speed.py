@@ -11,7 +11,10 @@ Every measurement is repeated ``--rounds`` times, interleaved across libraries a
 machine noise hits all alike; medians are reported, with vitkit/timm and vitkit/HF ratios (> 1:
 vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which
 hook-based counters miss inside fused attention; training = 3x forward) over time, against the
-matmul ceiling measured on this machine at the same precision. Peak memory is reported on CUDA.
+matmul ceiling measured on this machine at the same precision. Peak memory: on CUDA the
+allocator's peak; on the CPU the peak growth of the process's resident memory over the call,
+sampled every millisecond by a thread (PyTorch's CPU allocator returns large blocks to the OS, so
+this tracks what the call held at once).
 
     python bench/speed.py                                   # MNIST model + Ti/16, quick
     python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
@@ -22,8 +25,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +101,47 @@ def matmul_ceiling(dtype: torch.dtype, device: torch.device, n: int = 2048, reps
     return 2 * n**3 / best
 
 
+class PeakMemory:
+    """Peak memory a call holds beyond what was held when it started (bytes)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return self
+        self.base = self._rss()
+        self.top = self.base
+        self.stop = threading.Event()
+
+        def sample() -> None:
+            while not self.stop.wait(0.001):
+                self.top = max(self.top, self._rss())
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+            return
+        self.top = max(self.top, self._rss())
+        self.stop.set()
+        self.thread.join()
+        self.peak = self.top - self.base
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -133,9 +179,12 @@ def main() -> None:
                 for mode in args.modes.split(","):
                     fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device))
         times: dict[tuple[str, str, str, str], list[float]] = {k: [] for k in fns}
-        for fn in fns.values():  # warm up (and compile) everything first
+        peaks: dict[tuple[str, str, str, str], int] = {}
+        for key, fn in fns.items():  # warm up (and compile) everything first
             fn()
-            fn()
+            with PeakMemory(device) as mem:
+                fn()
+            peaks[key] = mem.peak
         for _ in range(args.rounds):
             for key, fn in fns.items():
                 sync(device)
@@ -159,6 +208,7 @@ def main() -> None:
                     "median_s": med,
                     "images_per_s": n / med,
                     "mfu": work / med / ceilings[prec],
+                    "peak_memory_bytes": peaks[(impl, prec, mode, task)],
                     "rounds": ts,
                 }
             )
@@ -219,8 +269,8 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         + ", ".join(f"{p} {c / 1e9:.0f} GFLOP/s" for p, c in ceilings.items()),
         "",
         "| model | precision | mode | task | vitkit img/s | timm img/s | HF img/s "
-        "| vitkit/timm | vitkit/HF | vitkit MFU |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| vitkit/timm | vitkit/HF | vitkit MFU | peak MiB vitkit / timm / HF |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (model, impl, prec, mode, task), r in by.items():
         if impl != "vitkit":
@@ -234,9 +284,13 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         def ratio(x, r=r):
             return f"{r['images_per_s'] / x['images_per_s']:.2f}" if x else "-"
 
+        def mib(x):
+            return f"{x['peak_memory_bytes'] / 2**20:.0f}" if x else "-"
+
         lines.append(
             f"| {model} | {prec} | {mode} | {task} | {ips(r)} | {ips(t)} | {ips(h)} | "
-            f"{ratio(t)} | {ratio(h)} | {100 * r['mfu']:.0f} % |"
+            f"{ratio(t)} | {ratio(h)} | {100 * r['mfu']:.0f} % | "
+            f"{mib(r)} / {mib(t)} / {mib(h)} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -86,3 +86,33 @@ def test_a_second_run_into_the_same_directory_is_refused(tmp_path: Path) -> None
     Trainer(config(tmp_path / "d", max_steps=2)).fit()
     with pytest.raises(VitkitError, match="--resume"):
         Trainer(config(tmp_path / "d", max_steps=2)).fit()
+
+
+@pytest.mark.skipif(
+    __import__("vitkit.train.compile", fromlist=["x"]).cpu_compiler() is None,
+    reason="torch.compile on the CPU needs a C++ compiler",
+)
+def test_compiled_training_follows_eager_training(tmp_path: Path) -> None:
+    """`compile` changes how the step runs, not what it computes: the same losses and weights
+    as eager training (to fused-kernel rounding), and a checkpoint with the model's own names."""
+    kw = {"max_steps": 4, "optimizer": "sgd", "lr": 0.1}
+    eager = Trainer(config(tmp_path / "eager", **kw))
+    eager.fit()
+    compiled = Trainer(config(tmp_path / "compiled", compile="default", **kw))
+    assert compiled.forward_model is not compiled.model  # really compiled
+    compiled.fit()
+    losses = []
+    for run in ("eager", "compiled"):
+        records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").open()]
+        losses.append([r["train_loss"] for r in records if "train_loss" in r])
+    assert len(losses[0]) == 4
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    for (name, a), b in zip(
+        eager.model.state_dict().items(), load_model(tmp_path / "compiled")[0].state_dict().values()
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_compile_mode_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="compile must be one of"):
+        config(tmp_path, compile="fastest")

@@ -318,6 +318,14 @@ def _add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
         action="store_true",
         help="recompute each block's activations in the backward pass (less memory)",
     )
+    g.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        metavar="MODE",
+        help="torch.compile the training step: default, reduce-overhead (CUDA graphs), "
+        "max-autotune; 'none' turns off a recipe's compile",
+    )
 
 
 _TRAIN_FIELDS = (
@@ -325,7 +333,7 @@ _TRAIN_FIELDS = (
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
-    "cutmix_alpha"
+    "cutmix_alpha compile"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 
@@ -346,6 +354,8 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
     if "grad_clip" in changes and changes["grad_clip"] == 0:
         changes["grad_clip"] = None
+    if changes.get("compile") == "none":
+        changes["compile"] = None
     if args.model is not None:
         changes["model_overrides"] = {}  # a named variant: drop the recipe's custom sizes
     model_opts = _key_values(args.model_opt)

@@ -149,6 +149,7 @@ def no_gradient_sync(model: nn.Module) -> contextlib.AbstractContextManager:
     FSDP reduce-scatters every micro-batch (its point is not to hold whole gradients)."""
     from torch.nn.parallel import DistributedDataParallel
 
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     if isinstance(model, DistributedDataParallel):
         return model.no_sync()
     return contextlib.nullcontext()

@@ -44,10 +44,14 @@ def build_optimizer(
     *,
     betas: tuple[float, float] = (0.9, 0.999),
     momentum: float = 0.9,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
+    """AdamW or SGD over :func:`param_groups`; ``fused``: one kernel for all parameters
+    (CUDA; on the CPU it measured no faster than the default for-each implementation)."""
     groups = param_groups(model, weight_decay)
+    extra = {"fused": True} if fused else {}
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, **extra)
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, **extra)
     raise VitkitError(f"unknown optimizer {name!r}: expected adamw or sgd")

@@ -54,6 +54,7 @@ class Pretrainer(Trainer):
             "ema_decay": cfg.ema_decay,
             "mixup_alpha": cfg.mixup_alpha or None,
             "cutmix_alpha": cfg.cutmix_alpha or None,
+            "compile": cfg.compile,
         }
         given = [k for k, v in unsupported.items() if v is not None]
         if given:

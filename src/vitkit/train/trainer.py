@@ -71,6 +71,7 @@ from vitkit.pretrain.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.augment import mix, rand_augment
+from vitkit.train.compile import COMPILE_MODES, CompileMode, compile_for_training
 from vitkit.train.ema import WeightAverage
 from vitkit.train.optim import OptimizerName, build_optimizer
 from vitkit.train.schedules import Decay, warmup_decay
@@ -132,6 +133,8 @@ class TrainConfig:
     # scale (used when a process group is initialised, e.g. under torchrun)
     strategy: D.Strategy = "auto"  # ddp, fsdp (FSDP2), or auto: fsdp for ViT-L and bigger
     activation_checkpointing: bool = False  # recompute block activations in the backward pass
+    # speed: torch.compile the training forward (and so its backward) with this mode; None: eager
+    compile: CompileMode | None = None  # default | reduce-overhead (CUDA graphs) | max-autotune
     # run
     out_dir: str = "runs/default"
     seed: int = 0
@@ -190,6 +193,10 @@ class TrainConfig:
             )
         if self.train_size is not None and self.train_size > 1:
             object.__setattr__(self, "train_size", int(self.train_size))
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise VitkitError(
+                f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}"
+            )
         if self.init_resample not in ("bicubic", "bilinear", "zoom"):
             raise VitkitError(
                 f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
@@ -222,6 +229,7 @@ RESUMABLE_CHANGES = frozenset(
         "prefetch_factor",
         "strategy",
         "activation_checkpointing",
+        "compile",
         "device",
         "log_every",
         "out_dir",
@@ -308,6 +316,8 @@ class Trainer:
                 bf16=cfg.precision == "bf16",
                 blocks=self._units(),
             )
+        if cfg.compile is not None:
+            self.forward_model = compile_for_training(self.forward_model, cfg.compile, self.device)
         crop = 1.0 if isinstance(self.train_set, ArrayDataset) else 0.875
         self.preprocess = PreprocessConfig.for_model(self.model_cfg, crop_pct=crop)
         if self.init is not None:  # keep the checkpoint's normalisation and channels
@@ -327,6 +337,7 @@ class Trainer:
             cfg.weight_decay,
             betas=cfg.betas,
             momentum=cfg.momentum,
+            fused=self.device.type == "cuda",  # one kernel for all parameters
         )
         self.train_loader = self._loader(self.train_set, self.micro_batch, train=True)
         self.steps_per_epoch = len(self.train_loader) // cfg.accum_steps
@@ -729,7 +740,7 @@ class Trainer:
             y = labels.to(self.device)
             x, target = self._mix(x, y)
             with self._autocast():
-                logits = self.model(x)
+                logits = self.forward_model(x)
                 loss = F.cross_entropy(
                     logits.float(), target, label_smoothing=self.cfg.label_smoothing
                 )
