@@ -11,10 +11,9 @@ Every measurement is repeated ``--rounds`` times, interleaved across libraries a
 machine noise hits all alike; medians are reported, with vitkit/timm and vitkit/HF ratios (> 1:
 vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which
 hook-based counters miss inside fused attention; training = 3x forward) over time, against the
-matmul ceiling measured on this machine at the same precision. Peak memory: on CUDA the
-allocator's peak; on the CPU the peak growth of the process's resident memory over the call,
-sampled every millisecond by a thread (PyTorch's CPU allocator returns large blocks to the OS, so
-this tracks what the call held at once).
+matmul ceiling measured on this machine at the same precision. Peak memory is what the call
+held at once beyond what was held before it: on CUDA the allocator's peak; on the CPU the bytes
+malloc had handed out (glibc ``mallinfo2``), sampled every millisecond by a thread.
 
     python bench/speed.py                                   # MNIST model + Ti/16, quick
     python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
@@ -24,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
-import os
 import statistics
 import sys
 import threading
@@ -101,6 +100,18 @@ def matmul_ceiling(dtype: torch.dtype, device: torch.device, n: int = 2048, reps
     return 2 * n**3 / best
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+        "keepcost".split()
+    ]
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+_LIBC.mallinfo2.restype = _MallInfo2
+
+
 class PeakMemory:
     """Peak memory a call holds beyond what was held when it started (bytes)."""
 
@@ -109,9 +120,11 @@ class PeakMemory:
         self.peak = 0
 
     @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    def _live() -> int:
+        """Bytes malloc has handed out and not had back (glibc ``mallinfo2``: every arena, plus
+        mmapped blocks), unlike the resident size, which keeps freed memory."""
+        info = _LIBC.mallinfo2()
+        return info.uordblks + info.hblkhd
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
@@ -119,13 +132,13 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
             return self
-        self.base = self._rss()
+        self.base = self._live()
         self.top = self.base
         self.stop = threading.Event()
 
         def sample() -> None:
             while not self.stop.wait(0.001):
-                self.top = max(self.top, self._rss())
+                self.top = max(self.top, self._live())
 
         self.thread = threading.Thread(target=sample, daemon=True)
         self.thread.start()
@@ -136,7 +149,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
             return
-        self.top = max(self.top, self._rss())
+        self.top = max(self.top, self._live())
         self.stop.set()
         self.thread.join()
         self.peak = self.top - self.base
@@ -158,6 +171,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--no-onnx", dest="onnx", action="store_false", help="skip onnxruntime (fp32 inference)"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speed"))
     args = ap.parse_args()
     if args.threads:
@@ -178,6 +194,8 @@ def main() -> None:
             for prec in precisions:
                 for mode in args.modes.split(","):
                     fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device))
+        if args.onnx and device.type == "cpu" and "fp32" in precisions:
+            fns.update(onnx_fns(models["vitkit"], cfg, batch))
         times: dict[tuple[str, str, str, str], list[float]] = {k: [] for k in fns}
         peaks: dict[tuple[str, str, str, str], int] = {}
         for key, fn in fns.items():  # warm up (and compile) everything first
@@ -253,6 +271,34 @@ def make_fns(impl, model, cfg, prec, mode, batch, device) -> dict:
     }
 
 
+def onnx_fns(model: torch.nn.Module, cfg, batch: int) -> dict:
+    """vitkit's ONNX export (``vitkit export``) run by onnxruntime on the CPU, fp32 inference."""
+    import tempfile
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from vitkit.export import export_onnx
+
+    path = Path(tempfile.mkdtemp(prefix="vitkit-speed-")) / "model.onnx"
+    export_onnx(model, path)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def infer(n: int) -> Callable[[], None]:
+        x = np.random.default_rng(0).standard_normal(
+            (n, cfg.in_chans, *cfg.image_size), dtype=np.float32
+        )
+        return lambda: session.run(None, {name: x})
+
+    return {
+        ("onnx", "fp32", "eager", "infer_b1"): infer(1),
+        ("onnx", "fp32", "eager", f"infer_b{batch}"): infer(batch),
+    }
+
+
 def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,14 +315,15 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         + ", ".join(f"{p} {c / 1e9:.0f} GFLOP/s" for p, c in ceilings.items()),
         "",
         "| model | precision | mode | task | vitkit img/s | timm img/s | HF img/s "
-        "| vitkit/timm | vitkit/HF | vitkit MFU | peak MiB vitkit / timm / HF |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| vitkit/timm | vitkit/HF | vitkit MFU | peak MiB vitkit / timm / HF | ONNX img/s |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (model, impl, prec, mode, task), r in by.items():
         if impl != "vitkit":
             continue
         t = by.get((model, "timm", prec, mode, task))
         h = by.get((model, "hf", prec, mode, task))
+        o = by.get((model, "onnx", prec, "eager", task)) if mode == "eager" else None
 
         def ips(x):
             return f"{x['images_per_s']:.1f}" if x else "-"
@@ -290,7 +337,7 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         lines.append(
             f"| {model} | {prec} | {mode} | {task} | {ips(r)} | {ips(t)} | {ips(h)} | "
             f"{ratio(t)} | {ratio(h)} | {100 * r['mfu']:.0f} % | "
-            f"{mib(r)} / {mib(t)} / {mib(h)} |"
+            f"{mib(r)} / {mib(t)} / {mib(h)} | {ips(o)} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
