@@ -5,15 +5,16 @@ converted with vitkit's own converters), precision (fp32, bf16 autocast) and mod
 ``torch.compile``), it times
 
 - inference at batch 1 (latency) and at ``--batch`` (throughput), under ``torch.inference_mode``;
-- a training step at ``--batch``: forward + backward + AdamW step.
+- a training step at ``--batch``: forward + backward + AdamW step;
+- vitkit's ONNX export (``vitkit export``) under onnxruntime: fp32 inference (``--no-onnx``: off).
 
-Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings, so
-machine noise hits all alike; medians are reported, with vitkit/timm and vitkit/HF ratios (> 1:
-vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which
-hook-based counters miss inside fused attention; training = 3x forward) over time, against the
-matmul ceiling measured on this machine at the same precision. Peak memory is what the call
-held at once beyond what was held before it: on CUDA the allocator's peak; on the CPU the bytes
-malloc had handed out (glibc ``mallinfo2``), sampled every millisecond by a thread.
+Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings in an
+order shuffled every round, so machine noise hits all alike; medians are reported, with vitkit/timm
+and vitkit/HF ratios (> 1: vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``:
+the matmuls, which hook-based counters miss inside fused attention; training = 3x forward) over
+time, against the matmul ceiling measured on this machine at the same precision. Peak memory is
+what the call held at once beyond what was held before it: on CUDA the allocator's peak; on the CPU
+the bytes malloc had handed out (glibc ``mallinfo2``), sampled every millisecond by a thread.
 
     python bench/speed.py                                   # MNIST model + Ti/16, quick
     python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import random
 import statistics
 import sys
 import threading
@@ -43,13 +45,18 @@ import vitkit  # noqa: E402
 from vitkit.checkpoints import hf as hf_conv  # noqa: E402
 from vitkit.checkpoints import timm as timm_conv  # noqa: E402
 from vitkit.config import count_flops  # noqa: E402
-from vitkit.recipes import MNIST_MODEL  # noqa: E402
+from vitkit.recipes import MNIST  # noqa: E402
 
 
 def model_cfg(name: str) -> vitkit.ViTConfig:
     if name == "mnist":  # the default recipe's model, in the libraries' common GELU
         return vitkit.model_config(
-            "Ti/4", image_size=28, in_chans=1, num_classes=10, gelu="none", **MNIST_MODEL
+            MNIST.model,
+            image_size=28,
+            in_chans=1,
+            num_classes=10,
+            gelu="none",
+            **MNIST.model_overrides,
         )
     return vitkit.model_config(name, image_size=224, num_classes=1000, gelu="none")
 
@@ -167,7 +174,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--modes", default="eager", help="eager and/or compiled")
     ap.add_argument("--batch", type=int, default=32, help="batch for throughput and training")
-    ap.add_argument("--mnist-batch", type=int, default=128)
+    ap.add_argument("--mnist-batch", type=int, default=MNIST.batch_size)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
@@ -203,8 +210,11 @@ def main() -> None:
             with PeakMemory(device) as mem:
                 fn()
             peaks[key] = mem.peak
-        for _ in range(args.rounds):
-            for key, fn in fns.items():
+        for r in range(args.rounds):
+            keys = list(fns)
+            random.Random(r).shuffle(keys)  # no setting always follows the same one
+            for key in keys:
+                fn = fns[key]
                 sync(device)
                 t = time.perf_counter()
                 fn()
@@ -284,6 +294,8 @@ def onnx_fns(model: torch.nn.Module, cfg, batch: int) -> dict:
     export_onnx(model, path)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
+    # Idle onnxruntime threads spin by default and would slow whatever is timed next.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
 

@@ -322,3 +322,24 @@ def test_image_folder_with_workers_resumes_bitwise(
     assert main([*args, "--out-dir", str(run), "--keep-checkpoints", "100", "--resume"]) == 0
     assert_bitwise_equal(final_weights(run), final_weights(full))
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ([], None),
+        (["--compile"], "default"),
+        (["--compile", "max-autotune"], "max-autotune"),
+        (["--compile", "none"], None),
+    ],
+)
+def test_compile_option(given: list[str], expected: str | None) -> None:
+    from vitkit.cli import build_parser, train_config_from_args
+
+    cfg = train_config_from_args(build_parser().parse_args(["train", *DIGITS, *given]))
+    assert cfg.compile == expected
+
+
+def test_unknown_compile_mode_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["train", *DIGITS, "--smoke", "--compile", "fastest"], capsys)
+    assert code != 0 and "compile must be one of" in err

@@ -447,11 +447,14 @@ def _train(cfg: Any, trainer_cls: Any, env: Any) -> int:
     if env.enabled:
         scale = f", {trainer.strategy.upper()} on {env.world_size} processes"
     if env.is_main:
+        compiled = ""
+        if hasattr(trainer.forward_model, "_orig_mod"):  # torch.compile wrapped it
+            compiled = f", compiled ({cfg.compile}; the first step compiles)"
         print(
             f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
             f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} "
             f"images, {cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
-            f"{_threads()} threads{scale} -> {cfg.out_dir}",
+            f"{_threads()} threads{scale}{compiled} -> {cfg.out_dir}",
             file=sys.stderr,
         )
     report = trainer.fit()
