@@ -10,11 +10,12 @@ converted with vitkit's own converters), precision (fp32, bf16 autocast) and mod
 
 Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings in an
 order shuffled every round, so machine noise hits all alike; medians are reported, with vitkit/timm
-and vitkit/HF ratios (> 1: vitkit is faster). MFU is analytic FLOPs (``vitkit.config.count_flops``:
-the matmuls, which hook-based counters miss inside fused attention; training = 3x forward) over
-time, against the matmul ceiling measured on this machine at the same precision. Peak memory is
-what the call held at once beyond what was held before it: on CUDA the allocator's peak; on the CPU
-the bytes malloc had handed out (glibc ``mallinfo2``), sampled every millisecond by a thread.
+and vitkit/HF ratios (> 1: vitkit is faster; the median of ratios taken round by round). MFU is
+analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which hook-based counters miss inside
+fused attention; training = 3x forward) over time, against the matmul ceiling measured on this
+machine at the same precision. Peak memory is what the call held at once beyond what was held
+before it: on CUDA the allocator's peak; on the CPU the bytes malloc had handed out (glibc
+``mallinfo2``), sampled every millisecond by a thread.
 
     python bench/speed.py                                   # MNIST model + Ti/16, quick
     python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
@@ -311,6 +312,14 @@ def onnx_fns(model: torch.nn.Module, cfg, batch: int) -> dict:
     }
 
 
+def paired_ratio(ours: dict, other: dict) -> float:
+    """Median over rounds of other's time / ours in the same round (> 1: ours is faster).
+
+    Pairs taken in the same round share that round's machine state, so the ratio is steadier
+    than the ratio of the two medians."""
+    return statistics.median(o / v for v, o in zip(ours["rounds"], other["rounds"]))
+
+
 def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +350,7 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
             return f"{x['images_per_s']:.1f}" if x else "-"
 
         def ratio(x, r=r):
-            return f"{r['images_per_s'] / x['images_per_s']:.2f}" if x else "-"
+            return f"{paired_ratio(r, x):.2f}" if x else "-"
 
         def mib(x):
             return f"{x['peak_memory_bytes'] / 2**20:.0f}" if x else "-"
