@@ -971,8 +971,6 @@ class Trainer:
 
     def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
         """Final evaluation on the test split, curves and confusion matrix PNGs, report.json."""
-        from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
-
         report = self.report_header(wall_s, images_seen, train_time)
         if self.dist.enabled:
             report["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
@@ -998,9 +996,19 @@ class Trainer:
                         meta={**self._meta(), "ema_decay": self.cfg.ema_decay},
                     )
                 self.model.load_state_dict(raw)
-        if not self.dist.is_main:  # (every rank evaluated its share; rank 0 writes)
-            return report
+        if self.dist.is_main:  # (every rank evaluated its share; rank 0 writes)
+            self._write_final(report, eval_set, res if eval_set is not None else None)
+        # Every rank leaves together, so that none tears its process group down (and exits)
+        # while rank 0, which hosts the rendezvous store, is still writing.
+        D.barrier(self.dist)
+        return report
+
+    def _write_final(self, report: dict[str, Any], eval_set: Any, res: Any) -> None:
+        """Rank 0: the confusion matrix and curves PNGs, report.json and report.html."""
+        from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
+
         if eval_set is not None:
+            split = "test" if eval_set is self.test_set else "val"
             plot_confusion_matrix(
                 res.confusion,
                 self.info.class_names,
@@ -1013,7 +1021,6 @@ class Trainer:
             plot_training_curves(records, self.out / "curves.png", title=str(self.out))
         atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
         self.write_report(eval_set, "test" if eval_set is self.test_set else "val")
-        return report
 
     def write_report(self, eval_set: Any, split: str) -> Path:
         """``report.html``: the run's numbers, curves and confusion matrix with the analysis
