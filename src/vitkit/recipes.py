@@ -226,7 +226,7 @@ RECIPES: dict[str, Recipe] = {
             autocast. (The first version used patch 4 and batch 128: 98.65 % in 7-10 min.)
 
             Command: ``vitkit train`` (this recipe is the default).
-            Expected: 98.75 % test top-1 in about 3-4 min on 2 vCPUs (docs/experiments.md).""",
+            Expected: 98.71 % test top-1 in 3.4 min on 2 vCPUs (docs/experiments.md).""",
             MNIST,
         ),
         Recipe(
