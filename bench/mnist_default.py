@@ -36,15 +36,16 @@ def run_job(src: Path, out: Path, threads: int | None) -> dict:
     subprocess.run(cmd, env=env, check=True, cwd=src.parent)
     wall = time.perf_counter() - t
     report = json.loads((out / "report.json").read_text())
+    config = json.loads((out / "train_config.json").read_text())
     return {
         "command_wall_s": wall,
         "test_top1": report["test_top1"],
         "steps": report["steps"],
         "epochs": report["epochs"],
-        "batch_size": json.loads((out / "train_config.json").read_text())["batch_size"],
+        "batch_size": config["batch_size"],
         "train_images_per_s": report.get("train_images_per_s"),
         "model_config": report["model_config"],
-        "compile": json.loads((out / "train_config.json").read_text()).get("compile"),
+        "compile": config.get("compile"),  # (the first version has no such setting)
     }
 
 

@@ -116,8 +116,11 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-_LIBC = ctypes.CDLL("libc.so.6")
-_LIBC.mallinfo2.restype = _MallInfo2
+try:  # glibc >= 2.33; elsewhere CPU peak memory is not reported
+    _LIBC = ctypes.CDLL("libc.so.6")
+    _LIBC.mallinfo2.restype = _MallInfo2
+except (OSError, AttributeError):
+    _LIBC = None
 
 
 class PeakMemory:
@@ -125,7 +128,8 @@ class PeakMemory:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.peak = 0
+        self.peak: int | None = None
+        self.tracked = device.type == "cuda" or _LIBC is not None
 
     @staticmethod
     def _live() -> int:
@@ -139,6 +143,8 @@ class PeakMemory:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
+            return self
+        if not self.tracked:
             return self
         self.base = self._live()
         self.top = self.base
@@ -156,6 +162,8 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+            return
+        if not self.tracked:
             return
         self.top = max(self.top, self._live())
         self.stop.set()
@@ -353,7 +361,9 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
             return f"{paired_ratio(r, x):.2f}" if x else "-"
 
         def mib(x):
-            return f"{x['peak_memory_bytes'] / 2**20:.0f}" if x else "-"
+            if not x or x["peak_memory_bytes"] is None:
+                return "-"
+            return f"{x['peak_memory_bytes'] / 2**20:.0f}"
 
         lines.append(
             f"| {model} | {prec} | {mode} | {task} | {ips(r)} | {ips(t)} | {ips(h)} | "

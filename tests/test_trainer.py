@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vitkit.checkpoints import load_model
+from vitkit.train.compile import cpu_compiler
 from vitkit.train.trainer import TrainConfig, Trainer
 
 TINY = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
@@ -88,10 +89,7 @@ def test_a_second_run_into_the_same_directory_is_refused(tmp_path: Path) -> None
         Trainer(config(tmp_path / "d", max_steps=2)).fit()
 
 
-@pytest.mark.skipif(
-    __import__("vitkit.train.compile", fromlist=["x"]).cpu_compiler() is None,
-    reason="torch.compile on the CPU needs a C++ compiler",
-)
+@pytest.mark.skipif(cpu_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_training_follows_eager_training(tmp_path: Path) -> None:
     """`compile` changes how the step runs, not what it computes: the same losses and weights
     as eager training (to fused-kernel rounding), and a checkpoint with the model's own names."""

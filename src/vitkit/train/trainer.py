@@ -975,6 +975,7 @@ class Trainer:
         if self.dist.enabled:
             report["distributed"] = {"world_size": self.dist.world_size, "strategy": self.strategy}
         eval_set = self.test_set if self.test_set is not None else self.val_set
+        res = None
         if eval_set is not None:
             split = "test" if self.test_set is not None else "val"
             res = self.evaluate(eval_set)
@@ -997,18 +998,20 @@ class Trainer:
                     )
                 self.model.load_state_dict(raw)
         if self.dist.is_main:  # (every rank evaluated its share; rank 0 writes)
-            self._write_final(report, eval_set, res if eval_set is not None else None)
+            self._write_final(report, eval_set, res)
         # Every rank leaves together, so that none tears its process group down (and exits)
         # while rank 0, which hosts the rendezvous store, is still writing.
         D.barrier(self.dist)
         return report
 
-    def _write_final(self, report: dict[str, Any], eval_set: Any, res: Any) -> None:
+    def _write_final(
+        self, report: dict[str, Any], eval_set: Any, res: ClassificationResult | None
+    ) -> None:
         """Rank 0: the confusion matrix and curves PNGs, report.json and report.html."""
         from vitkit.plotting import plot_confusion_matrix, plot_training_curves, read_jsonl
 
-        if eval_set is not None:
-            split = "test" if eval_set is self.test_set else "val"
+        split = "test" if eval_set is self.test_set else "val"
+        if res is not None:
             plot_confusion_matrix(
                 res.confusion,
                 self.info.class_names,
@@ -1020,7 +1023,7 @@ class Trainer:
         if records:
             plot_training_curves(records, self.out / "curves.png", title=str(self.out))
         atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
-        self.write_report(eval_set, "test" if eval_set is self.test_set else "val")
+        self.write_report(eval_set, split)
 
     def write_report(self, eval_set: Any, split: str) -> Path:
         """``report.html``: the run's numbers, curves and confusion matrix with the analysis
