@@ -16,7 +16,7 @@ from vitkit.bit import ResNetV2
 from vitkit.checkpoints import load_model, read_checkpoint, save_checkpoint
 from vitkit.checkpoints.formats import describe
 from vitkit.checkpoints.timm import timm_bit_config, timm_bit_to_state_dict
-from vitkit.cli import main, parse_model_specs
+from vitkit.cli import main
 from vitkit.config import (
     HYBRIDS,
     RESNET_DEPTHS,
@@ -31,6 +31,7 @@ from vitkit.config import (
 from vitkit.data import load_dataset
 from vitkit.errors import VitkitError
 from vitkit.model import create_model
+from vitkit.train.study import parse_model_specs
 
 # At 224 px with a 1000-class head. Equal to timm 1.0.31's models of the same name
 # (vit_tiny_r_s16_p8_224, vit_small_r26_s32_224, vit_base_r26_s32_224, vit_base_r50_s16_224,

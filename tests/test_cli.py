@@ -334,7 +334,8 @@ def test_image_folder_with_workers_resumes_bitwise(
     ],
 )
 def test_compile_option(given: list[str], expected: str | None) -> None:
-    from vitkit.cli import build_parser, train_config_from_args
+    from vitkit.cli import build_parser
+    from vitkit.cli.train_options import train_config_from_args
 
     cfg = train_config_from_args(build_parser().parse_args(["train", *DIGITS, *given]))
     assert cfg.compile == expected

@@ -472,3 +472,34 @@ def write_report(
     sections += result.sections
     title = title or f"{model.cfg.short_name}: inside the Vision Transformer"
     return write_html(path, title, sections, subtitle=source)
+
+
+def format_numbers(numbers: dict[str, Any]) -> str:
+    """The headline numbers of an analysis (``AnalysisResult.numbers``), a few lines of text."""
+    lines = []
+    ps = numbers.get("position_similarity")
+    if ps:
+        lines.append(
+            f"position embeddings, mean cosine: adjacent {ps['adjacent']:.3f}, same row/column "
+            f"{ps['same_row_or_column']:.3f}, far {ps['far']:.3f}, all pairs {ps['other']:.3f}"
+        )
+    ad = numbers.get("attention_distance")
+    if ad:
+        shown = " ".join(f"{d:.1f}" for d in ad["per_layer_mean"])
+        lowest = " ".join(f"{d:.1f}" for d in ad["per_layer_min"])
+        highest = " ".join(f"{d:.1f}" for d in ad["per_layer_max"])
+        lines.append(
+            f"mean attention distance (px) by layer: {shown} "
+            f"(uniform attention: {ad['uniform_attention']:.1f})"
+        )
+        lines.append(f"    lowest head: {lowest}\n    highest head: {highest}")
+    rb = numbers.get("rollout_in_box")
+    if rb:
+        lines.append(
+            f"rollout mass inside the object box {rb['mass_inside_box']:.3f} vs box area "
+            f"{rb['box_area_share']:.3f}: ratio {rb['ratio']:.2f} (control with another "
+            f"image's box {rb['control_ratio_other_images_box']:.2f})"
+        )
+    if "sample_top1" in numbers:
+        lines.append(f"top-1 on the analysed images: {100 * numbers['sample_top1']:.1f}%")
+    return "\n".join(lines)

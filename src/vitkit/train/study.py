@@ -32,6 +32,7 @@ from typing import Any
 from vitkit.checkpoints import atomic_write_text
 from vitkit.config import config_from_dict, count_flops, count_params, model_config
 from vitkit.errors import VitkitError
+from vitkit.overrides import parse_key_values
 from vitkit.train.trainer import TrainConfig, Trainer
 
 
@@ -234,3 +235,45 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     atomic_write_text(paths["table"], f"# {title}\n\n{markdown_table(rows)}\n")
     plot_data_scale(rows, [dataclasses.asdict(r) for r in results], paths["plot"], title=title)
     return paths
+
+
+def parse_model_specs(text: str) -> list[ModelSpec]:
+    """``"Ti/4[depth=4,width=96],bit_r26x1"`` → model specs; inside brackets a value may hold
+    commas (``layers=1,1,1``): a piece without ``=`` continues the previous value."""
+    specs, depth, start = [], 0, 0
+    pieces = []
+    for i, ch in enumerate(text + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            pieces.append(text[start:i].strip())
+            start = i + 1
+        if depth < 0:
+            raise VitkitError(f"--models: unbalanced brackets in '{text}'")
+    if depth:
+        raise VitkitError(f"--models: unbalanced brackets in '{text}'")
+    for piece in pieces:
+        if not piece:
+            continue
+        m = re.fullmatch(r"([^\[\]]+?)\s*(?:\[(.*)\])?", piece)
+        if not m:
+            raise VitkitError(f"--models: cannot read '{piece}' (expected NAME or NAME[K=V,...])")
+        items: list[str] = []
+        for part in (m[2] or "").split(","):
+            if not part.strip():
+                continue
+            if "=" in part:
+                items.append(part)
+            elif items:
+                items[-1] += "," + part
+            else:
+                raise VitkitError(f"--models: expected KEY=VALUE in '{piece}', got '{part}'")
+        overrides = parse_key_values(items)
+        overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+        label = str(overrides.pop("label", ""))
+        specs.append(ModelSpec(m[1].strip(), overrides, label))
+    if not specs:
+        raise VitkitError("--models: no model given")
+    return specs

@@ -1,0 +1,71 @@
+"""Attention maps of image files as PNGs: ``vitkit explain``'s work, callable from Python."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vitkit.analysis.attention import explain
+from vitkit.checkpoints import Checkpoint
+from vitkit.data.images import load_images
+from vitkit.data.transforms import normalize
+from vitkit.eval.predict import Prediction, class_names, format_top_k, top_k
+from vitkit.model import VisionTransformer
+
+
+@dataclass
+class ExplainedImage:
+    """One image's top-k prediction and the two PNGs drawn for it."""
+
+    image: str
+    top_k: Prediction = field(default_factory=list)
+    rollout_png: Path | None = None
+    layers_png: Path | None = None
+
+
+def explain_files(
+    model: VisionTransformer,
+    ckpt: Checkpoint,
+    paths: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    k: int = 5,
+    head_fusion: str = "mean",
+) -> list[ExplainedImage]:
+    """For each image: ``STEM_rollout.png`` (the input, the attention rollout over it and the
+    input multiplied by it, the paper's Figure 6) and ``STEM_layers.png`` (every layer's and
+    head's map with the rollout up to each layer), and its top-``k`` labels. Images sharing a
+    file stem get ``_1``, ``_2``, ... by position."""
+    from vitkit.analysis import plot_layer_maps, plot_rollout
+
+    pre = ckpt.preprocess
+    raw = load_images([str(p) for p in paths], pre)
+    found = explain(model, normalize(raw.float(), pre.mean, pre.std), head_fusion=head_fusion)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if model.cfg.num_classes:
+        names = class_names(ckpt, found.logits.shape[-1])
+        tops = top_k(found.logits.softmax(-1), names, k)
+    else:
+        tops = [[] for _ in paths]
+    stems = [Path(p).stem for p in paths]
+    explained = []
+    for i, path in enumerate(paths):
+        stem = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}_{i + 1}"
+        shown = format_top_k(tops[i])
+        title = f"{Path(path).name}: {shown}" if shown else Path(path).name
+        pixels = raw[i].float() / 255
+        rollout_png = plot_rollout(
+            pixels, found.rollout[i], out / f"{stem}_rollout.png", title=title
+        )
+        layers_png = plot_layer_maps(
+            found.layer_maps[i],
+            found.rollout_maps[i],
+            out / f"{stem}_layers.png",
+            image=pixels,
+            title=f"{title}  ({model.cfg.short_name}, per-layer attention)",
+        )
+        explained.append(ExplainedImage(str(path), tops[i], rollout_png, layers_png))
+    return explained

@@ -1,0 +1,52 @@
+"""What ``vitkit inspect`` prints: :func:`vitkit.checkpoints.describe`'s dict as text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_description(info: dict[str, Any]) -> str:
+    """A checkpoint's description (``describe(read_checkpoint(...))``), one field a line."""
+    arch = info["architecture"]
+    pre = info["preprocess"]
+    lines = [
+        f"path:        {info['path']}",
+        f"format:      {info['format']}",
+        f"model:       {info['model']}  ({info['parameters']:,} parameters, "
+        f"{', '.join(info['dtype'])})",
+    ]
+    if arch.get("architecture") == "resnet":
+        lines.append(
+            f"layers:      BiT ResNet-v2, stages {arch['layers']}, "
+            f"width x{arch['width_factor']:g}, root {arch['root']}"
+        )
+        lines.append(f"resolution:  {info['resolution'][0]}x{info['resolution'][1]}")
+    else:
+        lines.append(
+            f"layers:      width {arch['width']}, depth {arch['depth']}, heads "
+            f"{arch['num_heads']}, mlp {arch['mlp_dim']}, patch {arch['patch_size']}, pool "
+            f"{arch['pool']}, pre-logits {arch['representation_size']}"
+        )
+        lines.append(
+            f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "
+            f"{'tanh approximation' if arch['gelu'] == 'tanh' else 'exact (erf)'}"
+        )
+        if arch.get("resnet_layers") is not None:
+            lines.append(
+                f"hybrid:      ResNet stages {arch['resnet_layers']}, "
+                f"width x{arch['resnet_width_factor']:g}"
+            )
+        lines.append(
+            f"resolution:  {info['resolution'][0]}x{info['resolution'][1]} "
+            f"(grid {info['grid'][0]}x{info['grid'][1]})"
+        )
+    head = f"{info['num_classes']}" + (
+        "  (all zeros: train or replace it)" if info["zero_head"] else ""
+    )
+    names = f"  {', '.join(info['class_names'])}" if info["class_names"] else ""
+    lines.append(f"classes:     {head}{names}")
+    lines.append(
+        f"preprocess:  mean {pre['mean']}, std {pre['std']}, {pre['interpolation']}, "
+        f"crop {pre['crop_pct']}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""The ``vitkit`` command line: parsing and wiring only; the work is the library's.
+
+One module per command group (``train``, ``evaluate``, ``explain``, ``checkpoint``, ``data``),
+the option groups they share in ``options``. Heavy imports happen inside the commands, so
+``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in place before
+PyTorch starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from vitkit.cli import checkpoint, data, evaluate, explain, train
+from vitkit.errors import VitkitError
+
+EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vitkit import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="vitkit",
+        description="The Vision Transformer of 'An Image is Worth 16x16 Words': train, "
+        "evaluate and use paper-faithful ViTs.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train.add_commands(sub)  # train, finetune, pretrain, study
+    evaluate.add_commands(sub)  # eval, fewshot, predict
+    explain.add_commands(sub)  # explain, analyze
+    checkpoint.add_commands(sub)  # models, convert, inspect, export, consolidate
+    data.add_commands(sub)  # shards
+    return parser
+
+
+def _one_line(e: BaseException) -> str:
+    """The user-facing line of an error, also when a DataLoader worker wrapped it."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "VitkitError: " in line:
+            return line.split("VitkitError: ", 1)[1]
+    return lines[-1] if lines else type(e).__name__
+
+
+def _format_warning(
+    message: Any, category: Any, filename: Any, lineno: Any, line: Any = None
+) -> str:
+    return f"vitkit: warning: {message}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Idle OpenMP threads sleep instead of spinning: on small shared machines spinning threads
+    # stall each other for seconds. Must be set before PyTorch starts its thread pool.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    saved_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = saved_format
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args))
+    except VitkitError as e:
+        print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vitkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a DataLoader worker re-raises our errors wrapped in its own type
+        if "VitkitError: " in str(e):
+            print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        raise

@@ -1,0 +1,198 @@
+"""``vitkit convert``, ``inspect``, ``export``, ``consolidate`` and ``models``: checkpoint files
+and the variant tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from vitkit.cli.options import add_checkpoint, add_command, image_size
+from vitkit.errors import VitkitError
+
+
+def add_commands(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "models",
+        "the variant tables (ViTs, hybrids, BiT ResNets) with parameters and GFLOPs",
+    )
+    p.add_argument("--image-size", type=int, default=224, help="input resolution")
+    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head")
+    p.add_argument("--all-sizes", metavar="PATCH", type=int, help="every size at this patch")
+    p.set_defaults(func=cmd_models)
+
+    p = add_command(
+        sub,
+        "convert",
+        "convert a checkpoint between vitkit, timm, Hugging Face and Google .npz",
+        "Read SRC (any supported format, detected), optionally move it to another resolution "
+        "(2-D position-embedding resampling) or head, and write DST.",
+    )
+    p.add_argument("src", metavar="SRC", help="checkpoint file or directory")
+    p.add_argument(
+        "dst", metavar="DST", help="output: a directory, or a .npz / .safetensors / .pth file"
+    )
+    p.add_argument(
+        "--to", required=True, choices=("vitkit", "timm", "hf", "npz"), help="output format"
+    )
+    add_checkpoint(p, formats=True, source=False)
+    g = p.add_argument_group("changes")
+    g.add_argument("--image-size", type=int, nargs="+", metavar="N", help="new resolution (H [W])")
+    g.add_argument(
+        "--resample",
+        default="bicubic",
+        choices=("bicubic", "bilinear", "zoom"),
+        help="position-embedding interpolation; 'zoom' = the official scipy.ndimage.zoom(order=1)",
+    )
+    g.add_argument("--num-classes", type=int, help="replace the head (zero-initialised)")
+    g.add_argument(
+        "--drop-pre-logits",
+        action="store_true",
+        help="drop the tanh pre-logits layer (puts in a new zero head), as the paper fine-tunes",
+    )
+    g.add_argument(
+        "--hf-naming",
+        default="4",
+        choices=("4", "5"),
+        help="Hugging Face key names: 4.x (loads in transformers 4 and 5) or 5.x",
+    )
+    p.set_defaults(func=cmd_convert)
+
+    p = add_command(
+        sub,
+        "inspect",
+        "what a checkpoint holds: format, architecture, parameters, classes, resolution",
+    )
+    add_checkpoint(p, positional=True, formats=True)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    p = add_command(
+        sub, "export", "export a checkpoint (any format) to ONNX, checked against onnxruntime"
+    )
+    add_checkpoint(p, positional=True)
+    p.add_argument("out", metavar="OUT", help="the .onnx file to write")
+    p.add_argument(
+        "--format", dest="out_format", default="onnx", choices=["onnx"], help="output format"
+    )
+    p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip comparing onnxruntime's outputs with PyTorch's (needs onnxruntime)",
+    )
+    p.set_defaults(func=cmd_export)
+
+    p = add_command(
+        sub,
+        "consolidate",
+        "a distributed (sharded) checkpoint as one single-file vitkit checkpoint",
+        "Gather the weights of a distributed checkpoint (or a run directory: its latest) into "
+        "a vitkit checkpoint directory (model.safetensors + config.json) that eval, predict "
+        "and Python's vitkit.load_model read anywhere. Runs in one process.",
+    )
+    p.add_argument("src", metavar="SRC", help="checkpoint or run directory")
+    p.add_argument("out", metavar="OUT", help="the new checkpoint directory")
+    p.set_defaults(func=cmd_consolidate)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import read_checkpoint, write_checkpoint
+
+    ckpt = read_checkpoint(
+        args.src,
+        format=args.src_format,
+        num_heads=args.num_heads,
+        image_size=image_size(args.image_size),
+        num_classes=args.num_classes,
+        pre_logits=False if args.drop_pre_logits else None,
+        resample=args.resample,
+    )
+    out = write_checkpoint(ckpt, args.dst, args.to, hf_naming=args.hf_naming)
+    cfg = ckpt.model_config
+    print(
+        f"{args.src} ({ckpt.format}) -> {out} ({args.to}): {cfg.short_name}, "
+        f"{cfg.image_size[0]}x{cfg.image_size[1]} px, {cfg.num_classes} classes"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import describe, read_checkpoint
+    from vitkit.checkpoints.describe import format_description
+
+    info = describe(read_checkpoint(args.ckpt, format=args.src_format, num_heads=args.num_heads))
+    print(json.dumps(info, indent=1) if args.json else format_description(info))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import load_model
+    from vitkit.export import check_onnx, export_onnx
+
+    model, ckpt = load_model(args.ckpt)
+    out = export_onnx(model, args.out, opset=args.opset)
+    cfg = model.cfg
+    print(
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): input pixel_values "
+        f"[batch, {cfg.in_chans}, {cfg.image_size[0]}, {cfg.image_size[1]}], output logits"
+    )
+    if not args.no_check:
+        diff = check_onnx(model, out)
+        print(f"onnxruntime vs PyTorch: max abs difference {diff:.2e}")
+        if diff > 1e-4:
+            raise VitkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.2e} (> 1e-4)")
+    return 0
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints.distributed import consolidate_checkpoint
+
+    path = consolidate_checkpoint(args.src, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vitkit.config import (
+        HYBRIDS,
+        SIZES,
+        STANDARD_MODELS,
+        STANDARD_RESNETS,
+        count_flops,
+        count_params,
+        model_config,
+    )
+
+    names = [f"{s}/{args.all_sizes}" for s in SIZES] if args.all_sizes else STANDARD_MODELS
+    print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds")
+    header = f"{'model':<8}{'name':<10}{'width':>6}{'depth':>6}{'heads':>6}{'mlp':>6}"
+    print(header + f"{'tokens':>8}{'params':>14}{'GFLOPs':>9}")
+    for name in names:
+        cfg = model_config(name, image_size=args.image_size, num_classes=args.num_classes)
+        size, patch = name.split("/")
+        print(
+            f"{name:<8}{'vit_' + size.lower() + patch:<10}{cfg.width:>6}{cfg.depth:>6}"
+            f"{cfg.num_heads:>6}{cfg.mlp_dim:>6}{cfg.seq_len:>8}{count_params(cfg):>14,}"
+            f"{count_flops(cfg) / 1e9:>9.2f}"
+        )
+    size_px = dict(image_size=args.image_size, num_classes=args.num_classes)
+    tail = f"{'params':>14}{'GFLOPs':>9}"
+    print("\nhybrids (paper Sec. 3.1; vit_jax names): ResNet stages + ViT on its feature map")
+    print(f"{'name':<14}{'model':<22}{'tokens':>8}{tail}")
+    for name in HYBRIDS:
+        cfg = model_config(name, **size_px)
+        print(f"{name:<14}{cfg.short_name:<22}{cfg.seq_len:>8}{_cost(cfg)}")
+    print("\nBiT ResNet-v2 baselines (any depth: -o layers=1,1,1; width: bit_r50x3)")
+    print(f"{'name':<14}{'model':<22}{'features':>8}{tail}")
+    for name in STANDARD_RESNETS:
+        cfg = model_config(name, **size_px)
+        print(f"{name:<14}{cfg.short_name:<22}{cfg.feature_dim:>8}{_cost(cfg)}")
+    return 0
+
+
+def _cost(cfg: Any) -> str:
+    from vitkit.config import count_flops, count_params
+
+    return f"{count_params(cfg):>14,}{count_flops(cfg) / 1e9:>9.2f}"

@@ -1,0 +1,185 @@
+"""``vitkit eval``, ``fewshot`` and ``predict``: a checkpoint's accuracy, frozen features and
+predictions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from vitkit.cli.options import (
+    add_checkpoint,
+    add_command,
+    add_data,
+    add_images,
+    add_json,
+    add_output,
+    add_runtime,
+    output_dir,
+    set_threads,
+)
+from vitkit.errors import VitkitError
+from vitkit.overrides import parse_int_list
+
+
+def add_commands(sub: Any) -> None:
+    p = add_command(
+        sub, "eval", "top-1/top-5, per-class accuracy and a confusion matrix for a checkpoint"
+    )
+    add_checkpoint(p, several=True)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        help="evaluate CKPT with {seed} replaced by 0..N-1 (e.g. runs/ft-s{seed}) and report "
+        "mean ± std across the runs, as the paper's tables",
+    )
+    add_data(p, workers=True)
+    add_output(p, "directory for eval.json and confusion.png", "eval_SPLIT")
+    add_runtime(p, batch_size=256)
+    p.set_defaults(func=cmd_eval)
+
+    p = add_command(
+        sub,
+        "fewshot",
+        "the paper's few-shot linear evaluation of a checkpoint's frozen features",
+        "Frozen pre-logit features, closed-form regularised least squares onto {-1, 1}^K "
+        "targets from N images per class, accuracy on the test split as mean ± std over seeds "
+        "(l2 chosen on other training images, never on the test set).",
+    )
+    add_checkpoint(p)
+    g = add_data(p, required=True, split=None, bad_image=False)
+    g.add_argument(
+        "--test-split", default="test", choices=["val", "test"], help="the split to score on"
+    )
+    g = p.add_argument_group("probe")
+    g.add_argument("--shots", default="1,5,10,25", help="images per class, comma-separated")
+    g.add_argument("--seeds", type=int, default=3, help="random draws of the support set")
+    g.add_argument("--l2", type=float, nargs="+", help="fixed l2 value(s); default: a 2^k grid")
+    g.add_argument(
+        "--random-init",
+        action="store_true",
+        help="the same architecture, freshly initialised (the baseline for pre-training)",
+    )
+    add_output(p, "write the results as JSON to this file")
+    add_runtime(p, batch_size=256)
+    p.set_defaults(func=cmd_fewshot)
+
+    p = add_command(
+        sub, "predict", "top-k labels for image files, with the checkpoint's own preprocessing"
+    )
+    add_images(p)
+    add_checkpoint(p)
+    p.add_argument("--top-k", type=int, default=5, help="labels to print per image")
+    add_json(p)
+    p.set_defaults(func=cmd_predict)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    paths = list(args.ckpt)
+    if args.seeds is not None:
+        if args.seeds < 1 or not all("{seed}" in p for p in paths):
+            raise VitkitError("--seeds N needs N >= 1 and '{seed}' in every --from path")
+        paths = [p.replace("{seed}", str(s)) for p in paths for s in range(args.seeds)]
+    results = []
+    for i, path in enumerate(paths):
+        out = Path(args.out) / str(i) if args.out and len(paths) > 1 else args.out
+        results.append(_eval_one(args, path, out))
+    if len(results) > 1:
+        from vitkit.eval.checkpoint import mean_std_over_runs
+
+        summary = mean_std_over_runs(results, paths)
+        for key, label in (("top1", "top-1"), ("top5", "top-5")):
+            s = summary[key]
+            print(f"{label}: {s['mean']:.2f} ± {s['std']:.2f} % over {len(s['values'])} runs")
+        if args.out:
+            Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
+    from vitkit.checkpoints import load_model
+    from vitkit.eval import format_result
+    from vitkit.eval.checkpoint import checkpoint_dataset, evaluate_checkpoint
+    from vitkit.plotting import plot_confusion_matrix
+
+    model, ckpt = load_model(path)
+    model.to(args.device)
+    data = args.data or ckpt.meta.get("dataset")
+    if not data:
+        raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
+    if not model.cfg.num_classes:
+        raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
+    dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
+    names = dataset.info.class_names
+    result = evaluate_checkpoint(
+        model,
+        ckpt,
+        dataset,
+        batch_size=args.batch_size,
+        precision=args.precision,
+        device=args.device,
+        num_workers=args.num_workers,
+    )
+    print(f"{path}:")
+    print(format_result(result, names))
+    out = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(result.to_json_dict(), indent=1))
+    png = plot_confusion_matrix(
+        result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
+    )
+    print(f"wrote {out / 'eval.json'} and {png}")
+    return result
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    import torch
+
+    from vitkit.checkpoints import load_model
+    from vitkit.eval.checkpoint import checkpoint_features
+    from vitkit.eval.fewshot import DEFAULT_L2_GRID, fewshot_evaluate, format_fewshot
+    from vitkit.model import build_model
+
+    shots = parse_int_list(args.shots)
+    model, ckpt = load_model(args.ckpt)
+    if args.random_init:
+        torch.manual_seed(0)
+        model = build_model(model.cfg).eval()
+    model.to(args.device)
+    kw = dict(batch_size=args.batch_size, precision=args.precision, device=args.device)
+    train_f, train_y, k = checkpoint_features(model, ckpt, args.data, "train", **kw)
+    test_f, test_y, _ = checkpoint_features(model, ckpt, args.data, args.test_split, **kw)
+    results = fewshot_evaluate(
+        (train_f, train_y), (test_f, test_y), k, shots, args.seeds, args.l2 or DEFAULT_L2_GRID
+    )
+    what = "random init" if args.random_init else str(args.ckpt)
+    print(f"{what} on {args.data} ({len(test_y)} {args.test_split} images, {k} classes)")
+    print(format_fewshot(results, args.seeds))
+    if args.out:
+        out = {
+            "checkpoint": str(args.ckpt),
+            "random_init": args.random_init,
+            "data": args.data,
+            "results": [r.to_json_dict() for r in results],
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import load_model
+    from vitkit.data.images import check_image_files
+    from vitkit.eval.predict import format_top_k, predict_files
+
+    check_image_files(args.images)  # the cheapest mistake first, before loading any weights
+    model, ckpt = load_model(args.ckpt)
+    for path, preds in zip(args.images, predict_files(model, ckpt, args.images, args.top_k)):
+        if args.json:
+            print(json.dumps({"image": str(path), "top_k": preds}))
+        else:
+            print(f"{path}: {format_top_k(preds)}")
+    return 0

@@ -1,0 +1,168 @@
+"""``vitkit explain`` and ``analyze``: what a model looks at and what it learned (the paper's
+Figures 6 and 7)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from vitkit.cli.options import (
+    add_checkpoint,
+    add_command,
+    add_data,
+    add_images,
+    add_json,
+    add_output,
+    add_runtime,
+    output_dir,
+    set_threads,
+)
+from vitkit.errors import VitkitError
+
+HEAD_FUSION = ("mean", "max", "min")
+
+
+def _add_head_fusion(p: Any) -> None:
+    p.add_argument(
+        "--head-fusion",
+        default="mean",
+        choices=HEAD_FUSION,
+        help="how the rollout combines heads (mean, as in the paper)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "explain",
+        "attention rollout and per-layer attention maps of images (PNG), with top-k",
+        "For each image: IMAGE_rollout.png (the input, the attention rollout over it and the "
+        "input multiplied by it, as in the paper's Figure 6) and IMAGE_layers.png (every "
+        "layer's and head's attention from the class token, or the mean query for GAP models, "
+        "over the patches, with the rollout up to each layer); prints the top-k prediction.",
+    )
+    add_images(p)
+    add_checkpoint(p)
+    p.add_argument("--top-k", type=int, default=5, help="labels to print")
+    _add_head_fusion(p)
+    add_output(p, "directory for the PNGs", "explain")
+    add_json(p)
+    add_runtime(p, precision=False)
+    p.set_defaults(func=cmd_explain)
+
+    p = add_command(
+        sub,
+        "analyze",
+        "the paper's Figure 7 panels, rollout examples and an HTML report for a checkpoint",
+        "Writes embedding_filters.png, position_similarity.png, attention_distance.png, "
+        "rollout_examples.png, analysis.json (the numbers) and report.html (self-contained: "
+        "every figure embedded) into --out. Attention distance and rollout need images: from "
+        "--data, else the dataset the checkpoint was trained on; a checkpoint that names none "
+        "(e.g. a converted one) without --data gets the weight-only panels. For a run's "
+        "checkpoint the report also shows its training curves and confusion matrix.",
+    )
+    add_checkpoint(p)
+    add_data(p)
+    g = p.add_argument_group("analysis")
+    g.add_argument(
+        "--num-images",
+        type=int,
+        default=128,
+        help="images (spread evenly over the split) for attention distance and rollout; the "
+        "paper uses 128",
+    )
+    g.add_argument("--examples", type=int, default=8, help="rollout examples drawn")
+    g.add_argument("--components", type=int, default=28, help="embedding-filter components")
+    _add_head_fusion(g)
+    add_output(p, "output directory", "analysis")
+    add_runtime(p, batch_size=32, precision=False)
+    p.set_defaults(func=cmd_analyze)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    from vitkit.analysis.image_maps import explain_files
+    from vitkit.checkpoints import load_model
+    from vitkit.data.images import check_image_files
+    from vitkit.eval.predict import format_top_k
+
+    check_image_files(args.images)
+    if args.top_k < 1:
+        raise VitkitError(f"--top-k must be at least 1, got {args.top_k}")
+    model, ckpt = load_model(args.ckpt)
+    model.to(args.device)
+    out = output_dir(args.out, ckpt.path, "explain")
+    for found in explain_files(
+        model, ckpt, args.images, out, k=args.top_k, head_fusion=args.head_fusion
+    ):
+        shown = format_top_k(found.top_k)
+        if args.json:
+            record = {"image": found.image, "top_k": found.top_k}
+            record.update(rollout_png=str(found.rollout_png), layers_png=str(found.layers_png))
+            print(json.dumps(record))
+        else:
+            print(f"{found.image}: {shown}" if shown else f"{found.image}:")
+            print(f"    {found.rollout_png}\n    {found.layers_png}")
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    from vitkit.analysis import analyze_model, sample_dataset, write_report
+    from vitkit.analysis.summary import format_numbers
+    from vitkit.checkpoints import load_model
+    from vitkit.eval.checkpoint import checkpoint_dataset, class_mismatch
+
+    for name in ("num_images", "batch_size", "components"):
+        if getattr(args, name) < 1:
+            raise VitkitError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.examples < 0:
+        raise VitkitError(f"--examples must be at least 0, got {args.examples}")
+    model, ckpt = load_model(args.ckpt)
+    model.to(args.device)
+    data_name = args.data or ckpt.meta.get("dataset")
+    data = None
+    if data_name:
+        dataset = checkpoint_dataset(
+            ckpt, data_name, args.split, args.data_root, args.on_bad_image, check_classes=False
+        )
+        n = min(args.num_images, len(dataset))
+        data = sample_dataset(
+            dataset,
+            n,
+            ckpt.preprocess,
+            description=f"{n} {args.split} images of {dataset.info.name}",
+        )
+        problem = class_mismatch(ckpt, dataset, data_name)
+        if problem:  # attention needs no labels; accuracy and "true" captions would mislead
+            print(
+                f"{problem}: no accuracy, predictions shown by the model's labels", file=sys.stderr
+            )
+            data.labels = None
+            data.class_names = ckpt.class_names
+    else:
+        print(
+            f"{ckpt.path}: the checkpoint names no dataset and no --data was given: "
+            "attention distance and rollout are skipped",
+            file=sys.stderr,
+        )
+    out = output_dir(args.out, ckpt.path, "analysis")
+    result = analyze_model(
+        model,
+        out,
+        data,
+        num_examples=args.examples,
+        filter_components=args.components,
+        head_fusion=args.head_fusion,
+        batch_size=args.batch_size,
+    )
+    run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
+    report = write_report(
+        out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
+    )
+    print(format_numbers(result.numbers))
+    print(f"wrote {report} (self-contained) and, in {out}:")
+    print("    " + "  ".join(p.name for p in result.files.values()))
+    return 0

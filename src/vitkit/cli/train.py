@@ -1,0 +1,332 @@
+"""``vitkit train``, ``finetune``, ``pretrain`` and ``study``: options → TrainConfig → Trainer."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from vitkit.cli.options import add_command, set_threads, threads
+from vitkit.cli.train_options import add_train_options, train_config_from_args
+from vitkit.errors import VitkitError
+from vitkit.overrides import parse_int_list
+
+
+def add_commands(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "train",
+        "train a ViT (default: the MNIST recipe)",
+        "Train a ViT. With no options this runs the default recipe: a small ViT on the full "
+        "MNIST, then prints the test accuracy and leaves a checkpoint, metrics.jsonl, "
+        "curves.png and a confusion matrix in the output directory. Any option overrides the "
+        "recipe's value; 'vitkit train --list-recipes' shows each recipe's settings.",
+    )
+    add_train_options(p, "mnist")
+    p.add_argument(
+        "--init-from", metavar="CKPT", help="start from this checkpoint (see also 'finetune')"
+    )
+    p.set_defaults(func=cmd_train)
+
+    p = add_command(
+        sub,
+        "finetune",
+        "fine-tune a checkpoint (any format) the paper's way, optionally with its lr sweep",
+        "Start from CKPT (vitkit, npz, timm or Hugging Face), replace the head by a "
+        "zero-initialised one, drop the pre-logits layer, resample the position embeddings to "
+        "--image-size, and train with the paper-finetune recipe (SGD, momentum 0.9, no weight "
+        "decay, clipping at 1, warmup + cosine). --lr-sweep picks the learning rate on a "
+        "held-out slice of the training set, then retrains on all of it.",
+    )
+    p.add_argument(
+        "--from",
+        dest="init_from",
+        required=True,
+        metavar="CKPT",
+        help="the checkpoint to fine-tune (any format)",
+    )
+    p.add_argument(
+        "--lr-sweep",
+        nargs="*",
+        type=float,
+        metavar="LR",
+        help="sweep these learning rates (none given: the paper's 0.001 0.003 0.01 0.03)",
+    )
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="fraction (or count) of the training set held out to choose the learning rate",
+    )
+    p.add_argument(
+        "--no-retrain",
+        action="store_true",
+        help="report the best sweep run instead of retraining on the whole training set",
+    )
+    add_train_options(p, "paper-finetune")
+    p.set_defaults(func=cmd_finetune)
+
+    p = add_command(
+        sub,
+        "pretrain",
+        "self-supervised pre-training without labels: masked patch prediction or MAE",
+        "Pre-train a ViT on images without their labels. --objective mpp is the paper's masked "
+        "patch prediction (50 % of patch embeddings corrupted: 80 % [mask], 10 % another "
+        "patch, 10 % kept; the 3-bit mean colour of every corrupted patch predicted); "
+        "--objective mae is the masked autoencoder (encoder on the visible 25 %, small "
+        "decoder, pixel MSE). The result is an ordinary vitkit checkpoint of the encoder (no "
+        "head) for 'vitkit finetune --from' and 'vitkit fewshot --from'. Objective settings: "
+        "-p KEY=VALUE; mpp: corrupt_ratio, mask_prob, random_prob, target "
+        "(mean-color|downsized|pixels), bits, grid; mae: mask_ratio, decoder_width, "
+        "decoder_depth, decoder_heads, decoder_mlp_dim, norm_pix_loss.",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["mpp", "mae"],
+        help="the pretext task (default: the recipe's; the recipe defaults to mnist-OBJECTIVE)",
+    )
+    p.add_argument(
+        "-p",
+        "--objective-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override an objective setting, e.g. -p target=downsized -p mask_ratio=0.6",
+    )
+    add_train_options(p, "mnist-mpp")
+    p.set_defaults(func=cmd_pretrain, recipe=None)
+
+    p = add_command(sub, "study", "experiments made of many training runs (data-scale)")
+    studies = p.add_subparsers(dest="study", metavar="STUDY")
+    q = add_command(
+        studies,
+        "data-scale",
+        "test accuracy vs training-set size for several models (paper Fig. 3/4)",
+        "Train every model of --models on class-stratified subsets of the training set of "
+        "every size in --sizes, with --seeds seeds each, evaluate on the full test split and "
+        "write OUT/data_scale.png (accuracy vs size), OUT/table.md (mean ± std) and "
+        "OUT/results.json. Each run lives in OUT/runs/MODEL/nSIZE/seedK; runs that finished "
+        "before are reused, so a study can be resumed or extended. Any training option sets "
+        "all runs (default: the mnist recipe's).",
+    )
+    add_train_options(q, "mnist")
+    g = q.add_argument_group("study")
+    g.add_argument(
+        "--models",
+        required=True,
+        help="comma-separated model names, each with optional overrides in brackets, e.g. "
+        "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
+        "label=NAME in the brackets names the model in the table and plot",
+    )
+    g.add_argument(
+        "--sizes", required=True, help="comma-separated training-set sizes, e.g. 1000,3000,10000"
+    )
+    g.add_argument("--seeds", type=int, default=1, help="runs per (model, size): seeds 0..N-1")
+    g.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="small subsets train for more epochs so that every run takes at least this many "
+        "optimizer steps",
+    )
+    q.set_defaults(func=cmd_study_data_scale)
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        return list_recipes()
+    if args.nproc_per_node is not None:
+        return launch_torchrun(args.nproc_per_node, args.argv)
+    set_threads(args.threads)
+    from vitkit.train import distributed
+    from vitkit.train.trainer import Trainer
+
+    cfg = train_config_from_args(args)
+    env = distributed.DistEnv()
+    if distributed.launched_by_torchrun():
+        env = distributed.init_distributed(cfg.device)
+    try:
+        trainer = Trainer(cfg)
+        if env.is_main:
+            print(banner(trainer, env), file=sys.stderr)
+        report = trainer.fit()
+        if env.is_main:
+            print_summary(report, cfg.out_dir)
+        return 0
+    finally:
+        distributed.shutdown()
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        raise VitkitError(
+            "finetune runs in one process; use torchrun with 'vitkit train "
+            "--recipe paper-finetune' and --init-from for data parallelism"
+        )
+    set_threads(args.threads)
+    from vitkit.train.finetune import lr_sweep
+    from vitkit.train.trainer import Trainer
+
+    cfg = train_config_from_args(args)
+    if not cfg.data:
+        raise VitkitError("finetune needs --data (a dataset to fine-tune on)")
+    if args.lr_sweep is None:
+        report = Trainer(cfg).fit()
+    else:
+        from vitkit.recipes import PAPER_FINETUNE_LRS
+
+        result = lr_sweep(
+            cfg,
+            args.lr_sweep or PAPER_FINETUNE_LRS,
+            holdout=args.holdout,
+            retrain=not args.no_retrain,
+        )
+        for r in result["runs"]:
+            print(f"lr {r['lr']:g}: held-out top-1 {100 * r['val_top1']:.2f} %")
+        print(f"chosen lr {result['chosen_lr']:g}")
+        report = result["final"]["report"]
+    for key in ("test_top1", "ema_test_top1"):
+        if key in report:
+            print(f"{key}: {100 * report[key]:.2f} %")
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        raise VitkitError("pretrain runs in one process for now (no torchrun)")
+    if args.list_recipes:
+        return list_recipes()
+    set_threads(args.threads)
+    from vitkit.train.pretrain import Pretrainer
+
+    if args.recipe is None:
+        args.recipe = f"mnist-{args.objective or 'mpp'}"
+    cfg = train_config_from_args(args)
+    if not cfg.data:
+        raise VitkitError("pretrain needs --data (images to pre-train on)")
+    trainer = Pretrainer(cfg)
+    mc = trainer.model_cfg
+    n_obj = sum(p.numel() for p in trainer.objective.parameters())
+    print(
+        f"pre-training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px, "
+        f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
+        f"({n_obj:,} objective parameters) on {trainer.info.name}: "
+        f"{len(trainer.train_set):,} images (labels unused), {cfg.epochs} epochs, "
+        f"{trainer.total_steps} steps, {cfg.precision}, {threads()} threads -> {cfg.out_dir}",
+        file=sys.stderr,
+    )
+    report = trainer.fit()
+    split = "test" if "test_loss" in report else "val"
+    if f"{split}_loss" in report:
+        line = f"{split} {cfg.objective} loss {report[f'{split}_loss']:.4f}"
+        if f"{split}_acc" in report:
+            line += f", corrupted-patch target accuracy {100 * report[f'{split}_acc']:.2f} %"
+        print(line + f"  ({report['wall_s']:.0f} s)")
+    out = cfg.out_dir
+    print(f"encoder checkpoint: {out}/checkpoints (LATEST)   report: {out}/report.json")
+    print(f"plots: {out}/curves.png  {out}/preview.png")
+    print(f"next: vitkit finetune --from {out} --data D  or  vitkit fewshot --from {out} --data D")
+    return 0
+
+
+def cmd_study_data_scale(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        return list_recipes()
+    for flag, value in (("--model", args.model), ("--nproc-per-node", args.nproc_per_node)):
+        if value is not None:
+            raise VitkitError(f"study data-scale takes --models, not {flag}")
+    if args.resume:
+        raise VitkitError("study data-scale always reuses finished runs; drop --resume")
+    set_threads(args.threads)
+    from vitkit.train.study import parse_model_specs, run_data_scale, write_study
+
+    specs = parse_model_specs(args.models)  # checks names and options now, not after an hour
+    sizes = parse_int_list(args.sizes, "--sizes")
+    base = train_config_from_args(args)
+    out = Path(args.out_dir or f"runs/data-scale-{base.data}")
+    base = dataclasses.replace(base, val_size=0)  # all of each subset trains
+    results = run_data_scale(base, specs, sizes, args.seeds, out, min_steps=args.min_steps)
+    title = f"{base.data}: test top-1 vs training images ({args.seeds} seed(s) per point)"
+    paths = write_study(results, out, title)
+    print(paths["table"].read_text())
+    print(f"plot: {paths['plot']}   table: {paths['table']}   runs: {paths['results']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def list_recipes() -> int:
+    from vitkit.recipes import RECIPES
+
+    keys = "data model model_overrides epochs batch_size optimizer lr weight_decay "
+    keys += "warmup_epochs schedule grad_clip label_smoothing augment precision out_dir"
+    for r in RECIPES.values():
+        print(f"{r.name}\n    " + "\n    ".join(line.strip() for line in r.doc.splitlines()))
+        settings = r.config.to_dict()
+        print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in keys.split()) + "\n")
+    return 0
+
+
+def launch_torchrun(nproc_per_node: int, argv: list[str]) -> int:
+    """``vitkit train --nproc-per-node N ...``: the same command under torchrun --standalone."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    if nproc_per_node < 1:
+        raise VitkitError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+    if "RANK" in os.environ:
+        raise VitkitError("--nproc-per-node inside torchrun: drop it, torchrun already launched")
+    argv, rest = list(argv), []
+    while argv:
+        a = argv.pop(0)
+        if a == "--nproc-per-node":
+            argv.pop(0)
+        elif not a.startswith("--nproc-per-node="):
+            rest.append(a)
+    launch = ["--standalone", "--nproc-per-node", str(nproc_per_node), "-m", "vitkit"]
+    try:
+        torchrun([*launch, *rest])
+    except ChildFailedError as e:
+        failure = e.get_first_failure()[1]
+        raise VitkitError(f"a training process failed: {failure.message}") from None
+    return 0
+
+
+def banner(trainer: Any, env: Any) -> str:
+    """The line a training run starts with: model, data, steps, precision, threads, output."""
+    cfg, mc = trainer.cfg, trainer.model_cfg
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    scale = ""
+    if env.enabled:
+        scale = f", {trainer.strategy.upper()} on {env.world_size} processes"
+    compiled = ""
+    if hasattr(trainer.forward_model, "_orig_mod"):  # torch.compile wrapped it
+        compiled = f", compiled ({cfg.compile}; the first step compiles)"
+    return (
+        f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
+        f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} "
+        f"images, {cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
+        f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
+    )
+
+
+def print_summary(report: dict[str, Any], out_dir: str) -> None:
+    """A finished run's accuracy, speed and where its files are."""
+    split = "test" if "test_top1" in report else "val"
+    if f"{split}_top1" in report:
+        speed = report["train_images_per_s"]
+        print(
+            f"{split} accuracy: top-1 {100 * report[f'{split}_top1']:.2f}%  "
+            f"top-5 {100 * report[f'{split}_top5']:.2f}%  ({report['wall_s']:.0f} s"
+            + (f", {speed:.0f} train images/s)" if speed else ")")
+        )
+    print(f"checkpoint: {out_dir}/checkpoints (LATEST)   report: {out_dir}/report.json")
+    print(f"report with attention analysis: {out_dir}/report.html")
+    print(f"plots: {out_dir}/curves.png  {out_dir}/confusion_{split}.png")

