@@ -14,6 +14,7 @@ RandAugment, Mixup and CutMix, all on whole batches of tensors with an explicit 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import torch
@@ -171,3 +172,48 @@ def mix(
     else:
         images = lam * images + (1.0 - lam) * partner
     return images, lam * targets + (1.0 - lam) * targets.flip(0)
+
+
+def augment_batch(
+    images: Tensor,
+    *,
+    randaugment: tuple[int, float] | None,
+    geometric: Literal["none", "digits", "inception"],
+    image_size: tuple[int, int],
+    allow_flip: bool,
+    generator: torch.Generator,
+    part: tuple[int, int] | None = None,
+) -> Tensor:
+    """A training batch's random augmentation, drawing only from ``generator``: RandAugment
+    (if asked) on any uint8 batch, then the ``geometric`` one ("digits": small affine jitter;
+    "inception": random resized crop + flip where ``allow_flip``) as a float batch in [0, 255].
+    ``part`` = (offset, total): this rank's rows of a global batch, whose parameters are drawn
+    for all its rows (so the result does not depend on the world size)."""
+    from vitkit.data import random_resized_crop_batch, random_translate_scale_batch
+
+    if randaugment is not None:
+        ops, magnitude = randaugment
+        images = rand_augment(images, ops, magnitude, generator)
+    if geometric == "none":
+        return images
+    x = images.float()
+    if geometric == "digits":
+        x = random_translate_scale_batch(
+            x,
+            max_shift_frac=0.1,
+            scale_range=(0.9, 1.1),
+            rotate_deg=10.0,
+            generator=generator,
+            part=part,
+        )
+    else:
+        x = random_resized_crop_batch(
+            x,
+            image_size,
+            scale=(0.35, 1.0),
+            ratio=(3 / 4, 4 / 3),
+            flip=allow_flip,
+            generator=generator,
+            part=part,
+        )
+    return x.clamp(0, 255)

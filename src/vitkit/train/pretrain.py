@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,6 @@ from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
 from vitkit.pretrain import build_objective, objective_config
 from vitkit.train import distributed as D
-from vitkit.train.optim import build_optimizer
 from vitkit.train.trainer import TrainConfig, Trainer
 
 _EVAL_SEED = 1234  # the fixed corruption of validation and test images
@@ -45,6 +43,7 @@ class Pretrainer(Trainer):
     """Runs a self-supervised :class:`TrainConfig` (``objective`` mpp or mae)."""
 
     has_accuracy = False  # set per objective below
+    self_supervised = True
 
     def __init__(self, cfg: TrainConfig) -> None:
         if cfg.objective == "classify":
@@ -67,16 +66,12 @@ class Pretrainer(Trainer):
             self.device
         )
         self.has_accuracy = bool(self.objective.is_classification)
-        self.optimizer = build_optimizer(
-            nn.ModuleDict({"encoder": self.model, "objective": self.objective}),
-            cfg.optimizer,
-            cfg.lr,
-            cfg.weight_decay,
-            betas=cfg.betas,
-            momentum=cfg.momentum,
+        # The encoder and the objective's weights train together.
+        self.optimizer = self.build_optimizer(
+            nn.ModuleDict({"encoder": self.model, "objective": self.objective})
         )
 
-    def _model_config(self) -> ViTConfig:
+    def build_model_config(self) -> ViTConfig:
         overrides = dict(self.cfg.model_overrides)
         if overrides.get("num_classes", 0):
             raise VitkitError("a pre-trained encoder has no classification head (num_classes=0)")
@@ -104,25 +99,11 @@ class Pretrainer(Trainer):
         with self._autocast():
             return self.objective(self.model, x, self.pixels(x), generator)
 
-    def train_step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> tuple[float, float]:
-        """One optimizer update; returns (pretext loss, pretext accuracy or NaN)."""
-        lr = self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        micro_batches = [(x, y) for x, y in micro_batches if len(y)]
-        total = sum(len(y) for _, y in micro_batches)
+    def step_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, float, int]:
+        """The pretext loss of a micro-batch and its hits; the labels ``y`` are never used."""
         self.objective.train()
-        loss_sum, correct, counted, n = 0.0, 0.0, 0, 0
-        for images, _labels in micro_batches:  # the labels are never used
-            x = self.prepare(self.augment(images))
-            loss, c, m = self._objective(x, self.aug_generator)
-            (loss * (len(images) / total)).backward()
-            loss_sum += loss.item() * len(images)
-            correct += float(c)
-            counted += m
-            n += len(images)
-        loss_mean, _ = self._optimizer_step(loss_sum, 0, n)
-        return loss_mean, (correct / max(counted, 1) if self.has_accuracy else math.nan)
+        loss, correct, counted = self._objective(x, self.aug_generator)
+        return loss, float(correct), counted
 
     def _trained_parameters(self) -> Iterator[nn.Parameter]:
         return itertools.chain(self.model.parameters(), self.objective.parameters())
@@ -163,9 +144,10 @@ class Pretrainer(Trainer):
     def train_state(self) -> dict[str, Any]:
         return {**super().train_state(), "objective": dict(self.objective.state_dict())}
 
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_train_state(self, state: dict[str, Any]) -> None:
         from vitkit.checkpoints import load_state_dict_strict
 
+        super().load_train_state(state)
         load_state_dict_strict(self.objective, state["objective"], source="training state")
 
     def _meta(self) -> dict[str, Any]:
@@ -180,29 +162,27 @@ class Pretrainer(Trainer):
 
     # ----- the end -----------------------------------------------------------------------
 
-    def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
-        """Pretext metrics on the test split, curves and a preview PNG, report.json."""
-        import json
+    def report_header(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
+        return {
+            **super().report_header(wall_s, images_seen, train_time),
+            "objective": self.cfg.objective,
+            "objective_settings": dataclasses.asdict(self.objective_cfg),
+            "objective_params": sum(p.numel() for p in self.objective.parameters()),
+        }
 
-        from vitkit.checkpoints import atomic_write_text
-        from vitkit.plotting import plot_training_curves, read_jsonl
+    def final_metrics(self, eval_set: Any, split: str) -> dict[str, Any]:
+        """Pretext loss (and accuracy) on the test split, and ``preview.png``."""
+        metrics: dict[str, Any] = {
+            f"{split}_{k}": v for k, v in self.evaluate_pretext(eval_set).items()
+        }
+        metrics["preview"] = str(self._preview(eval_set))
+        return metrics
 
-        report = self.report_header(wall_s, images_seen, train_time)
-        report.update(
-            objective=self.cfg.objective,
-            objective_settings=dataclasses.asdict(self.objective_cfg),
-            objective_params=sum(p.numel() for p in self.objective.parameters()),
-        )
-        eval_set = self.test_set if self.test_set is not None else self.val_set
-        if eval_set is not None:
-            split = "test" if self.test_set is not None else "val"
-            report.update({f"{split}_{k}": v for k, v in self.evaluate_pretext(eval_set).items()})
-            report["preview"] = str(self._preview(eval_set))
-        records = read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
-        if records:
-            plot_training_curves(records, self.out / "curves.png", title=str(self.out))
-        atomic_write_text(self.out / "report.json", json.dumps(report, indent=1))
-        return report
+    def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
+        """curves.png and report.json."""
+        from vitkit.train.report import write_curves_and_json
+
+        write_curves_and_json(self.out, report, self.metrics.records())
 
     @torch.no_grad()
     def _preview(self, dataset: Any, count: int = 8) -> Any:

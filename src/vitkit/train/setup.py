@@ -1,0 +1,123 @@
+"""Building a run's parts from its :class:`TrainConfig`: the data splits, the starting
+checkpoint of a fine-tuning run (at the run's resolution, with the paper's new head) and the
+model's config."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from vitkit.checkpoints import Checkpoint, read_checkpoint
+from vitkit.checkpoints.formats import adapt_checkpoint
+from vitkit.config import ModelConfig, ResNetConfig, model_config
+from vitkit.data import DataInfo, is_shard_dir, load_dataset
+from vitkit.errors import VitkitError
+from vitkit.train.config import TrainConfig
+
+
+def _data_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    kw: dict[str, Any] = {"seed": cfg.seed, "on_bad_image": cfg.on_bad_image}
+    if cfg.val_size is not None:
+        kw["val_size"] = cfg.val_size
+    if cfg.data_root is not None:
+        kw["root"] = cfg.data_root
+    return kw
+
+
+def load_train_split(cfg: TrainConfig) -> Any:
+    """The training images, with the run's augmentation (ImageFolder: Inception crop + flip)
+    and subset."""
+    return load_dataset(
+        cfg.data,
+        "train",
+        image_size=cfg.image_size,
+        train_transform=cfg.augment != "none",
+        train_size=cfg.train_size,
+        **_data_kwargs(cfg),
+    )
+
+
+def load_eval_split(cfg: TrainConfig, split: str) -> Any:
+    """The ``val`` or ``test`` split, or None where the run has none (``val_size=0``; shards
+    written without it)."""
+    if split == "val" and cfg.val_size == 0:
+        return None  # no held-out slice asked for
+    if is_shard_dir(cfg.data):  # shards hold the splits they were written with
+        from vitkit.data.shards import shard_splits
+
+        if split not in shard_splits(cfg.data):
+            return None
+    return load_dataset(
+        cfg.data,
+        split,  # type: ignore[arg-type]
+        image_size=cfg.image_size,
+        train_transform=False,
+        **_data_kwargs(cfg),
+    )
+
+
+def init_checkpoint(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
+    """``cfg.init_from`` (any format, read once) at this run's resolution, with the paper's
+    zero-initialised head for ``info``'s classes and without pre-logits (Sec. 3.2)."""
+    with warnings.catch_warnings():
+        if cfg.new_head:  # a zeroed head is about to be replaced: nothing to warn about
+            warnings.simplefilter("ignore")
+        return _read_init(cfg, info)
+
+
+def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
+    k = info.num_classes
+    probe = read_checkpoint(cfg.init_from)  # type: ignore[arg-type]
+    size = cfg.image_size or info.image_size
+    if not cfg.new_head and probe.model_config.num_classes != k:
+        raise VitkitError(
+            f"{cfg.init_from}: its head has {probe.model_config.num_classes} classes but "
+            f"dataset '{info.name}' has {k}; fine-tune with a new head"
+        )
+    ckpt = adapt_checkpoint(
+        probe,
+        image_size=size,
+        num_classes=k,
+        pre_logits=None if cfg.keep_pre_logits else False,
+        resample=cfg.init_resample,
+    )
+    if cfg.new_head and ckpt.model_config.num_classes == probe.model_config.num_classes:
+        ckpt.state_dict["head.weight"] = torch.zeros_like(ckpt.state_dict["head.weight"])
+        ckpt.state_dict["head.bias"] = torch.zeros_like(ckpt.state_dict["head.bias"])
+    return ckpt
+
+
+def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
+    """The starting checkpoint's config with the model options a fine-tuning run may set:
+    those that do not change the weights (dropout, attention dropout, stochastic depth)."""
+    allowed = set()
+    if not isinstance(init.model_config, ResNetConfig):
+        allowed = {"dropout", "attn_dropout", "drop_path"}
+    have = init.model_config.to_dict()
+    # A recipe's model sizes that equal the checkpoint's change nothing: not an error.
+    same = {k for k, v in cfg.model_overrides.items() if have.get(k, object()) == v}
+    bad = sorted(set(cfg.model_overrides) - allowed - same)
+    if bad:
+        raise VitkitError(
+            f"fine-tuning from {cfg.init_from}: model options {', '.join(bad)} would change "
+            "its weights; "
+            + (f"only {', '.join(sorted(allowed))} may be set" if allowed else "none may be set")
+        )
+    overrides = {k: v for k, v in cfg.model_overrides.items() if k not in same}
+    return init.model_config.replace(**overrides)
+
+
+def classifier_config(cfg: TrainConfig, info: DataInfo) -> ModelConfig:
+    """``cfg.model`` with its overrides, sized for the data: its classes, channels and size."""
+    overrides = dict(cfg.model_overrides)
+    overrides.setdefault("num_classes", info.num_classes)
+    overrides.setdefault("in_chans", info.channels)
+    overrides.setdefault("image_size", cfg.image_size or info.image_size)
+    if overrides["num_classes"] != info.num_classes:
+        raise VitkitError(
+            f"num_classes={overrides['num_classes']} but dataset '{info.name}' has "
+            f"{info.num_classes} classes"
+        )
+    return model_config(cfg.model, **overrides)
