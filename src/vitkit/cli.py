@@ -1456,7 +1456,8 @@ def _add_shards(sub: argparse._SubParsersAction) -> None:
 
 def cmd_shards(args: argparse.Namespace) -> int:
     from vitkit.data import load_dataset
-    from vitkit.data.shards import INDEX, native_size, write_index, write_shards
+    from vitkit.data.shards_index import INDEX, write_index
+    from vitkit.data.shards_write import native_size, write_shards
 
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     for split in splits:

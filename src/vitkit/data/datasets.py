@@ -36,7 +36,8 @@ from vitkit.data.folder import ImageFolderDataset, class_directories, collate_sk
 from vitkit.data.hf_disk import hf_splits, is_hf_disk, load_hf_split
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import make_shapes
-from vitkit.data.shards import ShardDataset, is_shard_dir, load_shards, read_index, shard_info
+from vitkit.data.shards_index import is_shard_dir, read_index, shard_info
+from vitkit.data.shards_read import ShardDataset, load_shards
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
 from vitkit.data.transforms import PilEvalTransform, PilTrainTransform, match_channels, resize_batch
 from vitkit.errors import VitkitError

@@ -393,7 +393,7 @@ class Trainer:
         if split == "val" and self.cfg.val_size == 0:
             return None  # no held-out slice asked for
         if is_shard_dir(self.cfg.data):  # shards hold the splits they were written with
-            from vitkit.data.shards import shard_splits
+            from vitkit.data.shards_index import shard_splits
 
             if split not in shard_splits(self.cfg.data):
                 return None
