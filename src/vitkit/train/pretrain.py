@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
-from vitkit.pretrain import build_objective, objective_config
+from vitkit.selfsup import build_objective, objective_config
 from vitkit.train import distributed as D
 from vitkit.train.optim import build_optimizer
 from vitkit.train.trainer import TrainConfig, Trainer

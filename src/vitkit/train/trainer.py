@@ -67,7 +67,7 @@ from vitkit.data import (
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.model import build_model
-from vitkit.pretrain.config import objective_config
+from vitkit.selfsup.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.augment import mix, rand_augment
