@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vitkit.data import load_dataset, make_loader, write_shards  # noqa: E402
-from vitkit.data.shards import write_index  # noqa: E402
+from vitkit.data.shards_index import write_index  # noqa: E402
 
 
 def write_jpeg_folder(root: Path, n: int, classes: int, size: tuple[int, int], seed: int) -> int:

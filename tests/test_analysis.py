@@ -568,7 +568,8 @@ def test_hybrid_models_measure_in_input_pixels_and_have_no_filter_picture(tmp_pa
 
 def test_sample_dataset_streams_the_first_images_of_webdataset_shards(tmp_path: Path) -> None:
     from vitkit.data import load_dataset, make_loader
-    from vitkit.data.shards import write_index, write_shards
+    from vitkit.data.shards_index import write_index
+    from vitkit.data.shards_write import write_shards
 
     digits = load_dataset("digits", "test")
     entries, _ = write_shards(digits, tmp_path, "test", shard_size=100)

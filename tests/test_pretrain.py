@@ -19,7 +19,8 @@ from vitkit.config import ViTConfig
 from vitkit.data import load_dataset
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
-from vitkit.pretrain import (
+from vitkit.recipes import MNIST_MAE, MNIST_MPP, smoke
+from vitkit.selfsup import (
     MAEConfig,
     MaskedAutoencoder,
     MaskedPatchPrediction,
@@ -33,7 +34,6 @@ from vitkit.pretrain import (
     random_masking,
     unpatchify,
 )
-from vitkit.recipes import MNIST_MAE, MNIST_MPP, smoke
 from vitkit.train.pretrain import Pretrainer
 from vitkit.train.trainer import TrainConfig, Trainer
 

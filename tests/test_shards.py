@@ -25,7 +25,8 @@ from vitkit.data import (
     pil_to_tensor,
     write_shards,
 )
-from vitkit.data.shards import INDEX, iter_tar_samples, write_index
+from vitkit.data.shards_index import INDEX, iter_tar_samples, write_index
+from vitkit.data.shards_write import write_dataset_shards
 from vitkit.errors import VitkitError
 
 TINY_ARGS = ["-o", "width=32", "-o", "depth=2", "-o", "num_heads=2", "-o", "mlp_dim=64"]
@@ -265,3 +266,39 @@ def test_cli_shards_then_train_on_two_processes(
     assert code == 0
     result = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert result["top1"] == pytest.approx(report["test_top1"], abs=1e-9)
+
+
+def test_write_dataset_shards_writes_what_the_cli_writes(tmp_path: Path) -> None:
+    """The library function behind `vitkit shards`: the same tar bytes and the same index."""
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    args = ["shards", "digits", str(cli_out), "--shard-size", "500", "--splits", "train,val,test"]
+    assert main([*args, "--val-size", "100", "--seed", "4", "--max-shard-bytes", "2e5"]) == 0
+    counts = write_dataset_shards(
+        "digits",
+        lib_out,
+        ["train", "val", "test"],
+        shard_size=500,
+        max_shard_bytes=2e5,
+        val_size=100.0,
+        seed=4,
+    )
+    index = json.loads((lib_out / INDEX).read_text())
+    assert (lib_out / INDEX).read_text() == (cli_out / INDEX).read_text()
+    files = sorted(p.name for p in cli_out.glob("*.tar"))
+    assert files == sorted(p.name for p in lib_out.glob("*.tar"))
+    for name in files:
+        assert (lib_out / name).read_bytes() == (cli_out / name).read_bytes()
+    for split, entries in index["splits"].items():
+        samples = sum(e["samples"] for e in entries)
+        assert counts[split] == {"samples": samples, "shards": len(entries), "skipped": 0}
+    assert counts["val"]["samples"] == 100
+
+
+def test_write_dataset_shards_rejects_what_the_cli_rejects(tmp_path: Path) -> None:
+    with pytest.raises(VitkitError, match="unknown split 'dev': expected train, val or test"):
+        write_dataset_shards("digits", tmp_path, ["train", "dev"])
+    with pytest.raises(VitkitError, match="--shard-size and --max-shard-bytes must be positive"):
+        write_dataset_shards("digits", tmp_path, ["train"], shard_size=0)
+    with pytest.raises(VitkitError, match="--shard-size and --max-shard-bytes must be positive"):
+        write_dataset_shards("digits", tmp_path, ["train"], max_shard_bytes=0.5)
+    assert not any(tmp_path.iterdir())  # checked before anything is written

@@ -1,7 +1,8 @@
 """Looking inside a ViT: attention maps and rollout, mean attention distance, position-embedding
 similarity, embedding-filter principal components (the paper's Figures 6 and 7), and a
 self-contained HTML report. Works on any model :func:`vitkit.load_model` can load; imports
-nothing from training or the command line."""
+nothing from training or the command line. The figures are drawn by `vitkit.plotting.analysis`
+and re-exported here."""
 
 from vitkit.analysis.attention import (
     Explanation,
@@ -16,17 +17,8 @@ from vitkit.analysis.attention import (
     patch_map,
     rollout_by_layer,
     token_pixels,
-    upsample_map,
 )
 from vitkit.analysis.filters import FilterComponents, embedding_filter_pca
-from vitkit.analysis.plots import (
-    plot_attention_distance,
-    plot_embedding_filters,
-    plot_layer_maps,
-    plot_position_similarity,
-    plot_rollout,
-    plot_rollout_examples,
-)
 from vitkit.analysis.posemb import (
     PositionSimilarityStats,
     patch_position_embeddings,
@@ -42,6 +34,15 @@ from vitkit.analysis.summary import (
     sample_dataset,
     training_sections,
     write_report,
+)
+from vitkit.plotting.analysis import (  # the figures are drawn in vitkit.plotting
+    plot_attention_distance,
+    plot_embedding_filters,
+    plot_layer_maps,
+    plot_position_similarity,
+    plot_rollout,
+    plot_rollout_examples,
+    upsample_map,
 )
 
 __all__ = [

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from vitkit.config import ViTConfig
@@ -136,14 +135,6 @@ def patch_map(matrix: Tensor, cfg: ViTConfig) -> Tensor:
     patches = row[..., p:]
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return patches.reshape(*patches.shape[:-1], *cfg.grid_size)
-
-
-def upsample_map(maps: Tensor, size: tuple[int, int]) -> Tensor:
-    """[..., gh, gw] → [..., H, W] by bilinear interpolation (for drawing over the image)."""
-    lead = maps.shape[:-2]
-    flat = maps.reshape(-1, 1, *maps.shape[-2:]).float()
-    up = F.interpolate(flat, size=tuple(size), mode="bilinear", align_corners=False)
-    return up.reshape(*lead, *size)
 
 
 def token_pixels(cfg: ViTConfig) -> tuple[int, int]:

@@ -38,7 +38,7 @@ def explain_files(
     input multiplied by it, the paper's Figure 6) and ``STEM_layers.png`` (every layer's and
     head's map with the rollout up to each layer), and its top-``k`` labels. Images sharing a
     file stem get ``_1``, ``_2``, ... by position."""
-    from vitkit.analysis import plot_layer_maps, plot_rollout
+    from vitkit.plotting import plot_layer_maps, plot_rollout
 
     pre = ckpt.preprocess
     raw = load_images([str(p) for p in paths], pre)

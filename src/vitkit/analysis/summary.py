@@ -32,12 +32,6 @@ from vitkit.analysis.attention import (
     token_pixels,
 )
 from vitkit.analysis.filters import embedding_filter_pca
-from vitkit.analysis.plots import (
-    plot_attention_distance,
-    plot_embedding_filters,
-    plot_position_similarity,
-    plot_rollout_examples,
-)
 from vitkit.analysis.posemb import position_embedding_similarity, similarity_by_distance
 from vitkit.analysis.report import Figure, Section, Table, write_html
 from vitkit.checkpoints import atomic_write_text
@@ -45,6 +39,12 @@ from vitkit.config import PreprocessConfig
 from vitkit.data import ArrayDataset, make_loader, to_model_input
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
+from vitkit.plotting.analysis import (
+    plot_attention_distance,
+    plot_embedding_filters,
+    plot_position_similarity,
+    plot_rollout_examples,
+)
 
 FILES = {
     "filters": "embedding_filters.png",

@@ -25,13 +25,21 @@ files, fsyncs and renames the directory into place once every rank is done.
 from __future__ import annotations
 
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vitkit.checkpoints.dcp_shards import (
+    DCP_DIR,
+    MODEL_PREFIX,
+    OPTIM_PREFIX,
+    load_tensors,
+    read_model_state,
+    stored_tensors,
+)
+from vitkit.checkpoints.formats import load_model
 from vitkit.checkpoints.io import (
     CONFIG,
     FORMAT,
@@ -49,10 +57,6 @@ from vitkit.checkpoints.io import (
 )
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
-
-DCP_DIR = "dcp"
-MODEL_PREFIX = "model."
-OPTIM_PREFIX = "optim."
 
 
 def is_distributed_checkpoint(path: str | Path) -> bool:
@@ -145,28 +149,6 @@ def save_distributed_checkpoint(
     return path
 
 
-def _reader(path: Path):
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-
-    return HuggingFaceStorageReader(str(path / DCP_DIR))
-
-
-def _stored(path: Path) -> dict[str, Any]:
-    """The tensors a distributed checkpoint holds: ``{key: TensorStorageMetadata}``."""
-    try:
-        return dict(_reader(path).read_metadata().state_dict_metadata)
-    except Exception as e:  # safetensors / DCP raise assorted types for damaged files
-        raise VitkitError(f"{path / DCP_DIR}: unreadable distributed checkpoint ({e})") from None
-
-
-def _load(path: Path, tensors: dict[str, Tensor], *, no_dist: bool) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(tensors, storage_reader=_reader(path), no_dist=no_dist)
-
-
 def load_distributed_checkpoint(
     path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> dict[str, Any]:
@@ -184,7 +166,7 @@ def load_distributed_checkpoint(
     path = Path(path)
     msd, osd = _state_dicts(model, optimizer)
     wanted = _tensors(msd, osd)
-    stored = _stored(path)
+    stored = stored_tensors(path)
     missing = sorted(k for k in wanted if k not in stored)
     unexpected = sorted(k for k in stored if k not in wanted)
     shapes = sorted(
@@ -199,9 +181,11 @@ def load_distributed_checkpoint(
             if keys
         ]
         raise VitkitError(f"{path}: checkpoint does not fit the model | {' | '.join(problems)}")
-    _load(path, wanted, no_dist=not _dist_ready())
+    load_tensors(path, wanted, no_dist=not _dist_ready())
     extra = _read_json(path / TRAIN_JSON)
-    model_sd = {k[len(MODEL_PREFIX) :]: v for k, v in wanted.items() if k.startswith(MODEL_PREFIX)}
+    model_sd: dict[str, Any] = {
+        k[len(MODEL_PREFIX) :]: v for k, v in wanted.items() if k.startswith(MODEL_PREFIX)
+    }
     set_model_state_dict(model, model_sd)
     if optimizer is not None:
         osd.update(
@@ -213,28 +197,24 @@ def load_distributed_checkpoint(
     return dict(extra.get("state", {}))
 
 
-def read_model_state(path: str | Path) -> dict[str, Tensor]:
-    """The full (unsharded) model weights of a distributed checkpoint, in this process only."""
-    path = Path(path)
-    tensors = {
-        k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
-        for k, m in _stored(path).items()
-        if k.startswith(MODEL_PREFIX)
-    }
-    if not tensors:
-        raise VitkitError(f"{path / DCP_DIR}: holds no model weights")
-    _load(path, tensors, no_dist=True)
-    return {k[len(MODEL_PREFIX) :]: v for k, v in tensors.items()}
-
-
 def consolidate_checkpoint(src: str | Path, dst: str | Path) -> Path:
     """Write the weights of the checkpoint `src` (distributed or not; a run directory means its
     latest) as a single-file vitkit checkpoint at `dst`, for evaluation, prediction, sharing or
     fine-tuning. Training state is not carried over (resume from `src` itself)."""
-    from vitkit.checkpoints.formats import load_model
-
     model, ckpt = load_model(resolve_checkpoint(src))
     meta = {**ckpt.meta, "consolidated_from": str(ckpt.path)}
     return save_checkpoint(
         dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=meta
     )
+
+
+__all__ = [
+    "DCP_DIR",
+    "MODEL_PREFIX",
+    "OPTIM_PREFIX",
+    "consolidate_checkpoint",
+    "is_distributed_checkpoint",
+    "load_distributed_checkpoint",
+    "read_model_state",
+    "save_distributed_checkpoint",
+]

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
-from vitkit.checkpoints.adapt import Resample, adapt
+from vitkit.checkpoints.adapt import Resample, adapt, is_zero_head
 from vitkit.checkpoints.io import (
     CONFIG,
     LATEST,
@@ -47,7 +47,7 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig, count_params
 from vitkit.errors import VitkitError
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
@@ -393,9 +393,6 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
 
 def describe(ckpt: Checkpoint) -> dict[str, Any]:
     """What ``vitkit inspect`` prints."""
-    from vitkit.checkpoints.adapt import is_zero_head
-    from vitkit.config import count_params
-
     cfg = ckpt.model_config
     return {
         "path": str(ckpt.path),

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from vitkit.checkpoints.dcp_shards import DCP_DIR, read_model_state
 from vitkit.config import ModelConfig, PreprocessConfig, config_from_dict
 from vitkit.errors import VitkitError
 
@@ -224,7 +225,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             if not (target / CONFIG).is_file():
                 raise VitkitError(f"{pointer}: points at {target}, which is not a checkpoint")
             return target
-    if not (p / CONFIG).is_file() or not ((p / WEIGHTS).is_file() or (p / "dcp").is_dir()):
+    if not (p / CONFIG).is_file() or not ((p / WEIGHTS).is_file() or (p / DCP_DIR).is_dir()):
         raise VitkitError(f"{p}: not a vitkit checkpoint (needs {CONFIG} and {WEIGHTS})")
     return p
 
@@ -233,7 +234,7 @@ def _recover_replaced(path: Path, pointer: Path | None = None) -> Path:
     """A checkpoint killed half-way through being replaced: the old one is in ``.NAME.old-*``."""
     olds = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
     for old in olds:
-        if (old / CONFIG).is_file() and ((old / WEIGHTS).is_file() or (old / "dcp").is_dir()):
+        if (old / CONFIG).is_file() and ((old / WEIGHTS).is_file() or (old / DCP_DIR).is_dir()):
             return old
     if pointer is not None:
         raise VitkitError(f"{pointer}: points at {path}, which is not a checkpoint")
@@ -278,12 +279,8 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
         if not (p / TRAIN_JSON).is_file():
             raise VitkitError(f"{p}: has no training state to resume from")
         train_state = unflatten_state(_read_json(p / TRAIN_JSON), _read_tensors(p / TRAIN_TENSORS))
-    if (p / WEIGHTS).is_file():
-        state_dict = _read_tensors(p / WEIGHTS)
-    else:  # a distributed checkpoint's shards (see checkpoints/distributed.py)
-        from vitkit.checkpoints.distributed import read_model_state
-
-        state_dict = read_model_state(p)
+    # One file of weights, or a distributed checkpoint's shards (see checkpoints/distributed.py).
+    state_dict = _read_tensors(p / WEIGHTS) if (p / WEIGHTS).is_file() else read_model_state(p)
     return Checkpoint(
         path=p,
         model_config=model_cfg,

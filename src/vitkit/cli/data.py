@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.cli.options import add_bad_image, add_command
-from vitkit.errors import VitkitError
 
 
 def add_commands(sub: Any) -> None:
@@ -40,43 +39,25 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
-    from vitkit.data import load_dataset
-    from vitkit.data.shards import INDEX, native_size, write_index, write_shards
+    from vitkit.data.shards_index import INDEX
+    from vitkit.data.shards_write import write_dataset_shards
 
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    for split in splits:
-        if split not in ("train", "val", "test"):
-            raise VitkitError(f"unknown split '{split}': expected train, val or test")
-    if args.shard_size < 1 or args.max_shard_bytes < 1:
-        raise VitkitError("--shard-size and --max-shard-bytes must be positive")
-    kw: dict[str, Any] = {"seed": args.seed, "on_bad_image": args.on_bad_image}
-    if args.val_size is not None:
-        kw["val_size"] = int(args.val_size) if args.val_size >= 1 else args.val_size
-    if args.data_root:
-        kw["root"] = args.data_root
-    written: dict[str, list[dict[str, Any]]] = {}
-    info = size = None
-    for split in splits:
-        dataset = load_dataset(
-            args.src, split, image_size=args.image_size, train_transform=False, **kw
-        )
-        info, size = dataset.info, native_size(dataset)
-        entries, skipped = write_shards(
-            dataset,
-            args.out,
-            split,
-            shard_size=args.shard_size,
-            max_shard_bytes=int(args.max_shard_bytes),
-            shuffle=not args.no_shuffle,
-            seed=args.seed,
-            on_bad_image=args.on_bad_image,
-            progress=True,
-        )
-        written[split] = entries
-        n = sum(e["samples"] for e in entries)
-        note = f" ({skipped} unreadable files skipped)" if skipped else ""
-        print(f"{split}: {n:,} samples in {len(entries)} shards{note}")
-    assert info is not None
-    write_index(args.out, info, written, size, source=str(args.src))
+    counts = write_dataset_shards(
+        args.src,
+        args.out,
+        [s.strip() for s in args.splits.split(",") if s.strip()],
+        shard_size=args.shard_size,
+        max_shard_bytes=args.max_shard_bytes,
+        val_size=args.val_size,
+        seed=args.seed,
+        shuffle=not args.no_shuffle,
+        image_size=args.image_size,
+        data_root=args.data_root,
+        on_bad_image=args.on_bad_image,
+        progress=True,
+    )
+    for split, c in counts.items():
+        note = f" ({c['skipped']} unreadable files skipped)" if c["skipped"] else ""
+        print(f"{split}: {c['samples']:,} samples in {c['shards']} shards{note}")
     print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
     return 0

@@ -14,7 +14,9 @@ from vitkit.data.loader import (
 )
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import SHAPE_CLASSES, make_shapes
-from vitkit.data.shards import ShardDataset, ShardLoader, is_shard_dir, write_shards
+from vitkit.data.shards_index import is_shard_dir
+from vitkit.data.shards_read import ShardDataset, ShardLoader
+from vitkit.data.shards_write import write_shards
 from vitkit.data.transforms import (
     IMAGE_MEAN,
     IMAGE_STD,

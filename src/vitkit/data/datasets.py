@@ -3,7 +3,7 @@
 `spec` is a built-in name (see `BUILTIN_DATASETS`), an ImageFolder directory, a CIFAR-10/100
 python download (`vitkit.data.cifar`), a Hugging Face dataset saved with `save_to_disk`
 (`vitkit.data.hf_disk`; needs pyarrow) or a directory of webdataset tar shards
-(`vitkit.data.shards`: its splits are the ones written). Splits:
+(`vitkit.data.shards_read`: its splits are the ones written). Splits:
 
 - "test": the official test set (MNIST's 10k, the fixed digits / shapes test sets; for a folder,
   `root/test` or else `root/val`, or a fixed 10 % carved from a single folder with seed 0).
@@ -36,7 +36,8 @@ from vitkit.data.folder import ImageFolderDataset, class_directories, collate_sk
 from vitkit.data.hf_disk import hf_splits, is_hf_disk, load_hf_split
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import make_shapes
-from vitkit.data.shards import ShardDataset, is_shard_dir, load_shards, read_index, shard_info
+from vitkit.data.shards_index import is_shard_dir, read_index, shard_info
+from vitkit.data.shards_read import ShardDataset, load_shards
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
 from vitkit.data.transforms import PilEvalTransform, PilTrainTransform, match_channels, resize_batch
 from vitkit.errors import VitkitError

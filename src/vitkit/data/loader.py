@@ -216,7 +216,7 @@ def make_loader(
             rank=rank,
             world_size=world_size,
         )
-    from vitkit.data.shards import ShardDataset, ShardLoader
+    from vitkit.data.shards_read import ShardDataset, ShardLoader
 
     if isinstance(dataset, ShardDataset):
         return ShardLoader(

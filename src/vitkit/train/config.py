@@ -10,7 +10,7 @@ from typing import Any, Literal
 from vitkit.checkpoints.adapt import Resample
 from vitkit.config import check_fields
 from vitkit.errors import VitkitError
-from vitkit.pretrain.config import objective_config
+from vitkit.selfsup.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.compile import COMPILE_MODES, CompileMode
 from vitkit.train.optim import OptimizerName
@@ -46,7 +46,7 @@ class TrainConfig:
     init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
     new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
     keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
-    # self-supervised pre-training (vitkit.pretrain; run by vitkit.train.pretrain.Pretrainer)
+    # self-supervised pre-training (vitkit.selfsup; run by vitkit.train.pretrain.Pretrainer)
     objective: Objective = "classify"  # classify (labels) | mpp | mae (no labels)
     objective_options: dict[str, Any] = field(default_factory=dict)  # MPPConfig / MAEConfig
     # optimisation

@@ -6,7 +6,7 @@ trainer's: data order, augmentation, bf16 autocast, schedule, clipping, atomic c
 bitwise-exact resumption. What changes:
 
 - the model is the ViT *without* a head (``num_classes=0``); the objective's own weights (mask
-  embedding, prediction head, decoder; ``vitkit.pretrain``) are trained beside it;
+  embedding, prediction head, decoder; ``vitkit.selfsup``) are trained beside it;
 - a training step draws its corruption / masking from the trainer's checkpointed augmentation
   generator, so a resumed run corrupts the same patches as the uninterrupted one;
 - checkpoints are ordinary vitkit checkpoints of the encoder (``vitkit finetune`` and
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
-from vitkit.pretrain import build_objective, objective_config
+from vitkit.selfsup import build_objective, objective_config
 from vitkit.train import distributed as D
 from vitkit.train.trainer import TrainConfig, Trainer
 

@@ -45,7 +45,7 @@ def load_eval_split(cfg: TrainConfig, split: str) -> Any:
     if split == "val" and cfg.val_size == 0:
         return None  # no held-out slice asked for
     if is_shard_dir(cfg.data):  # shards hold the splits they were written with
-        from vitkit.data.shards import shard_splits
+        from vitkit.data.shards_index import shard_splits
 
         if split not in shard_splits(cfg.data):
             return None

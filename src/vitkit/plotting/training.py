@@ -1,10 +1,6 @@
-"""Figures written to PNG: a confusion matrix and the training curves of a ``metrics.jsonl``.
-
-matplotlib is imported inside the functions, so ``import vitkit`` does not pay for it. Figures
-are drawn on a bare ``Figure`` with an Agg canvas rather than through ``pyplot``: no global
-backend switch, no figure registry to leak into, safe in a headless process or a notebook.
-Every PNG is written to a temporary file in the target folder and moved into place with
-``os.replace``, so a reader never sees half an image.
+"""The figures of a run: the training curves of a ``metrics.jsonl`` (and reading it), a
+confusion matrix, rows of images (the pre-training previews) and accuracy against training-set
+size (a data-scale study). Drawn and written as every vitkit figure is (`vitkit.plotting.canvas`).
 """
 
 from __future__ import annotations
@@ -12,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vitkit.errors import VitkitError
+from vitkit.plotting.canvas import new_figure, save_png
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
-DPI = 120
 ANNOTATE_MAX_CLASSES = 20  # write the value in every cell up to this many classes
 TICK_LABELS_MAX_CLASSES = 50  # above this many classes, tick labels would be an unreadable smear
 
@@ -235,32 +229,6 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def new_figure(size: tuple[float, float]) -> Figure:
-    """A matplotlib ``Figure`` (inches) on its own Agg canvas: no pyplot, no global state."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Write ``fig`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=DPI)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a figure is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def plot_data_scale(
     rows: Sequence[dict[str, Any]],
     runs: Sequence[dict[str, Any]],
@@ -305,3 +273,12 @@ def plot_data_scale(
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+__all__ = [
+    "plot_confusion_matrix",
+    "plot_data_scale",
+    "plot_image_rows",
+    "plot_training_curves",
+    "read_jsonl",
+]

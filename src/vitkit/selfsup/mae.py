@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.model import Block, VisionTransformer
-from vitkit.pretrain.config import MAEConfig
-from vitkit.pretrain.patches import normalize_patches, patchify, unpatchify
+from vitkit.selfsup.config import MAEConfig
+from vitkit.selfsup.patches import normalize_patches, patchify, unpatchify
 
 
 def random_masking(

@@ -18,15 +18,15 @@ from typing import Any
 from torch import nn
 
 from vitkit.config import ViTConfig
-from vitkit.pretrain.config import OBJECTIVES, MAEConfig, MPPConfig, objective_config
-from vitkit.pretrain.mae import MaskedAutoencoder, encode_visible, random_masking
-from vitkit.pretrain.mpp import (
+from vitkit.selfsup.config import OBJECTIVES, MAEConfig, MPPConfig, objective_config
+from vitkit.selfsup.mae import MaskedAutoencoder, encode_visible, random_masking
+from vitkit.selfsup.mpp import (
     Corruption,
     MaskedPatchPrediction,
     apply_corruption,
     corruption_plan,
 )
-from vitkit.pretrain.patches import (
+from vitkit.selfsup.patches import (
     downsized_target,
     mean_color_target,
     patchify,

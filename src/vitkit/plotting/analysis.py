@@ -4,8 +4,11 @@ per-layer attention maps.
 
 Grids of many small maps (a 14 x 14 grid of 14 x 14 similarity maps, 24 layers x 16 heads of
 attention) are drawn as one mosaic image with blank gutters rather than hundreds of matplotlib
-axes, so even an L/16 figure takes a second. Same conventions as :mod:`vitkit.plotting`: a
-bare Agg figure, written atomically.
+axes, so even an L/16 figure takes a second. Drawn and written as every vitkit figure is
+(`vitkit.plotting.canvas`).
+
+The maps come from `vitkit.analysis`, which computes them; this module only draws, and imports
+nothing from `vitkit.analysis` at run time (`vitkit.analysis` re-exports these functions).
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from vitkit.analysis.attention import upsample_map
-from vitkit.analysis.filters import FilterComponents
 from vitkit.errors import VitkitError
-from vitkit.plotting import new_figure, save_png
+from vitkit.plotting.canvas import new_figure, save_png
+
+if TYPE_CHECKING:
+    from vitkit.analysis.filters import FilterComponents
 
 
 def _mosaic(tiles: np.ndarray, gap: int = 1) -> np.ndarray:
@@ -163,6 +169,14 @@ def plot_attention_distance(
 # Figure 6 and per-layer maps
 
 
+def upsample_map(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """[..., gh, gw] → [..., H, W] by bilinear interpolation (for drawing over the image)."""
+    lead = maps.shape[:-2]
+    flat = maps.reshape(-1, 1, *maps.shape[-2:]).float()
+    up = F.interpolate(flat, size=tuple(size), mode="bilinear", align_corners=False)
+    return up.reshape(*lead, *size)
+
+
 def _heat(map_: Tensor, size: tuple[int, int]) -> np.ndarray:
     """A patch-grid map upsampled to the image and scaled to [0, 1] by its maximum."""
     up = upsample_map(map_, size).clamp_min(0)
@@ -186,7 +200,7 @@ def plot_rollout(
 
     ``image`` is [C, H, W] in [0, 1]; ``rollout`` [gh, gw] over the patches."""
     img, cmap = _display(image)
-    size = tuple(image.shape[-2:])
+    size = (image.shape[-2], image.shape[-1])
     heat = _heat(rollout, size)
     fig = new_figure((9.6, 3.6))
     panels = [("input", img, cmap), ("attention rollout", None, None)]
@@ -228,9 +242,8 @@ def plot_layer_maps(
     layers, heads, gh, gw = layer_maps.shape
     tiles = torch.cat([layer_maps, layer_maps.mean(dim=1, keepdim=True), rollout_maps[:, None]], 1)
     peak = tiles.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
-    tiles = (tiles / peak).numpy()
     gap = max(1, min(gh, gw) // 6)
-    mosaic = _mosaic(tiles, gap)
+    mosaic = _mosaic((tiles / peak).numpy(), gap)
     cols = heads + 2
     tile_in = 0.55 if max(layers, cols) <= 16 else 0.38
     grid_w, grid_h = cols * tile_in * gw / max(gh, gw), layers * tile_in * gh / max(gh, gw)
@@ -281,7 +294,7 @@ def plot_rollout_examples(
     per_row = min(3, n)
     rows = -(-n // per_row)
     fig = new_figure((per_row * 4.2, rows * 1.6 + 0.5))
-    size = tuple(images.shape[-2:])
+    size = (images.shape[-2], images.shape[-1])
     for i in range(n):
         img, cmap = _display(images[i])
         heat = _heat(rollouts[i], size)
@@ -304,3 +317,14 @@ def plot_rollout_examples(
     fig.suptitle(title or "Attention rollout: input, rollout, input x rollout", fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+__all__ = [
+    "plot_attention_distance",
+    "plot_embedding_filters",
+    "plot_layer_maps",
+    "plot_position_similarity",
+    "plot_rollout",
+    "plot_rollout_examples",
+    "upsample_map",
+]

@@ -39,8 +39,8 @@ from torch import Tensor, nn
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
-from vitkit.pretrain.config import MPPConfig
-from vitkit.pretrain.patches import (
+from vitkit.selfsup.config import MPPConfig
+from vitkit.selfsup.patches import (
     color_values,
     downsized_target,
     mean_color_target,
