@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from vitkit.config import ModelConfig
 from vitkit.errors import VitkitError
 
 
@@ -32,11 +34,11 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
             "ONNX export needs the onnx and onnxscript packages: pip install 'vitkit[onnx]'"
         ) from None
     path = Path(path)
-    cfg = model.cfg  # type: ignore[attr-defined]
+    cfg = cast(ModelConfig, model.cfg)  # a vitkit model (ViT or BiT ResNet) carries its config
     model = model.eval().float()
     example = torch.zeros(2, cfg.in_chans, *cfg.image_size)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
-    kwargs = {} if opset is None else {"opset_version": opset}
+    kwargs: dict[str, Any] = {} if opset is None else {"opset_version": opset}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's own deprecation chatter
         torch.onnx.export(
@@ -62,7 +64,7 @@ def check_onnx(
         import onnxruntime as ort
     except ImportError:
         raise VitkitError("checking an export needs onnxruntime: pip install onnxruntime") from None
-    cfg = model.cfg  # type: ignore[attr-defined]
+    cfg = cast(ModelConfig, model.cfg)  # a vitkit model (ViT or BiT ResNet) carries its config
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     g = torch.Generator().manual_seed(seed)
     worst = 0.0

@@ -37,8 +37,9 @@ Where we deviate from the paper or the official code, and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +191,8 @@ class Intermediates:
 class VisionTransformer(nn.Module):
     """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes]."""
 
+    pre_logits: nn.Sequential | nn.Identity  # Linear + Tanh with representation_size, else none
+
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -247,12 +250,17 @@ class VisionTransformer(nn.Module):
         """Every hidden state and attention map, through the explicit-softmax attention."""
         x = self.embed(x)
         hidden, attentions = [x], []
-        for block in self.blocks:
+        for block in _blocks(self):
             x, weights = block.forward_explicit(x)
             hidden.append(x)
             attentions.append(weights)
         features = self.norm(x)
         return Intermediates(hidden, attentions, features, self.forward_head(features))
+
+
+def _blocks(model: VisionTransformer) -> Iterable[Block]:
+    """``model.blocks`` as what it holds (a ModuleList is typed as holding any Module)."""
+    return cast("Iterable[Block]", model.blocks)
 
 
 def _lecun_normal_(w: Tensor, fan_in: int) -> None:
@@ -267,13 +275,14 @@ def init_weights(model: VisionTransformer) -> None:
     cfg = model.cfg
     conv = model.patch_embed.proj
     _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
+    assert conv.bias is not None  # PatchEmbed's projection has a bias
     nn.init.zeros_(conv.bias)
     if model.patch_embed.stem is not None:
         init_resnet(model.patch_embed.stem)
     nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
-    for block in model.blocks:
+    for block in _blocks(model):
         d = cfg.width
         for i in range(3):  # q, k and v are separate D x D kernels in the official code
             nn.init.xavier_uniform_(block.attn.qkv.weight[i * d : (i + 1) * d])
@@ -290,7 +299,7 @@ def init_weights(model: VisionTransformer) -> None:
     nn.init.ones_(model.norm.weight)
     nn.init.zeros_(model.norm.bias)
     if cfg.representation_size:
-        dense = model.pre_logits[0]
+        dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
         _lecun_normal_(dense.weight, fan_in=cfg.width)
         nn.init.zeros_(dense.bias)
     if model.head is not None:

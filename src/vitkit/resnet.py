@@ -69,6 +69,9 @@ def _largest_divisor(channels: int, at_most: int = 32) -> int:
 class Bottleneck(nn.Module):
     """vit_jax ``ResidualUnit``: 1x1 → 3x3 (strided) → 1x1, GroupNorm after each conv."""
 
+    conv_proj: StdConv2d | None  # the projection shortcut: both or neither
+    gn_proj: nn.GroupNorm | None
+
     def __init__(self, cin: int, width: int, stride: int) -> None:
         super().__init__()
         cout = 4 * width
@@ -81,7 +84,11 @@ class Bottleneck(nn.Module):
             self.conv_proj, self.gn_proj = None, None
 
     def forward(self, x: Tensor) -> Tensor:
-        residual = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
+        if self.conv_proj is None:
+            residual = x
+        else:
+            assert self.gn_proj is not None  # set together with conv_proj
+            residual = self.gn_proj(self.conv_proj(x))
         y = F.relu(self.gn1(self.conv1(x)))
         y = F.relu(self.gn2(self.conv2(y)))
         y = self.gn3(self.conv3(y))

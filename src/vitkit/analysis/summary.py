@@ -35,7 +35,7 @@ from vitkit.analysis.filters import embedding_filter_pca
 from vitkit.analysis.posemb import position_embedding_similarity, similarity_by_distance
 from vitkit.analysis.report import Figure, Section, Table, write_html
 from vitkit.checkpoints import atomic_write_text
-from vitkit.config import PreprocessConfig
+from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.data import ArrayDataset, make_loader, to_model_input
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
@@ -276,7 +276,15 @@ def analyze_model(
     return AnalysisResult(numbers, files, sections)
 
 
-def _attention_sections(cfg, dist, data, out, files, numbers, sections) -> None:
+def _attention_sections(
+    cfg: ViTConfig,
+    dist: Tensor,
+    data: AnalysisData,
+    out: Path,
+    files: dict[str, Path],
+    numbers: dict[str, Any],
+    sections: list[Section],
+) -> None:
     mean = dist.mean(dim=0)  # [L, heads]
     uniform = float(patch_distances(cfg).mean())
     files["attention_distance"] = plot_attention_distance(
@@ -313,7 +321,16 @@ def _attention_sections(cfg, dist, data, out, files, numbers, sections) -> None:
 
 
 def _rollout_sections(
-    cfg, rollout, logits, data, out, files, numbers, sections, num_examples, head_fusion
+    cfg: ViTConfig,
+    rollout: Tensor,
+    logits: Tensor,
+    data: AnalysisData,
+    out: Path,
+    files: dict[str, Path],
+    numbers: dict[str, Any],
+    sections: list[Section],
+    num_examples: int,
+    head_fusion: HeadFusion,
 ) -> None:
     items: list[str | Figure | Table] = []
     names = data.class_names

@@ -88,7 +88,11 @@ def adapt(
     new = cfg
     if image_size is not None:
         new = new.replace(image_size=image_size)
-        if not isinstance(cfg, ResNetConfig) and new.grid_size != cfg.grid_size:
+        if (
+            not isinstance(cfg, ResNetConfig)
+            and not isinstance(new, ResNetConfig)  # `new` is `cfg` resized: the same type
+            and new.grid_size != cfg.grid_size
+        ):
             sd["pos_embed"] = resample_pos_embed(
                 sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_prefix_tokens, resample
             )
@@ -97,7 +101,7 @@ def adapt(
     if pre_logits is True and representation is None:
         raise VitkitError(f"{source} has no pre-logits layer to keep")
     if drop_pre:
-        new = new.replace(representation_size=None)  # type: ignore[call-arg]
+        new = new.replace(representation_size=None)
         sd.pop("pre_logits.0.weight", None)
         sd.pop("pre_logits.0.bias", None)
     k = cfg.num_classes if num_classes is None else num_classes

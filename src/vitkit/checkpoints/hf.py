@@ -25,11 +25,16 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.config import GeluApprox, PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 HfNaming = Literal["4", "5"]
-_ACT = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh"}
+_ACT: dict[str, GeluApprox] = {
+    "gelu": "none",
+    "gelu_pytorch_tanh": "tanh",
+    "gelu_new": "tanh",
+    "gelu_fast": "tanh",
+}
 _PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic", 1: "lanczos"}
 
 # vitkit name inside block i → (4.x name, 5.x name), without the weight/bias suffix.
@@ -79,7 +84,7 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
             dropout=float(hf.get("hidden_dropout_prob", 0.0)),
             attn_dropout=float(hf.get("attention_probs_dropout_prob", 0.0)),
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            gelu=_ACT[act],  # type: ignore[arg-type]
+            gelu=_ACT[act],
             qkv_bias=bool(hf.get("qkv_bias", True)),
         )
     except (TypeError, ValueError) as e:

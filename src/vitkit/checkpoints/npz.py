@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitkit.config import ViTConfig
+from vitkit.config import Pool, ViTConfig
 from vitkit.errors import VitkitError
 
 # Block-internal layer names: (first norm, attention, second norm, MLP) per naming era.
@@ -164,7 +164,7 @@ def npz_config(arrays: dict[str, np.ndarray], grid: tuple[int, int] | None = Non
     _need(a, f"{attn}/query/kernel", "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel")
     heads = a[f"{attn}/query/kernel"].shape[1]
     mlp_dim = a["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
-    pool = "token" if "cls" in a else "gap"
+    pool: Pool = "token" if "cls" in a else "gap"
     n = a["Transformer/posembed_input/pos_embedding"].shape[1] - (pool == "token")
     if grid is None:
         side = math.isqrt(n)

@@ -42,7 +42,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.config import SIZES, PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.config import SIZES, Pool, PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
@@ -96,7 +96,7 @@ def timm_config(
                 "cannot be known from the weights; pass num_heads"
             )
         num_heads = HEADS_BY_WIDTH[width]
-    pool = "token" if "cls_token" in sd else "gap"
+    pool: Pool = "token" if "cls_token" in sd else "gap"
     n = sd["pos_embed"].shape[1] - (pool == "token")
     if grid is None:
         side = math.isqrt(n)
@@ -220,7 +220,7 @@ def timm_bit_config(
         raise VitkitError(f"{source}: root conv {kh}x{kh}: not BiT's 7x7 (or vitkit's 3x3)")
     head = sd.get("head.fc.weight")
     return ResNetConfig(
-        image_size=image_size,
+        image_size=(image_size, image_size) if isinstance(image_size, int) else image_size,
         in_chans=int(in_chans),
         num_classes=0 if head is None else int(head.shape[0]),
         layers=tuple(units[i] for i in range(len(units))),

@@ -21,10 +21,11 @@ a PIL train transform for "train" (if `train_transform`) and an eval transform o
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -68,6 +69,8 @@ _DEFAULT_FOLDER_SIZE = 224
 _RESIZE_CHUNK = 2048
 
 Split = Literal["train", "val", "test", "all"]
+# A training set that can be split by index: its subsets are of its own type.
+_Splittable = TypeVar("_Splittable", ArrayDataset, ImageFolderDataset)
 
 
 def load_dataset(
@@ -198,7 +201,7 @@ def _load_builtin(
     seed: int,
     root: str | os.PathLike[str] | None,
 ) -> ArrayDataset:
-    official = "test" if split == "test" else "train"
+    official: Literal["train", "test"] = "test" if split == "test" else "train"
     if name == "mnist":
         dataset = load_mnist(official, root=root)
     elif name == "digits":
@@ -257,12 +260,12 @@ def _labels_of(dataset: ArrayDataset | ImageFolderDataset) -> np.ndarray:
 
 
 def _train_val(
-    dataset: ArrayDataset | ImageFolderDataset,
+    dataset: _Splittable,
     split: Split,
     val_size: int | float,
     seed: int,
     name: str,
-) -> ArrayDataset | ImageFolderDataset:
+) -> _Splittable:
     """The "train" or "val" part of a training set (disjoint, stratified, chosen by `seed`)."""
     labels = _labels_of(dataset)
     n_val = resolve_holdout_size(val_size, labels.shape[0], f"{name}: val split")
@@ -317,7 +320,7 @@ def _load_folder(
     name = str(root.resolve())  # absolute, so a checkpoint's dataset resolves from anywhere
     val_size = _val_size("folder", val_size)
 
-    def folder(directory: Path, class_names=None) -> ImageFolderDataset:
+    def folder(directory: Path, class_names: Sequence[str] | None = None) -> ImageFolderDataset:
         return ImageFolderDataset(
             directory,
             size,
@@ -365,6 +368,7 @@ def _load_shards(
         raise VitkitError(f"{root}: split 'all' is for ImageFolder directories")
     info = shard_info(root, read_index(root), image_size, channels, _DEFAULT_FOLDER_SIZE)
     eval_tf = PilEvalTransform(info.image_size, info.channels)
+    transform: PilTrainTransform | PilEvalTransform
     if split == "train" and train_transform:
         transform = PilTrainTransform(info.image_size, info.channels, flip=info.allow_flip)
     else:

@@ -57,7 +57,7 @@ class ImageFolderDataset(Dataset):
         self.root = Path(root)
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.channels = channels
-        self.transform = transform or PilEvalTransform(size, channels)
+        self.transform = transform or PilEvalTransform(image_size, channels)
         self.on_bad_image = on_bad_image
         classes, samples = _scan(self.root, class_names)
         self.samples: list[tuple[Path, int]] = samples
@@ -76,6 +76,7 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> Sample | None:
         path, label = self.samples[index]
         mode = "L" if self.channels == 1 else "RGB"
+        img: Image.Image
         try:
             with Image.open(path) as img:
                 if img.mode == "P" and "transparency" in img.info:

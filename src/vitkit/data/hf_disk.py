@@ -105,6 +105,7 @@ def load_hf_split(
 
 
 def _decode(cell: Any, file: Path, row: int, mode: str, size: tuple[int, int] | None) -> np.ndarray:
+    img: Image.Image
     try:
         if isinstance(cell, dict) and cell.get("bytes"):
             img = Image.open(io.BytesIO(cell["bytes"]))

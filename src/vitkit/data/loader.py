@@ -21,14 +21,17 @@ state) across epochs. With `num_workers=0` they use the main process's global to
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vitkit.data.arrays import ArrayDataset
 from vitkit.data.folder import collate_skipping
+
+if TYPE_CHECKING:
+    from vitkit.data.shards import ShardDataset
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 
@@ -159,7 +162,9 @@ class ArrayLoader:
 class EpochDataLoader(DataLoader):
     """A DataLoader over an `EpochBatchSampler` that collates with `collate_skipping`."""
 
-    def __init__(self, dataset: Dataset, batch_sampler: EpochBatchSampler, **kwargs) -> None:
+    batch_sampler: EpochBatchSampler  # the one given to __init__
+
+    def __init__(self, dataset: Dataset, batch_sampler: EpochBatchSampler, **kwargs: Any) -> None:
         generator = torch.Generator().manual_seed(self._worker_seed(batch_sampler, 0))
         super().__init__(
             dataset,
@@ -184,7 +189,7 @@ class EpochDataLoader(DataLoader):
 
 
 def make_loader(
-    dataset: Dataset,
+    dataset: Dataset | ShardDataset,
     batch_size: int,
     *,
     shuffle: bool,
@@ -233,8 +238,9 @@ def make_loader(
             prefetch_factor=prefetch_factor,
             shuffle_buffer=shuffle_buffer,
         )
+    n = len(cast(Sized, dataset))  # a map-style dataset: its batches are sampled by index
     sampler = EpochBatchSampler(
-        len(dataset), batch_size, shuffle, drop_last, seed, rank=rank, world_size=world_size
+        n, batch_size, shuffle, drop_last, seed, rank=rank, world_size=world_size
     )
     worker_kwargs = {}
     if num_workers > 0:

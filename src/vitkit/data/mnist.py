@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal, cast
 
 import numpy as np
 import torch
@@ -131,7 +131,8 @@ def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
         return
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            # The stub lets `**arrays` reach `allow_pickle: bool`; our keys are _CACHE_KEYS.
+            np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
     except OSError:
         Path(tmp).unlink(missing_ok=True)
@@ -143,7 +144,8 @@ def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def _read_mnist_pickle(path: Path) -> dict[str, np.ndarray]:
     """Decode Nielsen's `mnist.pkl.gz` into uint8 arrays (train = train + validation)."""
     with gzip.open(path, "rb") as f:
-        data = load_data_pickle(f, path, "an MNIST pickle")
+        # A GzipFile is a binary file object but not nominally an IO[bytes].
+        data = load_data_pickle(cast(IO[bytes], f), path, "an MNIST pickle")
     parts = _check_pickle_layout(path, data)
     (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = parts
     return {

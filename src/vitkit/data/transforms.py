@@ -211,7 +211,9 @@ def _as_float_batch(images: torch.Tensor) -> torch.Tensor:
     return images if images.is_floating_point() else images.float()
 
 
-def _uniform(generator: torch.Generator, shape: tuple[int, ...], low: float, high: float):
+def _uniform(
+    generator: torch.Generator, shape: tuple[int, ...], low: float, high: float
+) -> torch.Tensor:
     return torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
 
 
@@ -225,7 +227,9 @@ def _batch_part(n: int, part: tuple[int, int] | None) -> tuple[int, slice]:
     return total, slice(offset, offset + n)
 
 
-def _sample(x: torch.Tensor, theta: torch.Tensor, out_hw: tuple[int, int], fill: float):
+def _sample(
+    x: torch.Tensor, theta: torch.Tensor, out_hw: tuple[int, int], fill: float
+) -> torch.Tensor:
     """grid_sample `x` through the affine maps `theta` [B, 2, 3] (output -> input, normalised)."""
     theta = theta.to(device=x.device, dtype=x.dtype)
     grid = F.affine_grid(theta, [x.shape[0], x.shape[1], *out_hw], align_corners=False)
@@ -343,5 +347,5 @@ def to_model_input(
     """
     x = match_channels(images, channels).float()
     if tuple(x.shape[-2:]) != tuple(image_size):
-        x = resize_batch(x, tuple(image_size))
+        x = resize_batch(x, image_size)
     return normalize(x, mean, std)

@@ -23,13 +23,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from vitkit.errors import VitkitError
+
+
+class _FeatureModel(Protocol):
+    """What a vitkit model (a ViT or a BiT ResNet) offers for its pre-logit features."""
+
+    def forward_features(self, x: Tensor, /) -> Tensor: ...
+
+    def forward_head(self, features: Tensor, /, pre_logits: bool = False) -> Tensor: ...
+
 
 # big_vision's few-shot evaluator sweeps powers of two; this grid covers the useful part.
 DEFAULT_L2_GRID: tuple[float, ...] = tuple(2.0**i for i in range(-6, 14, 2))
@@ -46,12 +55,13 @@ def extract_features(
 ) -> tuple[Tensor, Tensor]:
     """Frozen pre-logit features [N, F] (float64, on CPU) and labels [N] of every batch."""
     model.eval()
+    net = cast(_FeatureModel, model)
     feats, labels = [], []
     for images, y, *_ in batches:
         x = prepare(images.to(device))
         with torch.autocast(device_type=x.device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None):  # fmt: skip
-            f = model.forward_head(model.forward_features(x), pre_logits=True)
+            f = net.forward_head(net.forward_features(x), pre_logits=True)
         feats.append(f.double().cpu())
         labels.append(y.cpu())
     if not feats:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -46,4 +46,5 @@ def compile_for_training(
         return model
     if device.type == "cpu" and mode == "reduce-overhead":
         mode = "default"  # CUDA graphs only; on the CPU this mode is the default one
-    return torch.compile(model, mode=mode, dynamic=False)
+    # torch.compile of a Module returns a Module (an OptimizedModule); the stub says Callable.
+    return cast(torch.nn.Module, torch.compile(model, mode=mode, dynamic=False))

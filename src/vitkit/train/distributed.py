@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from torch import nn
 
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
 
 Strategy = Literal["auto", "ddp", "fsdp"]
 FSDP_MIN_WIDTH = 1024  # "auto" shards ViT-L (width 1024) and bigger; smaller models use DDP
@@ -209,7 +212,7 @@ class _CountingLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
             self.samples += len(batch[1])
             yield batch
@@ -315,8 +318,9 @@ def load_full_state(
             f"checkpoint does not fit the model: missing {missing}, unexpected {unexpected}"
         )
     full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state_dict, options=full)
-    named = {
+    # dict is invariant: a dict of tensors is a dict of the state-dict API's values.
+    set_model_state_dict(model, cast("dict[str, ValueType]", state_dict), options=full)
+    named: OptimizerStateType = {
         "state": {order[int(i)]: s for i, s in optimizer_state.get("state", {}).items()},
         "param_groups": [
             {**g, "params": [order[int(i)] for i in g["params"]]}

@@ -34,7 +34,7 @@ def lr_sweep(
     if cfg.init_from is None:
         raise VitkitError("a fine-tuning sweep starts from a checkpoint (init_from)")
     root = Path(cfg.out_dir)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for lr in lrs:
         run_cfg = dataclasses.replace(
             cfg, lr=lr, val_size=holdout, out_dir=str(root / f"lr_{lr:g}")

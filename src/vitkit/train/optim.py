@@ -7,7 +7,7 @@ never to norms, biases, the position embeddings, the class token or a pre-traini
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -24,9 +24,10 @@ def decays(name: str, param: torch.Tensor) -> bool:
     return param.ndim >= 2 and not any(n in name for n in NO_DECAY_NAMES)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two groups: decayed weights and everything else (norms, biases, pos_embed, cls_token)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decay if decays(name, p) else no_decay).append(p)
