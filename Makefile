@@ -1,6 +1,6 @@
 # Two entry points for a fresh clone (each sets itself up in .venv):
 #   make train   - the main job: train a small ViT on MNIST and report test accuracy
-#   make test    - lint + the test suite (what CI runs)
+#   make test    - lint, type check + the test suite (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -24,6 +24,7 @@ train: setup
 test: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
 
 lint: setup

@@ -239,11 +239,13 @@ class Explanation:
         return self.rollout_maps[:, -1]
 
 
-def require_attention(model: object) -> None:
-    """Raise a clear error for a model without attention (a BiT ResNet)."""
+def require_attention(model: object) -> VisionTransformer:
+    """``model`` if it is a Vision Transformer; a clear error for one without attention (a BiT
+    ResNet)."""
     if not isinstance(model, VisionTransformer):
         name = getattr(getattr(model, "cfg", None), "short_name", type(model).__name__)
         raise VitkitError(f"{name} is not a Vision Transformer: it has no attention to analyse")
+    return model
 
 
 def explain(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vitkit.analysis.attention import explain
+from vitkit.analysis.attention import HeadFusion, explain
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import load_images
 from vitkit.data.transforms import normalize
@@ -32,7 +32,7 @@ def explain_files(
     out_dir: str | os.PathLike[str],
     *,
     k: int = 5,
-    head_fusion: str = "mean",
+    head_fusion: HeadFusion = "mean",
 ) -> list[ExplainedImage]:
     """For each image: ``STEM_rollout.png`` (the input, the attention rollout over it and the
     input multiplied by it, the paper's Figure 6) and ``STEM_layers.png`` (every layer's and

@@ -55,7 +55,7 @@ from vitkit.checkpoints.io import (
     save_checkpoint,
     unflatten_state,
 )
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
 
 
@@ -104,7 +104,7 @@ def save_distributed_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     *,
-    model_config: ViTConfig,
+    model_config: ModelConfig,
     preprocess: PreprocessConfig,
     class_names: tuple[str, ...] | list[str] = (),
     meta: dict[str, Any] | None = None,

@@ -347,7 +347,7 @@ def write_checkpoint(
         if dst.suffix != ".npz":
             raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
         tmp = dst.with_name(f".{dst.name}.tmp.npz")
-        np.savez(tmp, **arrays)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
         return _replace(tmp, dst)
     if to == "timm":
         tsd = timm_conv.state_dict_to_timm(sd, cfg)

@@ -133,7 +133,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     model, ckpt = load_model(args.ckpt)
     out = export_onnx(model, args.out, opset=args.opset)
-    cfg = model.cfg
+    cfg = ckpt.model_config
     print(
         f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): input pixel_values "
         f"[batch, {cfg.in_chans}, {cfg.image_size[0]}, {cfg.image_size[1]}], output logits"
@@ -160,6 +160,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         SIZES,
         STANDARD_MODELS,
         STANDARD_RESNETS,
+        ViTConfig,
         count_flops,
         count_params,
         model_config,
@@ -171,6 +172,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     print(header + f"{'tokens':>8}{'params':>14}{'GFLOPs':>9}")
     for name in names:
         cfg = model_config(name, image_size=args.image_size, num_classes=args.num_classes)
+        assert isinstance(cfg, ViTConfig)
         size, patch = name.split("/")
         print(
             f"{name:<8}{'vit_' + size.lower() + patch:<10}{cfg.width:>6}{cfg.depth:>6}"
@@ -183,6 +185,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     print(f"{'name':<14}{'model':<22}{'tokens':>8}{tail}")
     for name in HYBRIDS:
         cfg = model_config(name, **size_px)
+        assert isinstance(cfg, ViTConfig)
         print(f"{name:<14}{cfg.short_name:<22}{cfg.seq_len:>8}{_cost(cfg)}")
     print("\nBiT ResNet-v2 baselines (any depth: -o layers=1,1,1; width: bit_r50x3)")
     print(f"{'name':<14}{'model':<22}{'features':>8}{tail}")

@@ -109,7 +109,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
-    if not model.cfg.num_classes:
+    if not ckpt.model_config.num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
     dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
     names = dataset.info.class_names
@@ -147,7 +147,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     model, ckpt = load_model(args.ckpt)
     if args.random_init:
         torch.manual_seed(0)
-        model = build_model(model.cfg).eval()
+        model = build_model(ckpt.model_config).eval()
     model.to(args.device)
     kw = dict(batch_size=args.batch_size, precision=args.precision, device=args.device)
     train_f, train_y, k = checkpoint_features(model, ckpt, args.data, "train", **kw)

@@ -83,6 +83,7 @@ def add_commands(sub: Any) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     set_threads(args.threads)
+    from vitkit.analysis.attention import require_attention
     from vitkit.analysis.image_maps import explain_files
     from vitkit.checkpoints import load_model
     from vitkit.data.images import check_image_files
@@ -91,8 +92,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     check_image_files(args.images)
     if args.top_k < 1:
         raise VitkitError(f"--top-k must be at least 1, got {args.top_k}")
-    model, ckpt = load_model(args.ckpt)
-    model.to(args.device)
+    loaded, ckpt = load_model(args.ckpt)
+    model = require_attention(loaded).to(args.device)
     out = output_dir(args.out, ckpt.path, "explain")
     for found in explain_files(
         model, ckpt, args.images, out, k=args.top_k, head_fusion=args.head_fusion
@@ -111,6 +112,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     from vitkit.analysis import analyze_model, sample_dataset, write_report
+    from vitkit.analysis.attention import require_attention
     from vitkit.analysis.summary import format_numbers
     from vitkit.checkpoints import load_model
     from vitkit.eval.checkpoint import checkpoint_dataset, class_mismatch
@@ -120,8 +122,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise VitkitError(f"--{name.replace('_', '-')} must be at least 1")
     if args.examples < 0:
         raise VitkitError(f"--examples must be at least 0, got {args.examples}")
-    model, ckpt = load_model(args.ckpt)
-    model.to(args.device)
+    loaded, ckpt = load_model(args.ckpt)
+    model = require_attention(loaded).to(args.device)
     data_name = args.data or ckpt.meta.get("dataset")
     data = None
     if data_name:

@@ -40,7 +40,7 @@ def add_command(
     sub: Any, name: str, help: str, description: str | None = None
 ) -> argparse.ArgumentParser:
     """A subcommand's parser, with the shared help formatter."""
-    return sub.add_parser(  # type: ignore[no-any-return]
+    return sub.add_parser(
         name, help=help, description=description or help, formatter_class=HelpFormatter
     )
 

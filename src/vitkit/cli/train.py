@@ -132,7 +132,12 @@ def add_commands(sub: Any) -> None:
         "optimizer steps",
     )
     q.set_defaults(func=cmd_study_data_scale)
-    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+    def show_studies(args: argparse.Namespace) -> int:
+        p.print_help()
+        return 0
+
+    p.set_defaults(func=show_studies)
 
 
 # ---------------------------------------------------------------------------------------------

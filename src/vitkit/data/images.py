@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -42,8 +42,9 @@ def load_images(paths: Sequence[str | Path], preprocess: PreprocessConfig) -> to
     pre = preprocess
     if pre.interpolation not in ("bilinear", "bicubic"):
         raise VitkitError(f"unsupported interpolation {pre.interpolation!r} in the checkpoint")
+    interpolation: Literal["bilinear", "bicubic"] = pre.interpolation  # type: ignore[assignment]
     transform = PilEvalTransform(
-        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=pre.interpolation
+        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=interpolation
     )
     images = [load_image_file(p, pre.channels) for p in paths]  # fail before any work
     return torch.stack([transform(img) for img in images])

@@ -31,7 +31,7 @@ from vitkit.data.arrays import ArrayDataset
 from vitkit.data.folder import collate_skipping
 
 if TYPE_CHECKING:
-    from vitkit.data.shards import ShardDataset
+    from vitkit.data.shards_read import ShardDataset
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 

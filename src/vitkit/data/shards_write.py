@@ -98,7 +98,7 @@ def write_shards(
     n = len(dataset)
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     entries: list[dict[str, Any]] = []
     skipped = 0

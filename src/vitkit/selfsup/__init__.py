@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 from vitkit.config import ViTConfig
 from vitkit.selfsup.config import OBJECTIVES, MAEConfig, MPPConfig, objective_config
 from vitkit.selfsup.mae import MaskedAutoencoder, encode_visible, random_masking
@@ -55,7 +53,9 @@ __all__ = [
 ]
 
 
-def build_objective(name: str, options: dict[str, Any], encoder_cfg: ViTConfig) -> nn.Module:
+def build_objective(
+    name: str, options: dict[str, Any], encoder_cfg: ViTConfig
+) -> MaskedPatchPrediction | MaskedAutoencoder:
     """The objective ``name`` ("mpp" or "mae") for an encoder of config ``encoder_cfg``."""
     cfg = objective_config(name, options)
     if isinstance(cfg, MPPConfig):

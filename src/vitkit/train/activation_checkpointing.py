@@ -35,6 +35,6 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> int:
     for block in blocks:
         if isinstance(block.forward, _Checkpointed):
             continue
-        block.forward = _Checkpointed(block.forward)  # type: ignore[method-assign]
+        block.forward = _Checkpointed(block.forward)
         n += 1
     return n

@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.model import VisionTransformer
 from vitkit.selfsup import build_objective, objective_config
 from vitkit.train import distributed as D
 from vitkit.train.trainer import TrainConfig, Trainer
@@ -62,9 +63,9 @@ class Pretrainer(Trainer):
             raise VitkitError("self-supervised pre-training runs in one process for now")
         super().__init__(cfg)
         self.objective_cfg = objective_config(cfg.objective, cfg.objective_options)
-        self.objective = build_objective(cfg.objective, cfg.objective_options, self.model_cfg).to(
-            self.device
-        )
+        assert isinstance(self.model_cfg, ViTConfig)  # build_model_config refuses a ResNet
+        self.objective = build_objective(cfg.objective, cfg.objective_options, self.model_cfg)
+        self.objective.to(self.device)
         self.has_accuracy = bool(self.objective.is_classification)
         # The encoder and the objective's weights train together.
         self.optimizer = self.build_optimizer(
@@ -196,7 +197,10 @@ class Pretrainer(Trainer):
         try:
             with self._autocast():
                 rows = self.objective.preview(
-                    self.model, x, self.pixels, torch.Generator().manual_seed(_EVAL_SEED)
+                    cast(VisionTransformer, self.model),  # a ViT: build_model_config says so
+                    x,
+                    self.pixels,
+                    torch.Generator().manual_seed(_EVAL_SEED),
                 )
         finally:
             self.model.train()

@@ -95,7 +95,7 @@ class TrainingRun:
             self.model_cfg = self.build_model_config()
         self.model = build_model(self.model_cfg).to(self.device)
         if self.init is not None:
-            load_state_dict_strict(self.model, self.init.state_dict, source=cfg.init_from)
+            load_state_dict_strict(self.model, self.init.state_dict, source=str(cfg.init_from))
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(self._units())
         # What a training step calls: the model itself, DDP around it, or it sharded by FSDP2
@@ -106,7 +106,7 @@ class TrainingRun:
             self.strategy = D.resolve_strategy(cfg.strategy, self.model_cfg.width)
             self.forward_model = D.wrap_model(
                 self.model,
-                self.strategy,  # type: ignore[arg-type]
+                self.strategy,
                 self.device,
                 bf16=cfg.precision == "bf16",
                 blocks=self._units(),

@@ -57,13 +57,13 @@ class Trainer(TrainingRun):
     def _epoch_batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
         self.train_loader.set_epoch(self.epoch)
         if self.cfg.num_workers == 0:  # augmentation draws from checkpointed generators
-            return self.train_loader.iter_from(self.batch_in_epoch)  # type: ignore[no-any-return]
+            return self.train_loader.iter_from(self.batch_in_epoch)
         # Workers draw from their own generators, seeded per epoch: replay the epoch's first
         # batches (decoding them) so that every worker's generator is where it was.
         it = iter(self.train_loader)
         for _ in range(self.batch_in_epoch):
             next(it)
-        return it  # type: ignore[no-any-return]
+        return it
 
     def _epoch_done(self) -> bool:
         usable = len(self.train_loader) - len(self.train_loader) % self.cfg.accum_steps
@@ -288,8 +288,8 @@ class Trainer(TrainingRun):
             self.metrics.write(record)
             self.save()
             if cfg.progress and main:
-                shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
-                print(json.dumps(shown), file=sys.stderr)
+                rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
+                print(json.dumps(rounded), file=sys.stderr)
             if on_epoch_end is not None:
                 on_epoch_end(self, record)
         return self.finish(time.perf_counter() - start, images_seen, train_time)
