@@ -95,6 +95,25 @@ def test_no_import_cycles_between_modules() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_no_export_shadows_a_submodule() -> None:
+    """A package that re-exports a name equal to one of its submodules (``describe`` beside
+    ``describe.py``) hands out the module instead of the function once anything imports the
+    submodule: ``from vitkit.checkpoints import describe`` then returns a module."""
+    bad = []
+    for name, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    bound = alias.asname or alias.name
+                    sub = f"{name}.{bound}"
+                    # (from the submodule itself is safe: it is loaded before the name is bound)
+                    if sub in MODULES and node.module not in (sub, name):
+                        bad.append(f"{path.relative_to(SRC)}: '{bound}' is also {sub}")
+    assert not bad, "exports shadowed by submodules:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_source_file_size(name: str) -> None:
     path = MODULES[name]

@@ -120,7 +120,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import describe, read_checkpoint
-    from vitkit.checkpoints.describe import format_description
+    from vitkit.checkpoints.description import format_description
 
     info = describe(read_checkpoint(args.ckpt, format=args.src_format, num_heads=args.num_heads))
     print(json.dumps(info, indent=1) if args.json else format_description(info))
