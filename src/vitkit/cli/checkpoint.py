@@ -119,8 +119,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints import describe, read_checkpoint
+    from vitkit.checkpoints import read_checkpoint
     from vitkit.checkpoints.describe import format_description
+    from vitkit.checkpoints.formats import describe  # (the package's name is the module's too)
 
     info = describe(read_checkpoint(args.ckpt, format=args.src_format, num_heads=args.num_heads))
     print(json.dumps(info, indent=1) if args.json else format_description(info))
