@@ -57,6 +57,12 @@ def add_commands(sub: Any) -> None:
         choices=("4", "5"),
         help="Hugging Face key names: 4.x (loads in transformers 4 and 5) or 5.x",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing DST (even the source): replaces only the files convert "
+        "writes, keeps everything else",
+    )
     p.set_defaults(func=cmd_convert)
 
     p = add_command(
@@ -109,7 +115,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         pre_logits=False if args.drop_pre_logits else None,
         resample=args.resample,
     )
-    out = write_checkpoint(ckpt, args.dst, args.to, hf_naming=args.hf_naming)
+    out = write_checkpoint(
+        ckpt,
+        args.dst,
+        args.to,
+        hf_naming=args.hf_naming,
+        source=args.src,
+        overwrite=args.overwrite,
+    )
     cfg = ckpt.model_config
     print(
         f"{args.src} ({ckpt.format}) -> {out} ({args.to}): {cfg.short_name}, "

@@ -1,0 +1,77 @@
+"""Nothing lost, no silent wrong run: writing never deletes what it did not create, resuming
+runs the run that was asked for, a re-run gets its own directory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import main
+
+TINY = ["-o", "width=32", "-o", "depth=2", "-o", "num_heads=2", "-o", "mlp_dim=64"]
+DIGITS = ["--data", "digits", "--model", "Ti/2", *TINY, "--no-progress", "--batch-size", "32"]
+SHORT = [*DIGITS, "--epochs", "1", "--max-steps", "2"]
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def listing(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-step bf16 run on digits: checkpoints, metrics, report and plots."""
+    out = tmp_path_factory.mktemp("safety") / "run"
+    assert main(["train", *SHORT, "--precision", "bf16", "--out-dir", str(out)]) == 0
+    return out
+
+
+# ----- item 1: convert never deletes what it did not write -----------------------------------
+
+
+def test_convert_onto_its_own_run_is_refused_and_deletes_nothing(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = listing(run)
+    for dst in (run, run / "checkpoints"):  # the source itself, a directory inside it
+        code, _, err = run_cli(["convert", str(run), str(dst), "--to", "vitkit"], capsys)
+        assert code == 2 and "--overwrite" in err and "Traceback" not in err
+        assert listing(run) == before
+    other = tmp_path / "other"  # an unrelated non-empty directory, in every directory format
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    for to in ("vitkit", "hf", "timm"):
+        code, _, err = run_cli(["convert", str(run), str(other), "--to", to], capsys)
+        assert code == 2 and "not empty" in err
+    assert listing(other) == ["notes.txt"]
+    npz = tmp_path / "m.npz"
+    npz.write_bytes(b"not mine to replace")
+    code, _, err = run_cli(["convert", str(run), str(npz), "--to", "npz"], capsys)
+    assert code == 2 and npz.read_bytes() == b"not mine to replace"
+
+
+def test_convert_overwrite_replaces_only_what_it_writes(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = listing(run)
+    code, _, _ = run_cli(["convert", str(run), str(run), "--to", "vitkit", "--overwrite"], capsys)
+    assert code == 0
+    assert listing(run) == sorted([*before, "config.json", "model.safetensors"])
+    assert main(["inspect", str(run)]) == 0  # the run still reads (its LATEST checkpoint)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "notes.txt").write_text("mine")
+    assert main(["convert", str(run), str(hf), "--to", "hf", "--overwrite"]) == 0
+    assert (hf / "notes.txt").read_text() == "mine" and (hf / "model.safetensors").is_file()
+    capsys.readouterr()
