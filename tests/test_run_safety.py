@@ -3,6 +3,7 @@ runs the run that was asked for, a re-run gets its own directory."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -75,3 +76,27 @@ def test_convert_overwrite_replaces_only_what_it_writes(
     assert main(["convert", str(run), str(hf), "--to", "hf", "--overwrite"]) == 0
     assert (hf / "notes.txt").read_text() == "mine" and (hf / "model.safetensors").is_file()
     capsys.readouterr()
+
+
+# ----- item 2: --resume of a run without a checkpoint ----------------------------------------
+
+
+def test_resume_without_a_checkpoint_refuses_or_runs_the_saved_run(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for run in (empty, tmp_path / "missing"):  # never the default recipe instead
+        code, _, err = run_cli(["train", "--out-dir", str(run), "--resume", "--smoke"], capsys)
+        assert code == 2
+        assert f"{run} has no checkpoint to resume; start it again without --resume" in err
+    assert listing(empty) == []
+    # Killed before its first checkpoint: train_config.json was written before the first step.
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    shutil.copy(tiny_run / "train_config.json", killed)
+    code, _, err = run_cli(["train", "--out-dir", str(killed), "--resume"], capsys)
+    assert code == 0 and "no checkpoint yet" in err
+    saved = json.loads((killed / "train_config.json").read_text())
+    assert saved["data"] == "digits" and saved["model_overrides"]["width"] == 32
+    assert json.loads((killed / "report.json").read_text())["dataset"] == "digits"

@@ -48,6 +48,25 @@ def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
         )
 
 
+def saved_run_config(run_dir: Path) -> TrainConfig:
+    """The settings of the run in ``run_dir``, for resuming it: its ``train_config.json``
+    (written before its first step), else its newest checkpoint's; refuses a directory that
+    holds neither rather than resume something else."""
+    saved = run_dir / "train_config.json"
+    if saved.is_file():
+        try:
+            return TrainConfig.from_dict(json.loads(saved.read_text()))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise VitkitError(f"{saved}: unreadable training config ({e})") from None
+    if (run_dir / "checkpoints" / LATEST).is_file():
+        path = resolve_checkpoint(run_dir)
+        try:
+            return TrainConfig.from_dict(load_checkpoint(path).meta["train_config"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise VitkitError(f"{path}: names no training config to resume ({e!r})") from None
+    raise VitkitError(f"{run_dir} has no checkpoint to resume; start it again without --resume")
+
+
 def _check_architecture(path: Path, saved: ModelConfig, now: ModelConfig) -> None:
     diff = config_diff(saved, now)
     if diff:
