@@ -100,3 +100,45 @@ def test_resume_without_a_checkpoint_refuses_or_runs_the_saved_run(
     saved = json.loads((killed / "train_config.json").read_text())
     assert saved["data"] == "digits" and saved["model_overrides"]["width"] == 32
     assert json.loads((killed / "report.json").read_text())["dataset"] == "digits"
+
+
+# ----- item 3: resuming restores the thread count --------------------------------------------
+
+
+def test_resume_restores_the_runs_threads(tmp_path: Path) -> None:
+    """A run started with --threads 1 resumes with 1 thread wherever it is resumed (here: a
+    process now at 2), and ends bitwise where the uninterrupted run ends."""
+    import torch
+
+    from vitkit.checkpoints import LATEST, load_checkpoint
+
+    before = torch.get_num_threads()
+    full = tmp_path / "full"
+    args = [*DIGITS, "--epochs", "1", "--max-steps", "6", "--ckpt-every", "3", "--seed", "1"]
+    try:
+        assert (
+            main(
+                ["train", *args, "--threads", "1", "--keep-checkpoints", "9"]
+                + ["--out-dir", str(full)]
+            )
+            == 0
+        )
+        assert json.loads((full / "train_config.json").read_text())["threads"] == 1
+        run = tmp_path / "resumed"  # killed after its first checkpoint (step 3)
+        (run / "checkpoints").mkdir(parents=True)
+        shutil.copytree(
+            full / "checkpoints" / "step_00000003", run / "checkpoints" / "step_00000003"
+        )
+        (run / "checkpoints" / LATEST).write_text("step_00000003\n")
+        torch.set_num_threads(2)  # as a new process on this machine would start
+        assert main(["train", "--out-dir", str(run), "--resume"]) == 0
+        assert json.loads((run / "report.json").read_text())["threads"] == 1
+        a, b = load_checkpoint(full).state_dict, load_checkpoint(run).state_dict
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        # Asked for another count: it runs, and says in one line that the result will differ.
+        again = tmp_path / "again"
+        shutil.copytree(run, again)
+        with pytest.warns(UserWarning, match="threads 1 -> 2: the result will not be bitwise"):
+            assert main(["train", "--out-dir", str(again), "--resume", "--threads", "2"]) == 0
+    finally:
+        torch.set_num_threads(before)

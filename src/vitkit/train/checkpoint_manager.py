@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from vitkit.checkpoints.distributed import (
 from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
 from vitkit.train import distributed as D
-from vitkit.train.config import RESUMABLE_CHANGES, TrainConfig
+from vitkit.train.config import NUMERIC_CHANGES, RESUMABLE_CHANGES, TrainConfig
 
 
 def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
@@ -45,6 +46,17 @@ def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
         raise VitkitError(
             f"{path}: resuming with other training settings than the run's "
             f"would not continue the same run: {'; '.join(changed)}"
+        )
+    numeric = [
+        f"{k} {v!r} -> {current[k]!r}"
+        for k, v in saved.to_dict().items()
+        if k in NUMERIC_CHANGES and v is not None and v != current[k]
+    ]
+    if numeric:
+        warnings.warn(
+            f"{path}: resuming with {', '.join(numeric)}: the result will not be bitwise the "
+            "same as the uninterrupted run's",
+            stacklevel=2,
         )
 
 
