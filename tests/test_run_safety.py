@@ -142,3 +142,22 @@ def test_resume_restores_the_runs_threads(tmp_path: Path) -> None:
             assert main(["train", "--out-dir", str(again), "--resume", "--threads", "2"]) == 0
     finally:
         torch.set_num_threads(before)
+
+
+# ----- item 5: a re-run without --out-dir gets a fresh directory ------------------------------
+
+
+def test_rerun_without_out_dir_goes_to_a_fresh_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["train", *SHORT], capsys)[0] == 0  # the recipe's runs/mnist
+    first = listing(tmp_path / "runs" / "mnist")
+    code, out, err = run_cli(["train", *SHORT, "--epochs", "1"], capsys)
+    assert code == 0 and "runs/mnist already holds a run; this run goes to runs/mnist-2" in err
+    assert "runs/mnist-2/report.json" in out
+    assert (tmp_path / "runs" / "mnist-2" / "report.json").is_file()
+    assert listing(tmp_path / "runs" / "mnist") == first  # the first run is untouched
+    # An explicit --out-dir that holds a run is still refused without --resume.
+    code, _, err = run_cli(["train", *SHORT, "--out-dir", "runs/mnist"], capsys)
+    assert code == 2 and "already holds a run" in err

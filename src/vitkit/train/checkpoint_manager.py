@@ -79,6 +79,16 @@ def saved_run_config(run_dir: Path) -> TrainConfig:
     raise VitkitError(f"{run_dir} has no checkpoint to resume; start it again without --resume")
 
 
+def fresh_run_dir(path: Path) -> Path:
+    """``path`` if it holds nothing yet (absent or an empty directory), else the first of
+    ``path-2``, ``path-3``, ... that does: a new run never writes into another's files."""
+    candidate, n = path, 1
+    while candidate.exists() and not (candidate.is_dir() and not any(candidate.iterdir())):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
 def _check_architecture(path: Path, saved: ModelConfig, now: ModelConfig) -> None:
     diff = config_diff(saved, now)
     if diff:
