@@ -161,3 +161,32 @@ def test_rerun_without_out_dir_goes_to_a_fresh_directory(
     # An explicit --out-dir that holds a run is still refused without --resume.
     code, _, err = run_cli(["train", *SHORT, "--out-dir", "runs/mnist"], capsys)
     assert code == 2 and "already holds a run" in err
+
+
+# ----- item 6: eval in the run's precision, never over an earlier eval -----------------------
+
+
+def test_eval_uses_the_runs_precision_and_keeps_earlier_results(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    report = json.loads((run / "report.json").read_text())
+    assert report["precision"] == "bf16"
+    code, out, _ = run_cli(["eval", "--from", str(run)], capsys)
+    assert code == 0 and "(bf16: the run's" in out
+    first = json.loads((run / "eval_test" / "eval.json").read_text())
+    assert first["precision"] == "bf16"
+    assert first["top1"] == pytest.approx(report["test_top1"], abs=1e-12)
+    # Again, in fp32: a new directory, the first result stays as it was.
+    code, out, _ = run_cli(["eval", "--from", str(run), "--precision", "fp32"], capsys)
+    assert code == 0 and "(fp32: as asked)" in out and "eval_test-2" in out
+    assert json.loads((run / "eval_test" / "eval.json").read_text()) == first
+    assert json.loads((run / "eval_test-2" / "eval.json").read_text())["precision"] == "fp32"
+    # An explicit --out holding an evaluation: refused unless --overwrite.
+    args = ["eval", "--from", str(run), "--out", str(run / "eval_test")]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "--overwrite" in err
+    assert json.loads((run / "eval_test" / "eval.json").read_text()) == first
+    assert run_cli([*args, "--overwrite", "--precision", "fp32"], capsys)[0] == 0
+    assert json.loads((run / "eval_test" / "eval.json").read_text())["precision"] == "fp32"
