@@ -190,3 +190,15 @@ def test_eval_uses_the_runs_precision_and_keeps_earlier_results(
     assert json.loads((run / "eval_test" / "eval.json").read_text()) == first
     assert run_cli([*args, "--overwrite", "--precision", "fp32"], capsys)[0] == 0
     assert json.loads((run / "eval_test" / "eval.json").read_text())["precision"] == "fp32"
+
+
+def test_consolidate_never_deletes_what_it_did_not_write(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = listing(run)
+    code, _, err = run_cli(["consolidate", str(run), str(run)], capsys)
+    assert code == 2 and "--overwrite" in err and listing(run) == before
+    assert run_cli(["consolidate", str(run), str(tmp_path / "one")], capsys)[0] == 0
+    assert listing(tmp_path / "one") == ["config.json", "model.safetensors"]

@@ -100,6 +100,11 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("src", metavar="SRC", help="checkpoint or run directory")
     p.add_argument("out", metavar="OUT", help="the new checkpoint directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing OUT: replaces only the files written, keeps everything else",
+    )
     p.set_defaults(func=cmd_consolidate)
 
 
@@ -163,7 +168,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_consolidate(args: argparse.Namespace) -> int:
     from vitkit.checkpoints.distributed import consolidate_checkpoint
 
-    path = consolidate_checkpoint(args.src, args.out)
+    path = consolidate_checkpoint(args.src, args.out, overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 
