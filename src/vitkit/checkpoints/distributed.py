@@ -39,7 +39,7 @@ from vitkit.checkpoints.dcp_shards import (
     read_model_state,
     stored_tensors,
 )
-from vitkit.checkpoints.formats import load_model
+from vitkit.checkpoints.formats import read_checkpoint, write_checkpoint
 from vitkit.checkpoints.io import (
     CONFIG,
     FORMAT,
@@ -52,7 +52,6 @@ from vitkit.checkpoints.io import (
     flatten_state,
     replace_dir,
     resolve_checkpoint,
-    save_checkpoint,
     unflatten_state,
 )
 from vitkit.config import ModelConfig, PreprocessConfig
@@ -197,15 +196,15 @@ def load_distributed_checkpoint(
     return dict(extra.get("state", {}))
 
 
-def consolidate_checkpoint(src: str | Path, dst: str | Path) -> Path:
+def consolidate_checkpoint(src: str | Path, dst: str | Path, *, overwrite: bool = False) -> Path:
     """Write the weights of the checkpoint `src` (distributed or not; a run directory means its
     latest) as a single-file vitkit checkpoint at `dst`, for evaluation, prediction, sharing or
-    fine-tuning. Training state is not carried over (resume from `src` itself)."""
-    model, ckpt = load_model(resolve_checkpoint(src))
-    meta = {**ckpt.meta, "consolidated_from": str(ckpt.path)}
-    return save_checkpoint(
-        dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=meta
-    )
+    fine-tuning. Training state is not carried over (resume from `src` itself). As
+    `write_checkpoint`, it deletes nothing it did not write: `dst` equal to or inside `src`, or
+    not empty, is refused unless `overwrite` (which replaces only the files written)."""
+    ckpt = read_checkpoint(resolve_checkpoint(src), format="vitkit")
+    ckpt.meta = {**ckpt.meta, "consolidated_from": str(ckpt.path)}
+    return write_checkpoint(ckpt, dst, "vitkit", source=src, overwrite=overwrite)
 
 
 __all__ = [

@@ -316,20 +316,36 @@ def load(path: str | Path, **overrides: Any) -> nn.Module:
 
 
 def write_checkpoint(
-    ckpt: Checkpoint, dst: str | Path, to: Format, *, hf_naming: hf_conv.HfNaming = "4"
+    ckpt: Checkpoint,
+    dst: str | Path,
+    to: Format,
+    *,
+    hf_naming: hf_conv.HfNaming = "4",
+    source: str | Path | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
-    temporary name and renamed into place, so an interrupted write never leaves half a file."""
+    temporary name and renamed into place, so an interrupted write never leaves half a file.
+
+    Nothing is deleted that this call did not write: an existing file, a non-empty directory,
+    or a destination that is (or lies inside) the checkpoint read (``ckpt.path``, or the
+    ``source`` the user named) is refused unless ``overwrite``; then only the files written
+    here are replaced and whatever else a directory holds stays."""
     from vitkit.model import build_model
 
     dst = Path(dst)
+    _check_destination(dst, [ckpt.path] + ([Path(source)] if source else []), overwrite)
     cfg, sd = ckpt.model_config, ckpt.state_dict
     if to == "vitkit":
         model = build_model(cfg)
         load_state_dict_strict(model, sd, source=str(ckpt.path))
-        return save_checkpoint(
-            dst, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
+        if dst.exists() and not dst.is_dir():
+            raise VitkitError(f"{dst}: exists and is not a directory")
+        tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
+        save_checkpoint(
+            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
         )
+        return _install_dir(tmp, dst)
     if isinstance(cfg, ResNetConfig):
         raise VitkitError(
             f"{ckpt.path}: {cfg.short_name} is a BiT ResNet; vitkit writes ResNets only in its "
@@ -378,6 +394,39 @@ def _replace(tmp: Path, dst: Path) -> Path:
     return dst
 
 
+def _check_destination(dst: Path, sources: list[Path], overwrite: bool) -> None:
+    """Refuse (unless ``overwrite``) a destination whose writing would replace files this
+    write did not create: the source itself or a place inside it, an existing file, a
+    directory that is not empty."""
+    if overwrite:
+        return
+    hint = "choose another destination, or pass --overwrite (it replaces only the files written)"
+    target = dst.resolve()
+    for src in sources:
+        src = src.resolve()
+        if target == src or src in target.parents:
+            raise VitkitError(f"{dst}: is the source checkpoint or inside it; {hint}")
+    if dst.is_dir() and any(dst.iterdir()):
+        raise VitkitError(f"{dst}: exists and is not empty; {hint}")
+    if dst.exists() and not dst.is_dir():
+        raise VitkitError(f"{dst}: exists; {hint}")
+
+
+def _install_dir(tmp: Path, dst: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``dst``; into an existing directory file by file
+    (each an atomic rename), so that whatever else it holds stays."""
+    if not dst.exists():
+        return replace_dir(tmp, dst)
+    if not dst.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise VitkitError(f"{dst}: exists and is not a directory")
+    for f in sorted(tmp.iterdir()):
+        os.replace(f, dst / f.name)
+    tmp.rmdir()
+    _fsync_dir(dst)
+    return dst
+
+
 def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists() and not dst.is_dir():
@@ -388,7 +437,7 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
     for name, obj in jsons.items():
         _write_json(tmp / name, obj)
-    return replace_dir(tmp, dst)
+    return _install_dir(tmp, dst)
 
 
 def describe(ckpt: Checkpoint) -> dict[str, Any]:

@@ -57,6 +57,12 @@ def add_commands(sub: Any) -> None:
         choices=("4", "5"),
         help="Hugging Face key names: 4.x (loads in transformers 4 and 5) or 5.x",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing DST (even the source): replaces only the files convert "
+        "writes, keeps everything else",
+    )
     p.set_defaults(func=cmd_convert)
 
     p = add_command(
@@ -94,6 +100,11 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("src", metavar="SRC", help="checkpoint or run directory")
     p.add_argument("out", metavar="OUT", help="the new checkpoint directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing OUT: replaces only the files written, keeps everything else",
+    )
     p.set_defaults(func=cmd_consolidate)
 
 
@@ -109,7 +120,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         pre_logits=False if args.drop_pre_logits else None,
         resample=args.resample,
     )
-    out = write_checkpoint(ckpt, args.dst, args.to, hf_naming=args.hf_naming)
+    out = write_checkpoint(
+        ckpt,
+        args.dst,
+        args.to,
+        hf_naming=args.hf_naming,
+        source=args.src,
+        overwrite=args.overwrite,
+    )
     cfg = ckpt.model_config
     print(
         f"{args.src} ({ckpt.format}) -> {out} ({args.to}): {cfg.short_name}, "
@@ -149,7 +167,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_consolidate(args: argparse.Namespace) -> int:
     from vitkit.checkpoints.distributed import consolidate_checkpoint
 
-    path = consolidate_checkpoint(args.src, args.out)
+    path = consolidate_checkpoint(args.src, args.out, overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 

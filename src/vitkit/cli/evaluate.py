@@ -36,6 +36,12 @@ def add_commands(sub: Any) -> None:
     )
     add_data(p, workers=True)
     add_output(p, "directory for eval.json and confusion.png", "eval_SPLIT")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier evaluation in --out (default: refused; without --out a new "
+        "RUN/eval_SPLIT-2, -3, ... is used)",
+    )
     add_runtime(p, batch_size=256)
     p.set_defaults(func=cmd_eval)
 
@@ -101,10 +107,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.checkpoints import load_model
     from vitkit.eval import format_result
-    from vitkit.eval.checkpoint import checkpoint_dataset, evaluate_checkpoint
+    from vitkit.eval.checkpoint import (
+        checkpoint_dataset,
+        checkpoint_precision,
+        eval_output_dir,
+        evaluate_checkpoint,
+    )
     from vitkit.plotting import plot_confusion_matrix
 
     model, ckpt = load_model(path)
+    default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
+    out = eval_output_dir(default, given=out_arg is not None, overwrite=args.overwrite)
+    precision, why = checkpoint_precision(ckpt, args.precision)
     model.to(args.device)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
@@ -118,15 +132,15 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         ckpt,
         dataset,
         batch_size=args.batch_size,
-        precision=args.precision,
+        precision=precision,
         device=args.device,
         num_workers=args.num_workers,
     )
-    print(f"{path}:")
+    print(f"{path} ({precision}: {why}):")
     print(format_result(result, names))
-    out = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(result.to_json_dict(), indent=1))
+    record = {**result.to_json_dict(), "precision": precision}
+    (out / "eval.json").write_text(json.dumps(record, indent=1))
     png = plot_confusion_matrix(
         result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
     )
@@ -139,7 +153,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     import torch
 
     from vitkit.checkpoints import load_model
-    from vitkit.eval.checkpoint import checkpoint_features
+    from vitkit.eval.checkpoint import checkpoint_features, checkpoint_precision
     from vitkit.eval.fewshot import DEFAULT_L2_GRID, fewshot_evaluate, format_fewshot
     from vitkit.model import build_model
 
@@ -149,7 +163,8 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         model = build_model(ckpt.model_config).eval()
     model.to(args.device)
-    kw = dict(batch_size=args.batch_size, precision=args.precision, device=args.device)
+    precision, _ = checkpoint_precision(ckpt, args.precision)
+    kw = dict(batch_size=args.batch_size, precision=precision, device=args.device)
     train_f, train_y, k = checkpoint_features(model, ckpt, args.data, "train", **kw)
     test_f, test_y, _ = checkpoint_features(model, ckpt, args.data, args.test_split, **kw)
     results = fewshot_evaluate(

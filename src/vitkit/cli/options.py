@@ -187,12 +187,12 @@ def add_runtime(
     if batch_size is not None:
         g.add_argument("--batch-size", type=int, default=batch_size, help="images per forward")
     if precision:
-        add_precision(g, default="fp32")
+        add_precision(g, default=None, help="bf16: autocast (default: the checkpoint's, else fp32)")
     add_threads_device(g, device="cpu")
 
 
-def add_precision(g: Any, default: str | None) -> None:
-    g.add_argument("--precision", default=default, choices=["fp32", "bf16"], help="bf16: autocast")
+def add_precision(g: Any, default: str | None, help: str = "bf16: autocast") -> None:
+    g.add_argument("--precision", default=default, choices=["fp32", "bf16"], help=help)
 
 
 def add_threads_device(g: Any, device: str | None) -> None:

@@ -152,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vitkit.train import distributed
     from vitkit.train.trainer import Trainer
 
-    cfg = train_config_from_args(args)
+    cfg = default_out_dir(args, train_config_from_args(args))
     env = distributed.DistEnv()
     if distributed.launched_by_torchrun():
         env = distributed.init_distributed(cfg.device)
@@ -178,7 +178,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from vitkit.train.finetune import lr_sweep
     from vitkit.train.trainer import Trainer
 
-    cfg = train_config_from_args(args)
+    cfg = default_out_dir(args, train_config_from_args(args))
     if not cfg.data:
         raise VitkitError("finetune needs --data (a dataset to fine-tune on)")
     if args.lr_sweep is None:
@@ -212,7 +212,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.recipe is None:
         args.recipe = f"mnist-{args.objective or 'mpp'}"
-    cfg = train_config_from_args(args)
+    cfg = default_out_dir(args, train_config_from_args(args))
     if not cfg.data:
         raise VitkitError("pretrain needs --data (images to pre-train on)")
     trainer = Pretrainer(cfg)
@@ -265,6 +265,22 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def default_out_dir(args: argparse.Namespace, cfg: Any) -> Any:
+    """No --out-dir and no --resume: the recipe's run directory, or (when it already holds a
+    run) the first free ``runs/NAME-2``, ``-3``, ..., said on stderr. A given --out-dir stays:
+    the trainer refuses one that holds a run unless --resume."""
+    from vitkit.train.checkpoint_manager import fresh_run_dir
+
+    if args.out_dir is not None or args.resume:
+        return cfg
+    out = fresh_run_dir(Path(cfg.out_dir))
+    if out != Path(cfg.out_dir):
+        if os.environ.get("RANK", "0") == "0":  # (under torchrun: once)
+            print(f"{cfg.out_dir} already holds a run; this run goes to {out}", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, out_dir=str(out))
+    return cfg
 
 
 def list_recipes() -> int:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from vitkit.cli.options import add_bad_image, add_precision, add_threads_device
-from vitkit.errors import VitkitError
 from vitkit.overrides import parse_key_values
 
 
@@ -158,7 +156,7 @@ _TRAIN_FIELDS = (
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
-    "cutmix_alpha compile"
+    "cutmix_alpha compile threads"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 
@@ -167,17 +165,13 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     """The recipe's :class:`TrainConfig` (or, with ``--resume``, the run's own), with every
     option the user gave applied."""
     from vitkit.recipes import get_recipe, smoke
-    from vitkit.train.config import TrainConfig
+    from vitkit.train.checkpoint_manager import saved_run_config
 
     cfg = get_recipe(args.recipe).config
     if args.smoke:
         cfg = smoke(cfg, finetune=bool(getattr(args, "init_from", None)))
-    saved = Path(args.out_dir or cfg.out_dir) / "train_config.json"
-    if args.resume and saved.is_file():  # continue the run as it was started
-        try:
-            cfg = TrainConfig.from_dict(json.loads(saved.read_text()))
-        except (json.JSONDecodeError, TypeError, ValueError) as e:
-            raise VitkitError(f"{saved}: unreadable training config ({e})") from None
+    if args.resume:  # continue the run as it was started
+        cfg = saved_run_config(Path(args.out_dir or cfg.out_dir))
     changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
     if "grad_clip" in changes and changes["grad_clip"] == 0:
         changes["grad_clip"] = None

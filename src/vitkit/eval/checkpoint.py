@@ -4,6 +4,7 @@ the few-shot probe, and the mean ± std over several runs (the paper's tables)."
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,38 @@ def class_mismatch(ckpt: Checkpoint, dataset: Any, data: str) -> str | None:
             f"head has {num_classes}"
         )
     return None
+
+
+def checkpoint_precision(ckpt: Checkpoint, precision: str | None) -> tuple[str, str]:
+    """The precision to evaluate ``ckpt`` in and why: ``precision`` if given, else the one
+    its run trained in (its ``train_config``), else fp32."""
+    if precision is not None:
+        return precision, "as asked"
+    run = ckpt.meta.get("train_config")
+    if isinstance(run, dict) and run.get("precision") in ("fp32", "bf16"):
+        return str(run["precision"]), "the run's; --precision to change"
+    return "fp32", "the checkpoint names none"
+
+
+def eval_output_dir(out: Path, given: bool, overwrite: bool) -> Path:
+    """Where an evaluation writes ``eval.json`` and ``confusion.png``: ``out``, unless an
+    earlier evaluation is there; then the first free ``out-2``, ``out-3``, ... for a default
+    place, while a ``given`` one is refused unless ``overwrite``."""
+
+    def taken(d: Path) -> bool:
+        return (d / "eval.json").exists() or (d / "confusion.png").exists()
+
+    if overwrite or not taken(out):
+        return out
+    if given:
+        raise VitkitError(
+            f"{out}: holds an earlier evaluation (eval.json); choose another --out or pass "
+            "--overwrite"
+        )
+    n = 2
+    while taken(out.with_name(f"{out.name}-{n}")):
+        n += 1
+    return out.with_name(f"{out.name}-{n}")
 
 
 def _prepare(ckpt: Checkpoint, device: str | None = None) -> Callable[[Tensor], Tensor]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from vitkit.checkpoints.distributed import (
 from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
 from vitkit.train import distributed as D
-from vitkit.train.config import RESUMABLE_CHANGES, TrainConfig
+from vitkit.train.config import NUMERIC_CHANGES, RESUMABLE_CHANGES, TrainConfig
 
 
 def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
@@ -46,6 +47,46 @@ def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
             f"{path}: resuming with other training settings than the run's "
             f"would not continue the same run: {'; '.join(changed)}"
         )
+    numeric = [
+        f"{k} {v!r} -> {current[k]!r}"
+        for k, v in saved.to_dict().items()
+        if k in NUMERIC_CHANGES and v is not None and v != current[k]
+    ]
+    if numeric:
+        warnings.warn(
+            f"{path}: resuming with {', '.join(numeric)}: the result will not be bitwise the "
+            "same as the uninterrupted run's",
+            stacklevel=2,
+        )
+
+
+def saved_run_config(run_dir: Path) -> TrainConfig:
+    """The settings of the run in ``run_dir``, for resuming it: its ``train_config.json``
+    (written before its first step), else its newest checkpoint's; refuses a directory that
+    holds neither rather than resume something else."""
+    saved = run_dir / "train_config.json"
+    if saved.is_file():
+        try:
+            return TrainConfig.from_dict(json.loads(saved.read_text()))
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise VitkitError(f"{saved}: unreadable training config ({e})") from None
+    if (run_dir / "checkpoints" / LATEST).is_file():
+        path = resolve_checkpoint(run_dir)
+        try:
+            return TrainConfig.from_dict(load_checkpoint(path).meta["train_config"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise VitkitError(f"{path}: names no training config to resume ({e!r})") from None
+    raise VitkitError(f"{run_dir} has no checkpoint to resume; start it again without --resume")
+
+
+def fresh_run_dir(path: Path) -> Path:
+    """``path`` if it holds nothing yet (absent or an empty directory), else the first of
+    ``path-2``, ``path-3``, ... that does: a new run never writes into another's files."""
+    candidate, n = path, 1
+    while candidate.exists() and not (candidate.is_dir() and not any(candidate.iterdir())):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 def _check_architecture(path: Path, saved: ModelConfig, now: ModelConfig) -> None:

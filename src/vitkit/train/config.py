@@ -84,11 +84,17 @@ class TrainConfig:
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     progress: bool = True
     device: str = "cpu"
+    # PyTorch's intra-op threads: they change how sums are split, so the weights (not the
+    # accuracy) differ in the last bits. None: PyTorch's choice; a run records what it used
+    # and a resumed run restores it.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "accum_steps", "epochs", "keep_checkpoints", "log_every"):
             if getattr(self, name) < 1:
                 raise VitkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise VitkitError(f"threads must be at least 1, got {self.threads}")
         if self.val_size is not None and (
             self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size))
         ):
@@ -172,5 +178,12 @@ RESUMABLE_CHANGES = frozenset(
         "device",
         "log_every",
         "out_dir",
+        "threads",
     }
+)
+# Of those, the ones that change the arithmetic (thread count, device, compiled kernels) or,
+# for ImageFolder data, the generators augmentation draws from: a resumed run that changes one
+# still trains the same run, but its weights are not bitwise those of an uninterrupted run.
+NUMERIC_CHANGES = frozenset(
+    {"threads", "device", "compile", "num_workers", "persistent_workers", "strategy"}
 )

@@ -11,6 +11,7 @@ in a distributed run).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class TrainingRun:
                 f"objective {cfg.objective!r} is self-supervised pre-training: run it with "
                 "'vitkit pretrain' (vitkit.train.pretrain.Pretrainer)"
             )
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        cfg = dataclasses.replace(cfg, threads=torch.get_num_threads())  # recorded: see resume
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.dist = D.DistEnv.current()  # rank 0 of 1 without a process group

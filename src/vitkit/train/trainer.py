@@ -223,6 +223,12 @@ class Trainer(TrainingRun):
                 )
             D.barrier(self.dist)  # every rank has checked before rank 0 writes anything
             self.metrics.clear()
+            if cfg.resume and main:  # (killed before its first checkpoint)
+                print(
+                    f"{self.out}: no checkpoint yet; starting the run from its first step "
+                    "with its saved settings",
+                    file=sys.stderr,
+                )
         if main:
             atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
         start = time.perf_counter()
