@@ -16,6 +16,9 @@ Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters
 ``adapt``) <- ``distributed``; no module imports one to its right, not even inside a function.
 """
 
+# The text module first: importing a submodule later would rebind ``describe`` (the function
+# below) to the module of that name.
+from vitkit.checkpoints import describe as _describe_text  # noqa: F401
 from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
 from vitkit.checkpoints.formats import (
     FORMATS,
