@@ -221,7 +221,7 @@ def adapt_checkpoint(
 def _wrap(fn: Any, p: Path) -> Any:
     try:
         return fn()
-    except VitkitError as e:
+    except (VitkitError, TypeError, ValueError) as e:  # a malformed field of a file's config
         raise VitkitError(f"{p}: {e}") from None
 
 
@@ -242,7 +242,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             size = tuple(size[1:]) if len(size) == 3 else 224
         bit = timm_conv.timm_bit_config(sd, image_size=size, source=str(p))
         pre = (
-            timm_conv.timm_hub_preprocess(_read_json(p / CONFIG), bit)
+            _wrap(lambda: timm_conv.timm_hub_preprocess(_read_json(p / CONFIG), bit), p)
             if p.is_dir()
             else PreprocessConfig.for_model(bit)
         )
@@ -250,7 +250,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
     if p.is_dir():
         hub = _read_json(p / CONFIG)
         cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
-        pre = timm_conv.timm_hub_preprocess(hub, cfg)
+        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:
         cfg = timm_conv.timm_config(sd, num_heads=num_heads, grid=grid, source=str(p))
@@ -265,7 +265,8 @@ def _read_hf(p: Path) -> Checkpoint:
     cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
     cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
     pp_file = p / "preprocessor_config.json"
-    pre = hf_conv.hf_preprocess(_read_json(pp_file) if pp_file.is_file() else None, cfg)
+    pp = _read_json(pp_file) if pp_file.is_file() else None
+    pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
