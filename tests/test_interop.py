@@ -623,3 +623,29 @@ def test_inspect_and_convert_cli(tmp_path, capsys):
     assert "48x48 (grid 12x12)" in out and "all zeros" in out
     assert main(["convert", str(tmp_path / "nothing.npz"), str(tmp_path / "o"), "--to", "hf"]) == 2
     assert "nothing.npz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["transposed", "short"])
+def test_convert_checks_shapes_as_strictly_as_loading(tmp_path, capsys, bad):
+    """A tensor of the wrong shape (with the same parameter count or not) is refused by
+    convert, inspect and write_checkpoint, naming the key; nothing is written."""
+    from vitkit.cli import main
+
+    sd = dict(ours().state_dict())
+    w = sd["blocks.1.mlp.fc1.weight"]
+    sd["blocks.1.mlp.fc1.weight"] = w.t().contiguous() if bad == "transposed" else w[:100]
+    save_file(sd, tmp_path / "bad.safetensors")
+    src = str(tmp_path / "bad.safetensors")
+    for argv in (
+        ["convert", src, str(tmp_path / "hf"), "--to", "hf", "--num-heads", "4"],
+        ["inspect", src, "--num-heads", "4"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "blocks.1.mlp.fc1.weight: (" in err, err
+    assert not (tmp_path / "hf").exists()
+    ckpt = as_ckpt(ours())
+    ckpt.state_dict["blocks.1.mlp.fc1.weight"] = sd["blocks.1.mlp.fc1.weight"]
+    with pytest.raises(VitkitError, match=r"blocks\.1\.mlp\.fc1\.weight: \("):
+        write_checkpoint(ckpt, tmp_path / "t", "timm")
+    assert not (tmp_path / "t").exists()

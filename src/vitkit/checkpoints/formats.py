@@ -42,6 +42,7 @@ from vitkit.checkpoints.io import (
     Checkpoint,
     _fsync_dir,
     _write_json,
+    check_weights_fit,
     load_checkpoint,
     load_state_dict_strict,
     replace_dir,
@@ -176,7 +177,8 @@ def read_checkpoint(
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
-    if fmt != "vitkit":
+    if fmt != "vitkit":  # (load_checkpoint has checked its own)
+        check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
         ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
     if image_size is None and num_classes is None and pre_logits is None:
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
@@ -325,6 +327,7 @@ def write_checkpoint(
 
     dst = Path(dst)
     cfg, sd = ckpt.model_config, ckpt.state_dict
+    check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
     if to == "vitkit":
         model = build_model(cfg)
         load_state_dict_strict(model, sd, source=str(ckpt.path))
