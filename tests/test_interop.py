@@ -649,3 +649,26 @@ def test_convert_checks_shapes_as_strictly_as_loading(tmp_path, capsys, bad):
     with pytest.raises(VitkitError, match=r"blocks\.1\.mlp\.fc1\.weight: \("):
         write_checkpoint(ckpt, tmp_path / "t", "timm")
     assert not (tmp_path / "t").exists()
+
+
+def test_npz_that_is_not_arrays_says_why(tmp_path, capsys):
+    """A zip named .npz holding a non-array member, and random bytes named .npz: one line
+    with the right reason from inspect, eval and convert."""
+    import zipfile
+
+    from vitkit.cli import main
+
+    with zipfile.ZipFile(tmp_path / "text.npz", "w") as z:
+        z.writestr("readme.txt", "not an array")
+    (tmp_path / "random.npz").write_bytes(bytes(range(7, 256)) * 4)
+    cases = {"text": "member 'readme.txt' is not a .npy array", "random": "not an .npz (a zip"}
+    for name, reason in cases.items():
+        src = str(tmp_path / f"{name}.npz")
+        for argv in (
+            ["inspect", src],
+            ["eval", "--from", src, "--data", "digits"],
+            ["convert", src, str(tmp_path / "out"), "--to", "vitkit"],
+        ):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and reason in err and "pickle" not in err, err
