@@ -550,6 +550,24 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path, capsys):
     assert "this pickle ran code" not in capsys.readouterr().out
 
 
+def test_a_refused_pickle_says_what_vitkit_reads_and_never_to_run_it(tmp_path, capsys):
+    """No PyTorch hint to pass weights_only=False (running the file's code), no pickle
+    protocol warning: one line saying what vitkit reads and how to convert a trusted file."""
+    from vitkit.cli import main
+
+    for name, save in (("plain", pickle.dump), ("torch", torch.save)):
+        with open(tmp_path / f"{name}.pth", "wb") as f:
+            save({"patch_embed.proj.weight": _Exploit()}, f)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main(["inspect", str(tmp_path / f"{name}.pth")]) == 2
+        assert not [w for w in caught if "pickle" in str(w.message)], caught
+        out, err = capsys.readouterr()
+        assert "\n" not in err.strip() and "this pickle ran code" not in out
+        assert "weights_only" not in err and "likely succeed" not in err, err
+        assert "vitkit reads tensors only" in err and "save_file" in err, err
+
+
 def test_truncated_files_get_a_clear_error(tmp_path):
     path, _, _ = fixture("vit_token_p4")
     data = path.read_bytes()

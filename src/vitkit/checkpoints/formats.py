@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import warnings
 import zipfile
@@ -116,12 +117,19 @@ def _read_safetensors(p: Path) -> dict[str, Tensor]:
 
 def _torch_load(p: Path) -> dict[str, Tensor]:
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (a plain pickle's protocol: not the user's concern)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # PyTorch's message advises weights_only=False, i.e. running the file's code: not quoted.
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" (it refers to {found[1]})" if found else ""
         raise VitkitError(
-            f"{p}: refused to unpickle: the file holds Python objects other than tensors, which "
-            f"could run code when loaded ({str(e).splitlines()[0]}). Re-save the state dict "
-            "alone, or as .safetensors"
+            f"{p}: refused to unpickle: the file holds Python objects other than tensors{what}, "
+            "which could run code when loaded. vitkit reads tensors only: a state dict saved "
+            "with torch.save, .safetensors, .npz, or a timm / Hugging Face folder. If you trust "
+            "the file's source, load it yourself and save its state dict alone "
+            "(safetensors.torch.save_file(state_dict, 'model.safetensors'))"
         ) from None
     except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
         raise VitkitError(f"{p}: unreadable PyTorch file, truncated or corrupt ({e})") from None
