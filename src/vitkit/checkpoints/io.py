@@ -342,7 +342,7 @@ def check_weights_fit(
 
     declared = count_params(cfg)
     held = sum(t.numel() for t in state_dict.values())
-    fields = size_differences(cfg, state_dict) if declared != held else []
+    fields = _size_differences(cfg, state_dict) if declared != held else []
     # A size field the weights contradict, or a model too big to list its keys cheaply: one
     # line naming the field (or the size fields), before anything is allocated.
     if fields or declared > 2 * held + 10_000_000:
@@ -375,12 +375,13 @@ def _size_fields(cfg: ModelConfig) -> dict[str, Any]:
 _VIT_SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_classes")
 
 
-def size_differences(cfg: ModelConfig, sd: dict[str, Tensor]) -> list[str]:
+def _size_differences(cfg: ModelConfig, sd: dict[str, Tensor]) -> list[str]:
     """The ViT size fields whose value the weights contradict: ``["depth 1000 (the weights:
     2)"]`` (empty when none can be told from the keys)."""
     if isinstance(cfg, ResNetConfig):
         return []
-    blocks = {int(k.split(".")[1]) for k in sd if k.startswith("blocks.") and k.count(".") > 1}
+    parts = (k.split(".") for k in sd if k.startswith("blocks."))
+    blocks = {int(p[1]) for p in parts if len(p) > 2 and p[1].isdigit()}
     seen: dict[str, Any] = {}
     if blocks:
         seen["depth"] = max(blocks) + 1
