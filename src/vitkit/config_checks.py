@@ -46,6 +46,7 @@ def real(name: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) 
 
 
 def choice(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of the strings or bools ``allowed`` (``1`` is not ``True``)."""
     if not isinstance(value, str | bool) or value not in allowed:
         raise VitkitError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
     return value
