@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -512,8 +513,8 @@ def test_mismatched_weights_and_config_name_the_weights_file(tmp_path):
     path = save_checkpoint(tmp_path / "c", tiny())
     save_checkpoint(tmp_path / "d", tiny(width=48, num_heads=3))
     os.replace(tmp_path / "d" / "model.safetensors", path / "model.safetensors")
-    with pytest.raises(VitkitError, match="shape mismatches") as info:
-        load_model(path)
+    with pytest.raises(VitkitError, match=r"width 32 \(the weights: 48\)") as info:
+        load_model(path)  # (before a model is built: the declared size is checked first)
     assert str(path / "model.safetensors") in str(info.value)
 
 
@@ -754,3 +755,44 @@ def test_sigkill_while_replacing_an_existing_checkpoint_keeps_one(tmp_path, writ
     ckpts = run / "checkpoints"
     assert (ckpts / f".last.old-{pid}" / "model.safetensors").is_file()  # the kill hit the gap
     load_checkpoint(run)  # the old or the new checkpoint, never none
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("depth", 10**9, r"depth must lie in \[1, 1,024\], got 1,000,000,000"),
+        ("depth", 1000, r"depth 1000 \(the weights: 2\)"),
+        ("width", 10**12, r"width must lie in \[1, 65,536\]"),
+        ("layer_norm_eps", "abc", r"layer_norm_eps must be a number, got 'abc'"),
+        ("qkv_bias", "yes", r"qkv_bias must be one of True, False, got 'yes'"),
+    ],
+)
+def test_config_fields_are_checked_before_anything_is_built(
+    tmp_path, capsys, field, value, expected
+):
+    """A config.json with an absurd or mistyped field: one line naming the file and the
+    field from inspect and eval, at once (no allocation, no traceback)."""
+    from vitkit.cli import main
+
+    path = save_checkpoint(tmp_path / "c", tiny())
+    edit_config(path, lambda c: c["model"].__setitem__(field, value))
+    for argv in (["inspect", str(path)], ["eval", "--from", str(path), "--data", "digits"]):
+        start = time.perf_counter()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert time.perf_counter() - start < 5 and "\n" not in err, err
+        assert re.search(expected, err) and str(path / "config.json") in err, err
+
+
+def test_a_hugging_face_config_is_checked_before_anything_is_built(tmp_path, capsys):
+    from vitkit.checkpoints import read_checkpoint, write_checkpoint
+    from vitkit.cli import main
+
+    ckpt = read_checkpoint(save_checkpoint(tmp_path / "c", tiny()))
+    hf = write_checkpoint(ckpt, tmp_path / "hf", "hf")
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "hidden_size": 10**12}))
+    assert main(["inspect", str(hf)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(hf / "config.json") in err, err
+    assert "hidden_size: width must lie in [1, 65,536]" in err, err

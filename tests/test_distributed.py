@@ -233,3 +233,43 @@ def test_single_process_checkpoint_resumes_sharded_with_fsdp(tmp_path: Path) -> 
     resumed, ckpt = load_model(run)
     assert ckpt.path.name == "step_00000006" and is_distributed_checkpoint(ckpt.path)
     _assert_close(resumed.state_dict(), single.model.state_dict(), rtol=1e-5, atol=2e-6)
+
+
+def _rank_diverges(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
+    """A rank of a run that diverges: records the error it stopped with (None: it did not)."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    from vitkit.errors import VitkitError
+    from vitkit.train import distributed
+
+    distributed.init_distributed("cpu")
+    message = None
+    try:
+        Trainer(TrainConfig.from_dict(cfg)).fit()
+    except VitkitError as e:
+        message = str(e)
+    finally:
+        distributed.shutdown()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(message))
+
+
+def test_divergence_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    """A NaN loss stops both ranks at the same step (the loss is all-reduced before the check),
+    none hangs in a collective; FSDP's sharded weights are checked before every save."""
+    cfg = _config(
+        tmp_path / "run", optimizer="adamw", lr=1e6, max_steps=20, ckpt_every=1, strategy="fsdp"
+    )
+    args = (2, _free_port(), cfg.to_dict(), str(tmp_path))
+    mp.spawn(_rank_diverges, args=args, nprocs=2, join=True)
+    messages = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert messages[0] is not None and "diverged at step" in messages[0]
+    step = messages[0].split("diverged at step ")[1].split(":")[0]
+    assert f"diverged at step {step}:" in (messages[1] or "")  # the same step on both ranks
+    for name, t in load_model(tmp_path / "run")[0].state_dict().items():
+        assert torch.isfinite(t).all(), name  # the last checkpoint kept is finite

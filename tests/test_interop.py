@@ -550,6 +550,24 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path, capsys):
     assert "this pickle ran code" not in capsys.readouterr().out
 
 
+def test_a_refused_pickle_says_what_vitkit_reads_and_never_to_run_it(tmp_path, capsys):
+    """No PyTorch hint to pass weights_only=False (running the file's code), no pickle
+    protocol warning: one line saying what vitkit reads and how to convert a trusted file."""
+    from vitkit.cli import main
+
+    for name, save in (("plain", pickle.dump), ("torch", torch.save)):
+        with open(tmp_path / f"{name}.pth", "wb") as f:
+            save({"patch_embed.proj.weight": _Exploit()}, f)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main(["inspect", str(tmp_path / f"{name}.pth")]) == 2
+        assert not [w for w in caught if "pickle" in str(w.message)], caught
+        out, err = capsys.readouterr()
+        assert "\n" not in err.strip() and "this pickle ran code" not in out
+        assert "weights_only" not in err and "likely succeed" not in err, err
+        assert "vitkit reads tensors only" in err and "save_file" in err, err
+
+
 def test_truncated_files_get_a_clear_error(tmp_path):
     path, _, _ = fixture("vit_token_p4")
     data = path.read_bytes()
@@ -623,3 +641,52 @@ def test_inspect_and_convert_cli(tmp_path, capsys):
     assert "48x48 (grid 12x12)" in out and "all zeros" in out
     assert main(["convert", str(tmp_path / "nothing.npz"), str(tmp_path / "o"), "--to", "hf"]) == 2
     assert "nothing.npz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["transposed", "short"])
+def test_convert_checks_shapes_as_strictly_as_loading(tmp_path, capsys, bad):
+    """A tensor of the wrong shape (with the same parameter count or not) is refused by
+    convert, inspect and write_checkpoint, naming the key; nothing is written."""
+    from vitkit.cli import main
+
+    sd = dict(ours().state_dict())
+    w = sd["blocks.1.mlp.fc1.weight"]
+    sd["blocks.1.mlp.fc1.weight"] = w.t().contiguous() if bad == "transposed" else w[:100]
+    save_file(sd, tmp_path / "bad.safetensors")
+    src = str(tmp_path / "bad.safetensors")
+    for argv in (
+        ["convert", src, str(tmp_path / "hf"), "--to", "hf", "--num-heads", "4"],
+        ["inspect", src, "--num-heads", "4"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "blocks.1.mlp.fc1.weight: (" in err, err
+    assert not (tmp_path / "hf").exists()
+    ckpt = as_ckpt(ours())
+    ckpt.state_dict["blocks.1.mlp.fc1.weight"] = sd["blocks.1.mlp.fc1.weight"]
+    with pytest.raises(VitkitError, match=r"blocks\.1\.mlp\.fc1\.weight: \("):
+        write_checkpoint(ckpt, tmp_path / "t", "timm")
+    assert not (tmp_path / "t").exists()
+
+
+def test_npz_that_is_not_arrays_says_why(tmp_path, capsys):
+    """A zip named .npz holding a non-array member, and random bytes named .npz: one line
+    with the right reason from inspect, eval and convert."""
+    import zipfile
+
+    from vitkit.cli import main
+
+    with zipfile.ZipFile(tmp_path / "text.npz", "w") as z:
+        z.writestr("readme.txt", "not an array")
+    (tmp_path / "random.npz").write_bytes(bytes(range(7, 256)) * 4)
+    cases = {"text": "member 'readme.txt' is not a .npy array", "random": "not an .npz (a zip"}
+    for name, reason in cases.items():
+        src = str(tmp_path / f"{name}.npz")
+        for argv in (
+            ["inspect", src],
+            ["eval", "--from", src, "--data", "digits"],
+            ["convert", src, str(tmp_path / "out"), "--to", "vitkit"],
+        ):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and reason in err and "pickle" not in err, err

@@ -302,3 +302,21 @@ def test_write_dataset_shards_rejects_what_the_cli_rejects(tmp_path: Path) -> No
     with pytest.raises(VitkitError, match="--shard-size and --max-shard-bytes must be positive"):
         write_dataset_shards("digits", tmp_path, ["train"], max_shard_bytes=0.5)
     assert not any(tmp_path.iterdir())  # checked before anything is written
+
+
+def test_shards_write_every_image_or_say_how_many_are_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """By default every image is in a shard (train, val and test); splits that leave the
+    held-out val images out say how many."""
+    total = len(load_dataset("digits", "train")) + len(load_dataset("digits", "val"))
+    total += len(load_dataset("digits", "test"))
+    assert main(["shards", "digits", str(tmp_path / "all")]) == 0
+    index = json.loads((tmp_path / "all" / INDEX).read_text())
+    written = sum(e["samples"] for entries in index["splits"].values() for e in entries)
+    assert set(index["splits"]) == {"train", "val", "test"} and written == total
+    capsys.readouterr()
+    assert main(["shards", "digits", str(tmp_path / "some"), "--splits", "train,test"]) == 0
+    out = capsys.readouterr().out
+    n_val = len(load_dataset("digits", "val"))
+    assert f"the {n_val:,} images held out as the val split are in no shard" in out

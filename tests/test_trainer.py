@@ -114,3 +114,31 @@ def test_compiled_training_follows_eager_training(tmp_path: Path) -> None:
 def test_compile_mode_is_checked(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="compile must be one of"):
         config(tmp_path, compile="fastest")
+
+
+def test_divergence_stops_at_once_and_keeps_the_last_finite_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN loss stops the run with one line naming the step (no NaN update, no NaN
+    checkpoint); ``vitkit eval`` of NaN weights says so instead of reporting an accuracy."""
+    from vitkit.checkpoints import save_checkpoint
+    from vitkit.cli import main
+    from vitkit.errors import VitkitError
+
+    trainer = Trainer(config(tmp_path / "d", lr=1e6, max_steps=20, ckpt_every=1))
+    with pytest.raises(VitkitError, match=r"diverged at step \d+: the loss is nan \(last finite"):
+        trainer.fit()
+    assert trainer.step < 20
+    saved = sorted((tmp_path / "d" / "checkpoints").glob("step_*"))
+    assert saved and not (tmp_path / "d" / "report.json").exists()
+    for ckpt in saved:
+        for name, t in load_model(ckpt)[0].state_dict().items():
+            assert torch.isfinite(t).all(), f"{ckpt.name}: {name}"
+
+    model, ckpt = load_model(saved[-1])
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    save_checkpoint(tmp_path / "nan", model, preprocess=ckpt.preprocess, meta=ckpt.meta)
+    assert main(["eval", "--from", str(tmp_path / "nan")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "NaN or infinite" in err and "head.weight" in err

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from vitkit.config_checks import check_preprocess, check_resnet, check_vit
 from vitkit.errors import VitkitError
 
 Pool = Literal["token", "gap"]
@@ -28,14 +29,6 @@ def check_fields(cls: type, names: Any, what: str) -> None:
     unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise VitkitError(f"unknown {what}: {', '.join(unknown)}")
-
-
-def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    if len(v) != 2:
-        raise VitkitError(f"expected an int or a pair (height, width), got {v!r}")
-    return (int(v[0]), int(v[1]))
 
 
 @dataclass(frozen=True)
@@ -65,37 +58,17 @@ class ViTConfig:
     resnet_width_factor: float = 1.0  # ResNet width multiplier (root width 64 x factor)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        object.__setattr__(self, "patch_size", _pair(self.patch_size))
-        if self.resnet_layers is not None:
-            raw = self.resnet_layers
-            layers = (int(raw),) if isinstance(raw, int) else tuple(int(n) for n in raw)
-            if any(n <= 0 for n in layers):
-                raise VitkitError(f"resnet_layers must be positive, got {self.resnet_layers}")
-            object.__setattr__(self, "resnet_layers", layers)
-            if self.resnet_width_factor <= 0 or int(64 * self.resnet_width_factor) < 1:
-                raise VitkitError(
-                    f"resnet_width_factor must be > 0, got {self.resnet_width_factor}"
-                )
+        for name, value in check_vit(self).items():  # every field's type and range
+            object.__setattr__(self, name, value)
         s = self.stem_stride
         for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
-            if p <= 0 or i <= 0 or i % (p * s):
+            if i % (p * s):
                 what = f"the patch {side} {p}" + (f" x the ResNet stride {s}" if s > 1 else "")
                 raise VitkitError(f"image {side} {i} is not a positive multiple of {what}")
-        for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise VitkitError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.num_classes < 0:
-            raise VitkitError(f"num_classes must be >= 0, got {self.num_classes}")
-        for name in ("dropout", "attn_dropout", "drop_path"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise VitkitError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
+        if self.resnet_layers is not None and int(64 * self.resnet_width_factor) < 1:
+            raise VitkitError(f"resnet_width_factor must be > 0, got {self.resnet_width_factor}")
         if self.width % self.num_heads:
             raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
-        if self.pool not in ("token", "gap"):
-            raise VitkitError(f"pool must be 'token' or 'gap', got {self.pool!r}")
-        if self.gelu not in ("tanh", "none"):
-            raise VitkitError(f"gelu must be 'tanh' or 'none', got {self.gelu!r}")
 
     @property
     def is_hybrid(self) -> bool:
@@ -349,24 +322,10 @@ class ResNetConfig:
     root: ResNetRoot = "bit"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        layers = self.layers
-        if isinstance(layers, int):
-            layers = (layers,)
-        layers = tuple(int(n) for n in layers)
-        if not layers or any(n <= 0 for n in layers):
-            raise VitkitError(f"layers must be one or more positive unit counts, got {layers}")
-        object.__setattr__(self, "layers", layers)
-        if self.width_factor <= 0 or int(64 * self.width_factor) < 1:
+        for name, value in check_resnet(self).items():  # every field's type and range
+            object.__setattr__(self, name, value)
+        if int(64 * self.width_factor) < 1:
             raise VitkitError(f"width_factor must be > 0, got {self.width_factor}")
-        if self.root not in ("bit", "small"):
-            raise VitkitError(f"root must be 'bit' or 'small', got {self.root!r}")
-        if not isinstance(self.in_chans, int) or self.in_chans <= 0:
-            raise VitkitError(f"in_chans must be a positive integer, got {self.in_chans!r}")
-        if self.num_classes < 0:
-            raise VitkitError(f"num_classes must be >= 0, got {self.num_classes}")
-        if min(self.image_size) <= 0:
-            raise VitkitError(f"image_size must be positive, got {self.image_size}")
 
     is_hybrid: ClassVar[bool] = False
 
@@ -452,16 +411,8 @@ class PreprocessConfig:
     crop_pct: float = 1.0  # eval: resize the shorter side to size / crop_pct, then centre-crop
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
-        if self.channels not in (1, 3):
-            raise VitkitError(f"channels must be 1 or 3, got {self.channels}")
-        if self.interpolation not in ("nearest", "bilinear", "bicubic", "lanczos"):
-            raise VitkitError(
-                f"interpolation must be nearest, bilinear, bicubic or lanczos, "
-                f"got {self.interpolation!r}"
-            )
+        for name, value in check_preprocess(self).items():  # every field's type and range
+            object.__setattr__(self, name, value)
         if len(self.mean) != self.channels or len(self.std) != self.channels:
             raise VitkitError(
                 f"mean and std need {self.channels} values, got {self.mean}, {self.std}"

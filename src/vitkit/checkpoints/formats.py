@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import warnings
 import zipfile
@@ -42,6 +43,7 @@ from vitkit.checkpoints.io import (
     Checkpoint,
     _fsync_dir,
     _write_json,
+    check_weights_fit,
     load_checkpoint,
     load_state_dict_strict,
     replace_dir,
@@ -115,12 +117,19 @@ def _read_safetensors(p: Path) -> dict[str, Tensor]:
 
 def _torch_load(p: Path) -> dict[str, Tensor]:
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (a plain pickle's protocol: not the user's concern)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # PyTorch's message advises weights_only=False, i.e. running the file's code: not quoted.
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" (it refers to {found[1]})" if found else ""
         raise VitkitError(
-            f"{p}: refused to unpickle: the file holds Python objects other than tensors, which "
-            f"could run code when loaded ({str(e).splitlines()[0]}). Re-save the state dict "
-            "alone, or as .safetensors"
+            f"{p}: refused to unpickle: the file holds Python objects other than tensors{what}, "
+            "which could run code when loaded. vitkit reads tensors only: a state dict saved "
+            "with torch.save, .safetensors, .npz, or a timm / Hugging Face folder. If you trust "
+            "the file's source, load it yourself and save its state dict alone "
+            "(safetensors.torch.save_file(state_dict, 'model.safetensors'))"
         ) from None
     except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
         raise VitkitError(f"{p}: unreadable PyTorch file, truncated or corrupt ({e})") from None
@@ -176,7 +185,8 @@ def read_checkpoint(
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
-    if fmt != "vitkit":
+    if fmt != "vitkit":  # (load_checkpoint has checked its own)
+        check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
         ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
     if image_size is None and num_classes is None and pre_logits is None:
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
@@ -221,7 +231,7 @@ def adapt_checkpoint(
 def _wrap(fn: Any, p: Path) -> Any:
     try:
         return fn()
-    except VitkitError as e:
+    except (VitkitError, TypeError, ValueError) as e:  # a malformed field of a file's config
         raise VitkitError(f"{p}: {e}") from None
 
 
@@ -242,7 +252,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             size = tuple(size[1:]) if len(size) == 3 else 224
         bit = timm_conv.timm_bit_config(sd, image_size=size, source=str(p))
         pre = (
-            timm_conv.timm_hub_preprocess(_read_json(p / CONFIG), bit)
+            _wrap(lambda: timm_conv.timm_hub_preprocess(_read_json(p / CONFIG), bit), p)
             if p.is_dir()
             else PreprocessConfig.for_model(bit)
         )
@@ -250,7 +260,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
     if p.is_dir():
         hub = _read_json(p / CONFIG)
         cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
-        pre = timm_conv.timm_hub_preprocess(hub, cfg)
+        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:
         cfg = timm_conv.timm_config(sd, num_heads=num_heads, grid=grid, source=str(p))
@@ -265,7 +275,8 @@ def _read_hf(p: Path) -> Checkpoint:
     cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
     cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
     pp_file = p / "preprocessor_config.json"
-    pre = hf_conv.hf_preprocess(_read_json(pp_file) if pp_file.is_file() else None, cfg)
+    pp = _read_json(pp_file) if pp_file.is_file() else None
+    pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
@@ -336,6 +347,7 @@ def write_checkpoint(
     dst = Path(dst)
     _check_destination(dst, [ckpt.path] + ([Path(source)] if source else []), overwrite)
     cfg, sd = ckpt.model_config, ckpt.state_dict
+    check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
     if to == "vitkit":
         model = build_model(cfg)
         load_state_dict_strict(model, sd, source=str(ckpt.path))

@@ -87,8 +87,25 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
             gelu=_ACT[act],
             qkv_bias=bool(hf.get("qkv_bias", True)),
         )
-    except (TypeError, ValueError) as e:
-        raise VitkitError(f"{source}: malformed ViT config ({e})") from None
+    except (TypeError, ValueError, VitkitError) as e:
+        raise VitkitError(f"{source}: malformed ViT config ({_hf_field_names(str(e))})") from None
+
+
+# vitkit's name of a config field -> Hugging Face's (for errors that name the file's field)
+_HF_FIELDS = {
+    "width": "hidden_size",
+    "depth": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "mlp_dim": "intermediate_size",
+    "in_chans": "num_channels",
+    "dropout": "hidden_dropout_prob",
+    "attn_dropout": "attention_probs_dropout_prob",
+}
+
+
+def _hf_field_names(message: str) -> str:
+    first = message.split(" ", 1)[0]
+    return f"{_HF_FIELDS[first]}: {message}" if first in _HF_FIELDS else message
 
 
 def hf_to_state_dict(

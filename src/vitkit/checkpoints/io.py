@@ -29,9 +29,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from vitkit.checkpoints.dcp_shards import DCP_DIR, read_model_state
-from vitkit.config import ModelConfig, PreprocessConfig, config_from_dict
+from vitkit.config import (
+    ModelConfig,
+    PreprocessConfig,
+    ResNetConfig,
+    config_from_dict,
+    count_params,
+)
 from vitkit.errors import VitkitError
 
 FORMAT = "vitkit"
@@ -281,6 +288,8 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
         train_state = unflatten_state(_read_json(p / TRAIN_JSON), _read_tensors(p / TRAIN_TENSORS))
     # One file of weights, or a distributed checkpoint's shards (see checkpoints/distributed.py).
     state_dict = _read_tensors(p / WEIGHTS) if (p / WEIGHTS).is_file() else read_model_state(p)
+    weights = p / WEIGHTS if (p / WEIGHTS).is_file() else p / DCP_DIR
+    check_weights_fit(model_cfg, state_dict, config_source=str(p / CONFIG), source=str(weights))
     return Checkpoint(
         path=p,
         model_config=model_cfg,
@@ -300,21 +309,10 @@ def config_diff(a: ModelConfig, b: ModelConfig) -> list[str]:
     return [f"{k}: {da[k]} != {db[k]}" for k in da if da[k] != db[k]]
 
 
-def load_state_dict_strict(
-    model: nn.Module,
-    state_dict: dict[str, Tensor],
-    *,
-    source: str = "checkpoint",
-    ignore_prefixes: tuple[str, ...] = (),
+def _check_fit(
+    own: dict[str, Tensor], state_dict: dict[str, Tensor], source: str, keep: Any
 ) -> None:
-    """Load weights only if they fit exactly; otherwise say which keys are missing, which are
-    unexpected and which shapes differ. Keys under ``ignore_prefixes`` (e.g. ``("head.",)`` to
-    start from a checkpoint with another number of classes) must be asked for by name."""
-    own = model.state_dict()
-
-    def keep(k: str) -> bool:
-        return not any(k.startswith(p) for p in ignore_prefixes)
-
+    """Raise naming the missing keys, the unexpected keys and the shapes that differ."""
     missing = sorted(k for k in own if keep(k) and k not in state_dict)
     unexpected = sorted(k for k in state_dict if keep(k) and k not in own)
     shapes = sorted(
@@ -331,6 +329,88 @@ def load_state_dict_strict(
         problems.append(f"shape mismatches: {'; '.join(shapes)}")
     if problems:
         raise VitkitError(f"{source} does not fit the model: {' | '.join(problems)}")
+
+
+def check_weights_fit(
+    cfg: ModelConfig, state_dict: dict[str, Tensor], *, config_source: str, source: str
+) -> None:
+    """Refuse weights that do not fit ``cfg`` before any model is allocated: first the size
+    the config declares (an analytic parameter count, so a config that asks for a giant model
+    costs nothing), then every key and shape against the model built on the meta device —
+    the check :func:`load_state_dict_strict` makes, for converting and inspecting too."""
+    from vitkit.model import build_model
+
+    declared = count_params(cfg)
+    held = sum(t.numel() for t in state_dict.values())
+    fields = _size_differences(cfg, state_dict) if declared != held else []
+    # A size field the weights contradict, or a model too big to list its keys cheaply: one
+    # line naming the field (or the size fields), before anything is allocated.
+    if fields or declared > 2 * held + 10_000_000:
+        shown = "; ".join(fields) or ", ".join(f"{k} {v}" for k, v in _size_fields(cfg).items())
+        raise VitkitError(
+            f"{config_source}: declares a model of {declared:,} parameters ({shown}) but "
+            f"{source} holds {held:,}"
+        )
+    with torch.device("meta"), _NoRandomInit():
+        own = build_model(cfg).state_dict()
+    _check_fit(own, state_dict, source, lambda k: True)
+
+
+class _NoRandomInit(TorchFunctionMode):
+    """Skips the random initialisers while a model is built on the meta device for its shapes
+    (their meta kernels import ``torch._dynamo``: seconds, for nothing)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("normal_", "uniform_"):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def _size_fields(cfg: ModelConfig) -> dict[str, Any]:
+    names = ("layers", "width_factor") if isinstance(cfg, ResNetConfig) else _VIT_SIZE_FIELDS
+    return {k: getattr(cfg, k) for k in names}
+
+
+_VIT_SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_classes")
+
+
+def _size_differences(cfg: ModelConfig, sd: dict[str, Tensor]) -> list[str]:
+    """The ViT size fields whose value the weights contradict: ``["depth 1000 (the weights:
+    2)"]`` (empty when none can be told from the keys)."""
+    if isinstance(cfg, ResNetConfig):
+        return []
+    parts = (k.split(".") for k in sd if k.startswith("blocks."))
+    blocks = {int(p[1]) for p in parts if len(p) > 2 and p[1].isdigit()}
+    seen: dict[str, Any] = {}
+    if blocks:
+        seen["depth"] = max(blocks) + 1
+    if "norm.weight" in sd and sd["norm.weight"].ndim == 1:
+        seen["width"] = sd["norm.weight"].shape[0]
+    if "blocks.0.mlp.fc1.weight" in sd:
+        seen["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    seen["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    return [
+        f"{k} {getattr(cfg, k)} (the weights: {v})" for k, v in seen.items() if getattr(cfg, k) != v
+    ]
+
+
+def load_state_dict_strict(
+    model: nn.Module,
+    state_dict: dict[str, Tensor],
+    *,
+    source: str = "checkpoint",
+    ignore_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Load weights only if they fit exactly; otherwise say which keys are missing, which are
+    unexpected and which shapes differ. Keys under ``ignore_prefixes`` (e.g. ``("head.",)`` to
+    start from a checkpoint with another number of classes) must be asked for by name."""
+    own = model.state_dict()
+
+    def keep(k: str) -> bool:
+        return not any(k.startswith(p) for p in ignore_prefixes)
+
+    _check_fit(own, state_dict, source, keep)
     with torch.no_grad():
         for k, v in state_dict.items():
             if keep(k):

@@ -55,8 +55,17 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     """All arrays of an ``.npz`` as float32 (bf16/fp16 widened), never unpickling anything."""
     path = Path(path)
     try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise VitkitError(f"{path}: unreadable .npz ({e})") from None
+    if magic not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would try it as a pickle
+        raise VitkitError(
+            f"{path}: not an .npz (a zip archive of .npy arrays); it starts with {magic!r}"
+        )
+    try:
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
-            arrays = {k: _to_float32(k, z[k], path) for k in z.files}
+            arrays = {k: _to_float32(k, _array(z[k], k, path), path) for k in z.files}
     except ValueError as e:
         if "allow_pickle" in str(e) or "pickle" in str(e).lower():
             raise VitkitError(
@@ -71,6 +80,13 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     if not arrays:
         raise VitkitError(f"{path}: the .npz holds no arrays")
     return arrays
+
+
+def _array(value: Any, key: str, path: Path) -> np.ndarray:
+    """An .npz member; numpy hands back a member that is not a ``.npy`` file as bytes."""
+    if not isinstance(value, np.ndarray):
+        raise VitkitError(f"{path}: member {key!r} is not a .npy array (an .npz holds only arrays)")
+    return value
 
 
 def _to_float32(key: str, a: np.ndarray, path: Path) -> np.ndarray:

@@ -23,7 +23,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("src", metavar="SRC", help="dataset name or ImageFolder directory")
     p.add_argument("out", metavar="OUT", help="output directory")
     g = p.add_argument_group("data")
-    g.add_argument("--splits", default="train,test", help="comma-separated: train, val, test")
+    g.add_argument(
+        "--splits",
+        help="comma-separated: train, val, test (default: all three, every image; train,test "
+        "with --val-size 0)",
+    )
     g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
     g.add_argument("--seed", type=int, default=0, help="chooses the val split and the order")
     g.add_argument("--image-size", type=int, help="built-in data: resize to this size first")
@@ -45,7 +49,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
     counts = write_dataset_shards(
         args.src,
         args.out,
-        [s.strip() for s in args.splits.split(",") if s.strip()],
+        None if args.splits is None else [s.strip() for s in args.splits.split(",") if s.strip()],
         shard_size=args.shard_size,
         max_shard_bytes=args.max_shard_bytes,
         val_size=args.val_size,
@@ -58,6 +62,11 @@ def cmd_shards(args: argparse.Namespace) -> int:
     )
     for split, c in counts.items():
         note = f" ({c['skipped']} unreadable files skipped)" if c["skipped"] else ""
+        if c.get("held_out"):
+            note += (
+                f"; the {c['held_out']:,} images held out as the val split are in no shard "
+                "(add val to --splits to write them)"
+            )
         print(f"{split}: {c['samples']:,} samples in {c['shards']} shards{note}")
     print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
     return 0

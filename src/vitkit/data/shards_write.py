@@ -152,7 +152,7 @@ def native_size(dataset: ArrayDataset | ImageFolderDataset) -> tuple[int, int] |
 def write_dataset_shards(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    splits: Sequence[str] = ("train", "test"),
+    splits: Sequence[str] | None = None,
     *,
     shard_size: int = 10_000,
     max_shard_bytes: float = 1e9,
@@ -168,11 +168,17 @@ def write_dataset_shards(
     shards in `out`, then ``out/shards.json``; returns ``{split: {"samples", "shards",
     "skipped"}}`` (skipped: unreadable files left out with ``on_bad_image="skip"``).
 
+    splits: default every image: train, val and test (no val with ``val_size=0``). When
+    "train" is written without "val", the held-out val images are in no shard;
+    ``counts["train"]["held_out"]`` says how many.
+
     val_size: the held-out "val" slice of the training set, a count (>= 1) or a fraction;
     seed: chooses that slice and the order of the samples (`shuffle`); image_size: built-in
     data is resized to it first; data_root: mnist's IDX directory. See `load_dataset` and
     `write_shards`; this is what ``vitkit shards`` writes.
     """
+    if splits is None:
+        splits = ("train", "test") if val_size == 0 else SPLITS
     for split in splits:
         if split not in SPLITS:
             raise VitkitError(f"unknown split '{split}': expected train, val or test")
@@ -212,6 +218,12 @@ def write_dataset_shards(
         counts[split] = {"samples": samples, "shards": len(entries), "skipped": skipped}
     assert info is not None
     write_index(out, info, written, size, source=str(src))
+    if "train" in splits and "val" not in splits and val_size != 0:
+        try:
+            val = load_dataset(src, "val", image_size=image_size, train_transform=False, **kw)
+        except VitkitError:  # (no val split after all: nothing was held out)
+            return counts
+        counts["train"]["held_out"] = len(val)
     return counts
 
 

@@ -92,6 +92,21 @@ def eval_output_dir(out: Path, given: bool, overwrite: bool) -> Path:
     return out.with_name(f"{out.name}-{n}")
 
 
+def check_finite_weights(model: nn.Module, ckpt: Checkpoint) -> None:
+    """Refuse a model with NaN or infinite weights (a diverged run): its accuracy means
+    nothing."""
+    bad = [
+        name
+        for name, t in model.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        raise VitkitError(
+            f"{ckpt.path}: {len(bad)} weight tensor(s) hold NaN or infinite values (first: "
+            f"{bad[0]}); the training that wrote it diverged, there is nothing to evaluate"
+        )
+
+
 def _prepare(ckpt: Checkpoint, device: str | None = None) -> Callable[[Tensor], Tensor]:
     """uint8 batch (moved to ``device`` if given) → the model's normalised input."""
     pre = ckpt.preprocess
@@ -123,6 +138,7 @@ def evaluate_checkpoint(
     num_classes = ckpt.model_config.num_classes
     if not num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
+    check_finite_weights(model, ckpt)
     loader = make_loader(
         dataset, batch_size, shuffle=False, drop_last=False, seed=0, num_workers=num_workers
     )
@@ -148,6 +164,7 @@ def checkpoint_features(
     device: str = "cpu",
 ) -> tuple[Tensor, Tensor, int]:
     """Frozen pre-logit features, labels and the class count of ``split`` of ``data``."""
+    check_finite_weights(model, ckpt)
     pre = ckpt.preprocess
     dataset = load_dataset(data, split, image_size=pre.image_size, train_transform=False)  # type: ignore[arg-type]
     loader = make_loader(dataset, batch_size, shuffle=False, drop_last=False, seed=0)

@@ -112,6 +112,10 @@ class CheckpointManager:
     def has_checkpoint(self) -> bool:
         return (self.dir / LATEST).exists()
 
+    def latest_name(self) -> str:
+        """The directory name ``LATEST`` points at."""
+        return (self.dir / LATEST).read_text().strip()
+
     def save(
         self,
         step: int,

@@ -293,6 +293,7 @@ class TrainingRun:
         return tuple(self.info.class_names) if self.model_cfg.num_classes else ()
 
     def save(self) -> Path:
+        self._check_finite_weights()
         return self.checkpoints.save(
             self.step,
             self.model,
@@ -303,6 +304,24 @@ class TrainingRun:
             meta=self._meta(),
             train_state=self.train_state(),
         )
+
+    def _check_finite_weights(self) -> None:
+        """Refuse to write a checkpoint with a NaN or infinite weight (every rank decides
+        together: FSDP's shards are checked where they live and the count summed)."""
+        bad = [
+            name
+            for name, t in self.model.state_dict().items()
+            if t.is_floating_point()
+            and not bool(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all())
+        ]
+        (count,) = D.all_reduce_sum([len(bad)], self.dist)
+        if count:
+            where = f" (first: {bad[0]})" if bad else ""
+            raise VitkitError(
+                f"{self.out}: training diverged before step {self.step}: {int(count)} weight "
+                f"tensor(s) hold NaN or infinite values{where}; not saved, the checkpoints "
+                f"in {self.ckpt_dir} are kept (lower --lr or set --grad-clip)"
+            )
 
     def restore(self) -> bool:
         """Load the newest checkpoint of ``out_dir`` if there is one; True if resumed."""

@@ -52,6 +52,8 @@ __all__ = ["RESUMABLE_CHANGES", "TrainConfig", "Trainer"]
 class Trainer(TrainingRun):
     """Builds everything a :class:`TrainConfig` describes and runs it: ``Trainer(cfg).fit()``."""
 
+    last_finite_loss: tuple[int, float] | None = None  # (step, loss) of the last update made
+
     # ----- one optimizer step ------------------------------------------------------------
 
     def _epoch_batches(self) -> Iterator[tuple[Tensor, Tensor, int]]:
@@ -151,6 +153,10 @@ class Trainer(TrainingRun):
     def _optimizer_step(
         self, loss_sum: float, correct: float, counted: int, n: int
     ) -> tuple[float, float]:
+        loss = loss_sum / max(n, 1)
+        if not math.isfinite(loss):  # (all-reduced in a distributed run: every rank stops)
+            self.optimizer.zero_grad(set_to_none=True)  # the update is never applied
+            raise VitkitError(self._divergence(loss))
         if self.cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(self._trained_parameters(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -158,8 +164,27 @@ class Trainer(TrainingRun):
         if self.ema is not None:
             self.ema.update(self.model)
         self.step += 1
+        self.last_finite_loss = (self.step, loss)
         acc = correct / max(counted, 1) if self.has_accuracy else math.nan
-        return loss_sum / max(n, 1), acc
+        return loss, acc
+
+    def _divergence(self, loss: float) -> str:
+        """The one line that stops a run whose loss is no longer finite."""
+        last = (
+            f"last finite loss {self.last_finite_loss[1]:.4g} at step {self.last_finite_loss[0]}"
+            if self.last_finite_loss is not None
+            else "no finite loss since the run (re)started"
+        )
+        kept = (
+            f"the last checkpoint, {self.ckpt_dir / self.checkpoints.latest_name()}, is kept"
+            if self.checkpoints.has_checkpoint()
+            else "no checkpoint was written"
+        )
+        return (
+            f"{self.out}: training diverged at step {self.step + 1}: the loss is {loss} "
+            f"({last}); stopped before applying that update, {kept} (lower --lr or set "
+            "--grad-clip)"
+        )
 
     # ----- evaluation --------------------------------------------------------------------
 

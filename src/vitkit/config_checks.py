@@ -1,0 +1,146 @@
+"""The type and range of every model and preprocessing config field, checked before anything
+is built: a config file that says ``depth: 1e9`` or ``layer_norm_eps: "abc"`` is one line
+naming the field, not a model that allocates without end or a traceback deep in PyTorch.
+
+The ranges are generous (ViT-22B has width 6144 and depth 48); they exist so that a typo or a
+hostile file cannot ask for more memory than any machine has.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from vitkit.errors import VitkitError
+
+MAX_SIDE = 16_384  # pixels along one side of the input image
+MAX_CHANNELS = 1024  # input channels
+MAX_CLASSES = 1_000_000  # head size
+MAX_WIDTH = 65_536  # transformer width, pre-logits size
+MAX_DEPTH = 1024  # encoder blocks
+MAX_MLP = 262_144  # MLP hidden size
+MAX_STAGES = 8  # ResNet stages
+MAX_UNITS = 1024  # ResNet units per stage
+MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
+
+
+def integer(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]`` (numpy integers too; never a bool or a float)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise VitkitError(f"{name} must be an integer, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise VitkitError(f"{name} must lie in [{lo}, {hi:,}], got {int(value):,}")
+    return int(value)
+
+
+def real(name: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) -> float:
+    """``value`` as a finite float in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise VitkitError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v > hi or v < lo or (open_lo and v == lo):
+        interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}]"
+        raise VitkitError(f"{name} must lie in {interval}, got {value!r}")
+    return v
+
+
+def choice(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of the strings or bools ``allowed`` (``1`` is not ``True``)."""
+    if not isinstance(value, str | bool) or value not in allowed:
+        raise VitkitError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
+
+
+def pair(name: str, value: Any, lo: int, hi: int) -> tuple[int, int]:
+    """An int or a (height, width) pair of ints in ``[lo, hi]``."""
+    if isinstance(value, numbers.Integral):
+        value = (value, value)
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise VitkitError(f"{name} must be an int or a pair (height, width), got {value!r}")
+    return (integer(name, value[0], lo, hi), integer(name, value[1], lo, hi))
+
+
+def int_tuple(name: str, value: Any, lo: int, hi: int, max_len: int) -> tuple[int, ...]:
+    """An int or a sequence of at most ``max_len`` ints in ``[lo, hi]``."""
+    if isinstance(value, numbers.Integral):
+        value = (value,)
+    if not isinstance(value, list | tuple) or len(value) > max_len:
+        raise VitkitError(f"{name} must be a list of at most {max_len} integers, got {value!r}")
+    return tuple(integer(name, v, lo, hi) for v in value)
+
+
+def floats(name: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) -> tuple:
+    if not isinstance(value, list | tuple):
+        raise VitkitError(f"{name} must be a list of numbers, got {value!r}")
+    return tuple(real(name, v, lo, hi, open_lo=open_lo) for v in value)
+
+
+def check_vit(cfg: Any) -> dict[str, Any]:
+    """The normalised values of a ViTConfig's fields (see :class:`vitkit.config.ViTConfig`)."""
+    out: dict[str, Any] = {
+        "image_size": pair("image_size", cfg.image_size, 1, MAX_SIDE),
+        "patch_size": pair("patch_size", cfg.patch_size, 1, MAX_SIDE),
+        "in_chans": integer("in_chans", cfg.in_chans, 1, MAX_CHANNELS),
+        "num_classes": integer("num_classes", cfg.num_classes, 0, MAX_CLASSES),
+        "width": integer("width", cfg.width, 1, MAX_WIDTH),
+        "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
+        "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
+        "pool": choice("pool", cfg.pool, ("token", "gap")),
+        "gelu": choice("gelu", cfg.gelu, ("tanh", "none")),
+        "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
+        "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
+        "resnet_width_factor": real(
+            "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
+        ),
+    }
+    out["num_heads"] = integer("num_heads", cfg.num_heads, 1, out["width"])
+    if cfg.representation_size is not None:
+        out["representation_size"] = integer(
+            "representation_size", cfg.representation_size, 1, MAX_WIDTH
+        )
+    for name in ("dropout", "attn_dropout", "drop_path"):
+        out[name] = real(name, getattr(cfg, name), 0.0, 1.0)
+        if out[name] == 1.0:
+            raise VitkitError(f"{name} must lie in [0, 1), got {out[name]}")
+    if cfg.resnet_layers is not None:
+        out["resnet_layers"] = int_tuple(
+            "resnet_layers", cfg.resnet_layers, 1, MAX_UNITS, MAX_STAGES
+        )
+    return out
+
+
+def check_resnet(cfg: Any) -> dict[str, Any]:
+    """The normalised values of a ResNetConfig's fields."""
+    layers = int_tuple("layers", cfg.layers, 1, MAX_UNITS, MAX_STAGES)
+    if not layers:
+        raise VitkitError("layers must be one or more positive unit counts, got ()")
+    return {
+        "image_size": pair("image_size", cfg.image_size, 1, MAX_SIDE),
+        "in_chans": integer("in_chans", cfg.in_chans, 1, MAX_CHANNELS),
+        "num_classes": integer("num_classes", cfg.num_classes, 0, MAX_CLASSES),
+        "layers": layers,
+        "width_factor": real("width_factor", cfg.width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True),
+        "root": choice("root", cfg.root, ("bit", "small")),
+    }
+
+
+def check_preprocess(cfg: Any) -> dict[str, Any]:
+    """The normalised values of a PreprocessConfig's fields."""
+    return {
+        "image_size": pair("image_size", cfg.image_size, 1, MAX_SIDE),
+        "channels": _channels(cfg),
+        "mean": floats("mean", cfg.mean, -1e3, 1e3),
+        "std": floats("std", cfg.std, 0.0, 1e3, open_lo=True),
+        "interpolation": choice(
+            "interpolation", cfg.interpolation, ("nearest", "bilinear", "bicubic", "lanczos")
+        ),
+        "crop_pct": real("crop_pct", cfg.crop_pct, 0.0, 1.0, open_lo=True),
+    }
+
+
+def _channels(cfg: Any) -> int:
+    channels = integer("channels", cfg.channels, 1, 3)
+    if channels == 2:
+        raise VitkitError("channels must be 1 or 3, got 2")
+    return channels
