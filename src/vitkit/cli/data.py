@@ -6,7 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import add_bad_image, add_command
+from vitkit.cli.options import (
+    add_bad_image,
+    add_command,
+    byte_count,
+    fraction_or_count,
+    output_directory,
+    path,
+    positive_int,
+    seed,
+)
 
 
 def add_commands(sub: Any) -> None:
@@ -20,19 +29,28 @@ def add_commands(sub: Any) -> None:
         "in-memory datasets are stored as PNG. Samples are shuffled before writing (a "
         "streaming reader only shuffles within its buffer).",
     )
-    p.add_argument("src", metavar="SRC", help="dataset name or ImageFolder directory")
-    p.add_argument("out", metavar="OUT", help="output directory")
+    p.add_argument("src", metavar="SRC", type=path, help="dataset name or ImageFolder directory")
+    p.add_argument("out", metavar="OUT", type=output_directory, help="output directory")
     g = p.add_argument_group("data")
     g.add_argument("--splits", default="train,test", help="comma-separated: train, val, test")
-    g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
-    g.add_argument("--seed", type=int, default=0, help="chooses the val split and the order")
-    g.add_argument("--image-size", type=int, help="built-in data: resize to this size first")
+    g.add_argument(
+        "--val-size", type=fraction_or_count, help="held-out training images (count or fraction)"
+    )
+    g.add_argument("--seed", type=seed, default=0, help="chooses the val split and the order")
+    g.add_argument(
+        "--image-size", type=positive_int, help="built-in data: resize to this size first"
+    )
     g.add_argument("--data-root", help="mnist: directory with the IDX files")
     add_bad_image(g, default="stop")
     g = p.add_argument_group("shards")
-    g.add_argument("--shard-size", type=int, default=10_000, help="samples per shard at most")
     g.add_argument(
-        "--max-shard-bytes", type=float, default=1e9, help="bytes per shard at most (about)"
+        "--shard-size", type=positive_int, default=10_000, help="samples per shard at most"
+    )
+    g.add_argument(
+        "--max-shard-bytes",
+        type=byte_count,
+        default=1_000_000_000,
+        help="bytes per shard at most (about)",
     )
     g.add_argument("--no-shuffle", action="store_true", help="keep the dataset's order")
     p.set_defaults(func=cmd_shards)
