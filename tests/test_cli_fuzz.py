@@ -243,3 +243,42 @@ def test_a_closed_pipe_ends_quietly() -> None:
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode == 141
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "analyze", "fewshot", "shards"])
+def test_an_empty_data_name_is_refused(
+    command: str,
+    checkpoint_and_image: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--data ""`` is no dataset, not the current directory (here an ImageFolder of 2 classes,
+    which a path '' would read) nor the checkpoint's own dataset."""
+    for name in ("a", "b"):
+        (tmp_path / "train" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "train" / name / "0.png")
+    monkeypatch.chdir(tmp_path)
+    argv = {
+        "train": ["train", "--data", "", "--smoke", "--max-steps", "1", "--no-progress"],
+        "eval": ["eval", "--from", checkpoint_and_image["ckpt"], "--data", ""],
+        "analyze": ["analyze", "--from", checkpoint_and_image["ckpt"], "--data", ""],
+        "fewshot": ["fewshot", "--from", checkpoint_and_image["ckpt"], "--data", ""],
+        "shards": ["shards", "", "out"],
+    }[command]
+    code, err = run(argv, capsys)
+    assert code == 2 and "got ''" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_load_dataset_refuses_an_empty_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vitkit.data import load_dataset
+    from vitkit.errors import VitkitError
+
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "train" / "a" / "0.png")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(VitkitError, match="empty dataset name"):
+        load_dataset("", "train")

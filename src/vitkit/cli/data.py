@@ -10,9 +10,9 @@ from vitkit.cli.options import (
     add_bad_image,
     add_command,
     byte_count,
+    dataset,
     fraction_or_count,
     output_directory,
-    path,
     positive_int,
     seed,
 )
@@ -29,7 +29,7 @@ def add_commands(sub: Any) -> None:
         "in-memory datasets are stored as PNG. Samples are shuffled before writing (a "
         "streaming reader only shuffles within its buffer).",
     )
-    p.add_argument("src", metavar="SRC", type=path, help="dataset name or ImageFolder directory")
+    p.add_argument("src", metavar="SRC", type=dataset, help="dataset name or ImageFolder directory")
     p.add_argument("out", metavar="OUT", type=output_directory, help="output directory")
     g = p.add_argument_group("data")
     g.add_argument("--splits", default="train,test", help="comma-separated: train, val, test")

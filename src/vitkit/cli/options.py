@@ -102,6 +102,14 @@ def positive_int_list(text: str) -> list[int]:
     return [positive_int(piece) for piece in pieces]
 
 
+def dataset(text: str) -> str:
+    """A built-in dataset's name or a directory: an empty string (which a path would read as
+    the current directory) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a dataset name or directory, got ''")
+    return text
+
+
 def path(text: str) -> str:
     """A file or directory to read: an empty string (which would mean '.') is refused."""
     if not text.strip():
@@ -253,9 +261,13 @@ def add_data(
     ``--on-bad-image``."""
     g = p.add_argument_group("data")
     if required:
-        g.add_argument("--data", required=True, help="dataset: a built-in name or a directory")
+        g.add_argument(
+            "--data", type=dataset, required=True, help="dataset: a built-in name or a directory"
+        )
     else:
-        g.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
+        g.add_argument(
+            "--data", type=dataset, help="dataset (default: the one the checkpoint was trained on)"
+        )
         g.add_argument("--data-root", type=path, help="mnist: directory with the IDX files")
     if split is not None:
         g.add_argument(

