@@ -10,6 +10,7 @@ from vitkit.cli.options import (
     add_bad_image,
     add_command,
     byte_count,
+    count,
     dataset,
     fraction_or_count,
     output_directory,
@@ -76,6 +77,6 @@ def cmd_shards(args: argparse.Namespace) -> int:
     )
     for split, c in counts.items():
         note = f" ({c['skipped']} unreadable files skipped)" if c["skipped"] else ""
-        print(f"{split}: {c['samples']:,} samples in {c['shards']} shards{note}")
+        print(f"{split}: {count(c['samples'], 'sample')} in {count(c['shards'], 'shard')}{note}")
     print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
     return 0

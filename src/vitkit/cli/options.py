@@ -357,6 +357,11 @@ def add_threads_device(g: Any, device: str | None) -> None:
     )
 
 
+def count(n: int, word: str) -> str:
+    """``count(1, "epoch")`` → "1 epoch", ``count(1200, "image")`` → "1,200 images"."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def set_threads(threads: int | None) -> None:
     """Apply ``--threads`` (PyTorch's intra-op threads); None keeps PyTorch's choice."""
     if threads is not None and threads < 1:

@@ -11,6 +11,7 @@ from typing import Any
 
 from vitkit.cli.options import (
     add_command,
+    count,
     non_negative_int,
     path,
     positive_float,
@@ -240,8 +241,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         f"pre-training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px, "
         f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
         f"({n_obj:,} objective parameters) on {trainer.info.name}: "
-        f"{len(trainer.train_set):,} images (labels unused), {cfg.epochs} epochs, "
-        f"{trainer.total_steps} steps, {cfg.precision}, {threads()} threads -> {cfg.out_dir}",
+        f"{count(len(trainer.train_set), 'image')} (labels unused), "
+        f"{count(cfg.epochs, 'epoch')}, {count(trainer.total_steps, 'step')}, {cfg.precision}, "
+        f"{threads()} threads -> {cfg.out_dir}",
         file=sys.stderr,
     )
     report = trainer.fit()
@@ -334,8 +336,9 @@ def banner(trainer: Any, env: Any) -> str:
         compiled = f", compiled ({cfg.compile}; the first step compiles)"
     return (
         f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
-        f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} "
-        f"images, {cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
+        f"({n_params:,} parameters) on {trainer.info.name}: "
+        f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
+        f"{count(trainer.total_steps, 'step')}, {cfg.precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
 
