@@ -165,8 +165,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
+    # A run keeps one report.html: analysing its checkpoint (without --out) rewrites the run's.
+    page = run_dir / "report.html" if run_dir is not None and args.out is None else None
     report = write_report(
-        out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
+        page or out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
     )
     print(format_numbers(result.numbers))
     print(f"wrote {report} (self-contained) and, in {out}:")
