@@ -27,10 +27,7 @@ DIGITS = ["--data", "digits", "--model", "Ti/2", *TINY, "--no-progress", "--batc
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(args)
-    except SystemExit as e:  # a wrong option ends at parse time, as argparse does
-        code = int(e.code or 0)
+    code = main(args)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -84,7 +84,12 @@ def _quiet_closed_stdout() -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help and --version end here; a wrong option printed its line
+        if not e.code:
+            raise
+        return int(e.code)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if not args.command:
         parser.print_help()
