@@ -16,6 +16,9 @@ Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters
 ``adapt``) <- ``distributed``; no module imports one to its right, not even inside a function.
 """
 
+# The module describe.py first, so that the name stays the function describe() below: importing
+# the module later (vitkit inspect does) would otherwise rebind vitkit.checkpoints.describe to it.
+import vitkit.checkpoints.describe  # noqa: F401  (isort: skip)
 from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
 from vitkit.checkpoints.formats import (
     FORMATS,
