@@ -135,10 +135,10 @@ def test_predict_uses_the_checkpoints_preprocessing(
         (["predict", "missing.png", "--from", "."], "missing.png"),
         (["eval", "--from", "no_such_checkpoint"], "no_such_checkpoint"),
         (["train", *DIGITS, "--smoke", "--device", "gpu"], "gpu"),
-        (["train", *DIGITS, "--smoke", "--accum-steps", "0"], "accum_steps"),
+        (["train", *DIGITS, "--smoke", "--accum-steps", "0"], "--accum-steps"),
         (["train", *DIGITS, "--smoke", "--threads", "-1"], "threads"),
         (["train", *DIGITS, "--smoke", "-o", "num_classes=5"], "num_classes=5"),
-        (["train", *DIGITS, "--smoke", "--val-size", "2.5"], "val_size"),
+        (["train", *DIGITS, "--smoke", "--val-size", "2.5"], "--val-size"),
     ],
 )
 def test_bad_input_is_one_line_with_nonzero_exit(

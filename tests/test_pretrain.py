@@ -273,6 +273,8 @@ def test_pretraining_resumes_bitwise_and_writes_an_encoder_checkpoint(
     assert (objective == "mpp") == ("test_acc" in report)
     for png in ("curves.png", "preview.png"):
         assert (tmp_path / "full" / png).stat().st_size > 1000
+    page = (tmp_path / "full" / "report.html").read_text()  # one report.html per run, as train
+    assert ">Training</h2>" in page and ">Preview</h2>" in page
     ckpt = load_checkpoint(tmp_path / "full", with_train_state=True)
     assert ckpt.model_config.num_classes == 0 and "head.weight" not in ckpt.state_dict
     assert ckpt.meta["pretrain"]["objective"] == objective and ckpt.class_names == ()

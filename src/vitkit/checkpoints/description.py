@@ -22,10 +22,12 @@ def format_description(info: dict[str, Any]) -> str:
         )
         lines.append(f"resolution:  {info['resolution'][0]}x{info['resolution'][1]}")
     else:
+        size = arch["representation_size"]
+        pre_logits = f"pre-logits {size}" if size else "no pre-logits"
         lines.append(
             f"layers:      width {arch['width']}, depth {arch['depth']}, heads "
             f"{arch['num_heads']}, mlp {arch['mlp_dim']}, patch {arch['patch_size']}, pool "
-            f"{arch['pool']}, pre-logits {arch['representation_size']}"
+            f"{arch['pool']}, {pre_logits}"
         )
         lines.append(
             f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitkit.cli import checkpoint, data, evaluate, explain, train
+from vitkit.cli.options import Parser
 from vitkit.errors import VitkitError
 
 EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
@@ -24,7 +25,7 @@ EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
 def build_parser() -> argparse.ArgumentParser:
     from vitkit import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vitkit",
         description="The Vision Transformer of 'An Image is Worth 16x16 Words': train, "
         "evaluate and use paper-faithful ViTs.",
@@ -61,14 +62,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     saved_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not as Python's message at exit
+        return code
+    except BrokenPipeError:  # 'vitkit ... | head' closed the pipe: end quietly, as cat does
+        _quiet_closed_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a command ended by a closed pipe
     finally:
         warnings.formatwarning = saved_format
 
 
+def _quiet_closed_stdout() -> None:
+    """After a closed pipe, point stdout at /dev/null so that Python's flush at exit does not
+    print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing to flush
+        pass
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help and --version end here; a wrong option printed its line
+        if not e.code:
+            raise
+        return int(e.code)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if not args.command:
         parser.print_help()

@@ -7,7 +7,16 @@ import argparse
 import json
 from typing import Any
 
-from vitkit.cli.options import add_checkpoint, add_command, image_size
+from vitkit.cli.options import (
+    add_checkpoint,
+    add_command,
+    image_size,
+    non_negative_int,
+    output_directory,
+    output_file,
+    path,
+    positive_int,
+)
 from vitkit.errors import VitkitError
 
 
@@ -17,9 +26,13 @@ def add_commands(sub: Any) -> None:
         "models",
         "the variant tables (ViTs, hybrids, BiT ResNets) with parameters and GFLOPs",
     )
-    p.add_argument("--image-size", type=int, default=224, help="input resolution")
-    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head")
-    p.add_argument("--all-sizes", metavar="PATCH", type=int, help="every size at this patch")
+    p.add_argument("--image-size", type=positive_int, default=224, help="input resolution")
+    p.add_argument(
+        "--num-classes", type=non_negative_int, default=1000, help="classes of the head (0: none)"
+    )
+    p.add_argument(
+        "--all-sizes", metavar="PATCH", type=positive_int, help="every size at this patch"
+    )
     p.set_defaults(func=cmd_models)
 
     p = add_command(
@@ -29,23 +42,32 @@ def add_commands(sub: Any) -> None:
         "Read SRC (any supported format, detected), optionally move it to another resolution "
         "(2-D position-embedding resampling) or head, and write DST.",
     )
-    p.add_argument("src", metavar="SRC", help="checkpoint file or directory")
+    p.add_argument("src", metavar="SRC", type=path, help="checkpoint file or directory")
     p.add_argument(
-        "dst", metavar="DST", help="output: a directory, or a .npz / .safetensors / .pth file"
+        "dst",
+        metavar="DST",
+        type=path,
+        help="output: a directory, or a .npz / .safetensors / .pth file",
     )
     p.add_argument(
         "--to", required=True, choices=("vitkit", "timm", "hf", "npz"), help="output format"
     )
     add_checkpoint(p, formats=True, source=False)
     g = p.add_argument_group("changes")
-    g.add_argument("--image-size", type=int, nargs="+", metavar="N", help="new resolution (H [W])")
+    g.add_argument(
+        "--image-size", type=positive_int, nargs="+", metavar="N", help="new resolution (H [W])"
+    )
     g.add_argument(
         "--resample",
         default="bicubic",
         choices=("bicubic", "bilinear", "zoom"),
         help="position-embedding interpolation; 'zoom' = the official scipy.ndimage.zoom(order=1)",
     )
-    g.add_argument("--num-classes", type=int, help="replace the head (zero-initialised)")
+    g.add_argument(
+        "--num-classes",
+        type=non_negative_int,
+        help="replace the head (zero-initialised; 0: no head)",
+    )
     g.add_argument(
         "--drop-pre-logits",
         action="store_true",
@@ -78,11 +100,11 @@ def add_commands(sub: Any) -> None:
         sub, "export", "export a checkpoint (any format) to ONNX, checked against onnxruntime"
     )
     add_checkpoint(p, positional=True)
-    p.add_argument("out", metavar="OUT", help="the .onnx file to write")
+    p.add_argument("out", metavar="OUT", type=output_file, help="the .onnx file to write")
     p.add_argument(
         "--format", dest="out_format", default="onnx", choices=["onnx"], help="output format"
     )
-    p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument("--opset", type=positive_int, help="ONNX opset (default: the exporter's)")
     p.add_argument(
         "--no-check",
         action="store_true",
@@ -98,8 +120,8 @@ def add_commands(sub: Any) -> None:
         "a vitkit checkpoint directory (model.safetensors + config.json) that eval, predict "
         "and Python's vitkit.load_model read anywhere. Runs in one process.",
     )
-    p.add_argument("src", metavar="SRC", help="checkpoint or run directory")
-    p.add_argument("out", metavar="OUT", help="the new checkpoint directory")
+    p.add_argument("src", metavar="SRC", type=path, help="checkpoint or run directory")
+    p.add_argument("out", metavar="OUT", type=output_directory, help="the new checkpoint directory")
     p.add_argument(
         "--overwrite",
         action="store_true",

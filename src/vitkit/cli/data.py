@@ -6,7 +6,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import add_bad_image, add_command
+from vitkit.cli.options import (
+    add_bad_image,
+    add_command,
+    byte_count,
+    count,
+    dataset,
+    fraction_or_count,
+    output_directory,
+    positive_int,
+    seed,
+)
 
 
 def add_commands(sub: Any) -> None:
@@ -20,23 +30,32 @@ def add_commands(sub: Any) -> None:
         "in-memory datasets are stored as PNG. Samples are shuffled before writing (a "
         "streaming reader only shuffles within its buffer).",
     )
-    p.add_argument("src", metavar="SRC", help="dataset name or ImageFolder directory")
-    p.add_argument("out", metavar="OUT", help="output directory")
+    p.add_argument("src", metavar="SRC", type=dataset, help="dataset name or ImageFolder directory")
+    p.add_argument("out", metavar="OUT", type=output_directory, help="output directory")
     g = p.add_argument_group("data")
     g.add_argument(
         "--splits",
         help="comma-separated: train, val, test (default: all three, every image; train,test "
         "with --val-size 0)",
     )
-    g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
-    g.add_argument("--seed", type=int, default=0, help="chooses the val split and the order")
-    g.add_argument("--image-size", type=int, help="built-in data: resize to this size first")
+    g.add_argument(
+        "--val-size", type=fraction_or_count, help="held-out training images (count or fraction)"
+    )
+    g.add_argument("--seed", type=seed, default=0, help="chooses the val split and the order")
+    g.add_argument(
+        "--image-size", type=positive_int, help="built-in data: resize to this size first"
+    )
     g.add_argument("--data-root", help="mnist: directory with the IDX files")
     add_bad_image(g, default="stop")
     g = p.add_argument_group("shards")
-    g.add_argument("--shard-size", type=int, default=10_000, help="samples per shard at most")
     g.add_argument(
-        "--max-shard-bytes", type=float, default=1e9, help="bytes per shard at most (about)"
+        "--shard-size", type=positive_int, default=10_000, help="samples per shard at most"
+    )
+    g.add_argument(
+        "--max-shard-bytes",
+        type=byte_count,
+        default=1_000_000_000,
+        help="bytes per shard at most (about)",
     )
     g.add_argument("--no-shuffle", action="store_true", help="keep the dataset's order")
     p.set_defaults(func=cmd_shards)
@@ -67,6 +86,6 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 f"; the {c['held_out']:,} images held out as the val split are in no shard "
                 "(add val to --splits to write them)"
             )
-        print(f"{split}: {c['samples']:,} samples in {c['shards']} shards{note}")
+        print(f"{split}: {count(c['samples'], 'sample')} in {count(c['shards'], 'shard')}{note}")
     print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
     return 0

@@ -17,10 +17,12 @@ from vitkit.cli.options import (
     add_output,
     add_runtime,
     output_dir,
+    positive_float,
+    positive_int,
+    positive_int_list,
     set_threads,
 )
 from vitkit.errors import VitkitError
-from vitkit.overrides import parse_int_list
 
 
 def add_commands(sub: Any) -> None:
@@ -30,7 +32,7 @@ def add_commands(sub: Any) -> None:
     add_checkpoint(p, several=True)
     p.add_argument(
         "--seeds",
-        type=int,
+        type=positive_int,
         help="evaluate CKPT with {seed} replaced by 0..N-1 (e.g. runs/ft-s{seed}) and report "
         "mean ± std across the runs, as the paper's tables",
     )
@@ -59,15 +61,22 @@ def add_commands(sub: Any) -> None:
         "--test-split", default="test", choices=["val", "test"], help="the split to score on"
     )
     g = p.add_argument_group("probe")
-    g.add_argument("--shots", default="1,5,10,25", help="images per class, comma-separated")
-    g.add_argument("--seeds", type=int, default=3, help="random draws of the support set")
-    g.add_argument("--l2", type=float, nargs="+", help="fixed l2 value(s); default: a 2^k grid")
+    g.add_argument(
+        "--shots",
+        type=positive_int_list,
+        default="1,5,10,25",
+        help="images per class, comma-separated",
+    )
+    g.add_argument("--seeds", type=positive_int, default=3, help="random draws of the support set")
+    g.add_argument(
+        "--l2", type=positive_float, nargs="+", help="fixed l2 value(s); default: a 2^k grid"
+    )
     g.add_argument(
         "--random-init",
         action="store_true",
         help="the same architecture, freshly initialised (the baseline for pre-training)",
     )
-    add_output(p, "write the results as JSON to this file")
+    add_output(p, "write the results as JSON to this file", file=True)
     add_runtime(p, batch_size=256)
     p.set_defaults(func=cmd_fewshot)
 
@@ -76,7 +85,7 @@ def add_commands(sub: Any) -> None:
     )
     add_images(p)
     add_checkpoint(p)
-    p.add_argument("--top-k", type=int, default=5, help="labels to print per image")
+    p.add_argument("--top-k", type=positive_int, default=5, help="labels to print per image")
     add_json(p)
     p.set_defaults(func=cmd_predict)
 
@@ -157,7 +166,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitkit.eval.fewshot import DEFAULT_L2_GRID, fewshot_evaluate, format_fewshot
     from vitkit.model import build_model
 
-    shots = parse_int_list(args.shots)
+    shots = args.shots
     model, ckpt = load_model(args.ckpt)
     if args.random_init:
         torch.manual_seed(0)

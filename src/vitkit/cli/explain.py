@@ -16,7 +16,9 @@ from vitkit.cli.options import (
     add_json,
     add_output,
     add_runtime,
+    non_negative_int,
     output_dir,
+    positive_int,
     set_threads,
 )
 from vitkit.errors import VitkitError
@@ -45,7 +47,7 @@ def add_commands(sub: Any) -> None:
     )
     add_images(p)
     add_checkpoint(p)
-    p.add_argument("--top-k", type=int, default=5, help="labels to print")
+    p.add_argument("--top-k", type=positive_int, default=5, help="labels to print")
     _add_head_fusion(p)
     add_output(p, "directory for the PNGs", "explain")
     add_json(p)
@@ -68,13 +70,15 @@ def add_commands(sub: Any) -> None:
     g = p.add_argument_group("analysis")
     g.add_argument(
         "--num-images",
-        type=int,
+        type=positive_int,
         default=128,
         help="images (spread evenly over the split) for attention distance and rollout; the "
         "paper uses 128",
     )
-    g.add_argument("--examples", type=int, default=8, help="rollout examples drawn")
-    g.add_argument("--components", type=int, default=28, help="embedding-filter components")
+    g.add_argument("--examples", type=non_negative_int, default=8, help="rollout examples drawn")
+    g.add_argument(
+        "--components", type=positive_int, default=28, help="embedding-filter components"
+    )
     _add_head_fusion(g)
     add_output(p, "output directory", "analysis")
     add_runtime(p, batch_size=32, precision=False)
@@ -161,8 +165,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
+    # A run keeps one report.html: analysing its checkpoint (without --out) rewrites the run's.
+    page = run_dir / "report.html" if run_dir is not None and args.out is None else None
     report = write_report(
-        out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
+        page or out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
     )
     print(format_numbers(result.numbers))
     print(f"wrote {report} (self-contained) and, in {out}:")

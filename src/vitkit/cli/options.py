@@ -2,20 +2,158 @@
 
 A command adds what it needs with one call per group: ``add_checkpoint(p)``,
 ``add_data(p, ...)``, ``add_output(p, ...)``, ``add_runtime(p, ...)``. Also here: the
-formatter every command's ``--help`` uses, and the few helpers that act on parsed options
-(threads, the default output directory). Nothing here imports PyTorch at import time.
+formatter every command's ``--help`` uses, the parser class whose errors are one line, the
+argparse types every number and path option is read with (``positive_int``, ``probability``,
+``fraction_or_count``, ...: a wrong value stops at parse time, naming the option), and the few
+helpers that act on parsed options (threads, the default output directory). Nothing here
+imports PyTorch at import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vitkit.errors import VitkitError
 
 SPLITS = ("train", "val", "test", "all")
 DEVICE_HELP = "cpu, cuda, cuda:1, ..."
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, as every other error of the CLI:
+    ``vitkit: error: COMMAND: argument --x: the problem (see 'vitkit COMMAND --help')``."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        where = f"{command}: " if command else ""
+        self.exit(2, f"vitkit: error: {where}{message} (see '{self.prog} --help')\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# argparse types: each checks one kind of value; argparse names the option in its error
+
+
+def _number(text: str, kind: type, what: str, ok: Callable[[float], bool]) -> Any:
+    try:
+        value = float(text) if kind is float else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if (kind is float and not math.isfinite(value)) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (sizes, counts, steps)."""
+    return int(_number(text, int, "a whole number >= 1", lambda v: v >= 1))
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (workers, seeds, optional counts)."""
+    return int(_number(text, int, "a whole number >= 0", lambda v: v >= 0))
+
+
+def seed(text: str) -> int:
+    """A random seed: a whole number in [0, 2**32) (what NumPy and PyTorch both take)."""
+    return int(_number(text, int, "a whole number in [0, 2**32)", lambda v: 0 <= v < 2**32))
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (learning rates, l2)."""
+    return float(_number(text, float, "a number > 0", lambda v: v > 0))
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (weight decay, clipping, alphas; 0 often means off)."""
+    return float(_number(text, float, "a number >= 0", lambda v: v >= 0))
+
+
+def probability(text: str) -> float:
+    """A number in [0, 1)."""
+    return float(_number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1))
+
+
+def fraction_or_count(text: str) -> float:
+    """A fraction in [0, 1] or a whole count (``--val-size 0.1``, ``--val-size 500``)."""
+    what = "a fraction in [0, 1] or a whole count"
+    return float(_number(text, float, what, lambda v: 0 <= v <= 1 or v == int(v) > 1))
+
+
+def positive_fraction_or_count(text: str) -> float:
+    """A fraction in (0, 1] or a whole count >= 1 (``--train-size 0.01``)."""
+    what = "a fraction in (0, 1] or a whole count"
+    return float(_number(text, float, what, lambda v: 0 < v <= 1 or v == int(v) > 1))
+
+
+def byte_count(text: str) -> int:
+    """A whole number of bytes >= 1, also written 1e9."""
+    return int(_number(text, float, "a number of bytes >= 1", lambda v: v >= 1))
+
+
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated whole numbers >= 1 (``--shots 1,5,10,25``)."""
+    pieces = [piece.strip() for piece in text.split(",") if piece.strip()]
+    if not pieces:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
+    return [positive_int(piece) for piece in pieces]
+
+
+def dataset(text: str) -> str:
+    """A built-in dataset's name or a directory: an empty string (which a path would read as
+    the current directory) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a dataset name or directory, got ''")
+    return text
+
+
+def path(text: str) -> str:
+    """A file or directory to read: an empty string (which would mean '.') is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+def output_directory(text: str) -> str:
+    """A directory to write into: it, or its nearest existing parent, must be a directory."""
+    _check_output_path(text)
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write: not a directory, and its nearest existing parent is a directory."""
+    _check_output_path(text)
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    return text
+
+
+def _check_output_path(text: str) -> None:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    for parent in Path(text).absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"{text}: {parent} is a file, not a directory")
+            return
+
+
+def torch_device(text: str) -> str:
+    """A PyTorch device this machine has (cpu, cuda, cuda:1, ...)."""
+    import torch
+
+    try:
+        kind = torch.device(text).type
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {DEVICE_HELP}, got {text!r}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this PyTorch sees no CUDA GPU")
+    return text
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -65,11 +203,12 @@ def add_checkpoint(
     if not source:
         pass
     elif positional:
-        g.add_argument("ckpt", metavar="CKPT", help=what)
+        g.add_argument("ckpt", metavar="CKPT", type=path, help=what)
     elif several:
         g.add_argument(
             "--from",
             dest="ckpt",
+            type=path,
             required=True,
             nargs="+",
             metavar="CKPT",
@@ -79,6 +218,7 @@ def add_checkpoint(
         g.add_argument(
             "--from",
             dest="ckpt",
+            type=path,
             required=True,
             metavar="CKPT",
             help="checkpoint or run directory (any format)",
@@ -92,14 +232,16 @@ def add_checkpoint(
         )
         g.add_argument(
             "--num-heads",
-            type=int,
+            type=positive_int,
             help="heads of a bare timm state dict whose width is not a standard size",
         )
 
 
 def add_images(p: argparse.ArgumentParser) -> None:
     """Image files given on the command line (predict, explain)."""
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument(
+        "images", nargs="+", type=path, metavar="IMAGE", help="image files (PNG, JPEG, ...)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,10 +261,14 @@ def add_data(
     ``--on-bad-image``."""
     g = p.add_argument_group("data")
     if required:
-        g.add_argument("--data", required=True, help="dataset: a built-in name or a directory")
+        g.add_argument(
+            "--data", type=dataset, required=True, help="dataset: a built-in name or a directory"
+        )
     else:
-        g.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
-        g.add_argument("--data-root", help="mnist: directory with the IDX files")
+        g.add_argument(
+            "--data", type=dataset, help="dataset (default: the one the checkpoint was trained on)"
+        )
+        g.add_argument("--data-root", type=path, help="mnist: directory with the IDX files")
     if split is not None:
         g.add_argument(
             "--split",
@@ -131,7 +277,7 @@ def add_data(
             help="which part of --data (all: every image of an ImageFolder directory)",
         )
     if workers:
-        g.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+        g.add_argument("--num-workers", type=non_negative_int, default=0, help="DataLoader workers")
     if bad_image:
         add_bad_image(g, default="stop")
     return g
@@ -150,16 +296,20 @@ def add_bad_image(g: Any, default: str | None) -> None:
 # output
 
 
-def add_output(p: argparse.ArgumentParser, what: str, default_name: str | None = None) -> None:
-    """``--out``: where the command writes; ``default_name``: RUN/NAME beside a run's
-    checkpoint, else CKPT_NAME beside the checkpoint (:func:`output_dir`)."""
+def add_output(
+    p: argparse.ArgumentParser, what: str, default_name: str | None = None, file: bool = False
+) -> None:
+    """``--out``: where the command writes (a directory, or with ``file`` a file);
+    ``default_name``: RUN/NAME beside a run's checkpoint, else CKPT_NAME beside the checkpoint
+    (:func:`output_dir`)."""
     help = what
     if default_name is not None:
         help += (
             f" (default: RUN/{default_name} for a run's checkpoint, else CKPT_{default_name} "
             "beside the checkpoint)"
         )
-    p.add_argument_group("output").add_argument("--out", help=help)
+    kind = output_file if file else output_directory
+    p.add_argument_group("output").add_argument("--out", type=kind, help=help)
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -185,7 +335,9 @@ def add_runtime(
     """How a command computes: ``--batch-size``, ``--precision``, ``--threads``, ``--device``."""
     g = p.add_argument_group("compute")
     if batch_size is not None:
-        g.add_argument("--batch-size", type=int, default=batch_size, help="images per forward")
+        g.add_argument(
+            "--batch-size", type=positive_int, default=batch_size, help="images per forward"
+        )
     if precision:
         add_precision(g, default=None, help="bf16: autocast (default: the checkpoint's, else fp32)")
     add_threads_device(g, device="cpu")
@@ -196,12 +348,18 @@ def add_precision(g: Any, default: str | None, help: str = "bf16: autocast") -> 
 
 
 def add_threads_device(g: Any, device: str | None) -> None:
-    g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     g.add_argument(
         "--device",
+        type=torch_device,
         default=device,
         help=DEVICE_HELP if device else f"{DEVICE_HELP} (default: cpu)",
     )
+
+
+def count(n: int, word: str) -> str:
+    """``count(1, "epoch")`` → "1 epoch", ``count(1200, "image")`` → "1,200 images"."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def set_threads(threads: int | None) -> None:

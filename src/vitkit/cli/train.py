@@ -9,10 +9,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import add_command, set_threads, threads
+from vitkit.cli.options import (
+    add_command,
+    count,
+    non_negative_int,
+    path,
+    positive_float,
+    positive_fraction_or_count,
+    positive_int,
+    positive_int_list,
+    set_threads,
+    threads,
+)
 from vitkit.cli.train_options import add_train_options, train_config_from_args
 from vitkit.errors import VitkitError
-from vitkit.overrides import parse_int_list
 
 
 def add_commands(sub: Any) -> None:
@@ -27,7 +37,10 @@ def add_commands(sub: Any) -> None:
     )
     add_train_options(p, "mnist")
     p.add_argument(
-        "--init-from", metavar="CKPT", help="start from this checkpoint (see also 'finetune')"
+        "--init-from",
+        type=path,
+        metavar="CKPT",
+        help="start from this checkpoint (see also 'finetune')",
     )
     p.set_defaults(func=cmd_train)
 
@@ -44,6 +57,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--from",
         dest="init_from",
+        type=path,
         required=True,
         metavar="CKPT",
         help="the checkpoint to fine-tune (any format)",
@@ -51,13 +65,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--lr-sweep",
         nargs="*",
-        type=float,
+        type=positive_float,
         metavar="LR",
         help="sweep these learning rates (none given: the paper's 0.001 0.003 0.01 0.03)",
     )
     p.add_argument(
         "--holdout",
-        type=float,
+        type=positive_fraction_or_count,
         default=0.1,
         help="fraction (or count) of the training set held out to choose the learning rate",
     )
@@ -121,12 +135,17 @@ def add_commands(sub: Any) -> None:
         "label=NAME in the brackets names the model in the table and plot",
     )
     g.add_argument(
-        "--sizes", required=True, help="comma-separated training-set sizes, e.g. 1000,3000,10000"
+        "--sizes",
+        type=positive_int_list,
+        required=True,
+        help="comma-separated training-set sizes, e.g. 1000,3000,10000",
     )
-    g.add_argument("--seeds", type=int, default=1, help="runs per (model, size): seeds 0..N-1")
+    g.add_argument(
+        "--seeds", type=positive_int, default=1, help="runs per (model, size): seeds 0..N-1"
+    )
     g.add_argument(
         "--min-steps",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="small subsets train for more epochs so that every run takes at least this many "
         "optimizer steps",
@@ -222,8 +241,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         f"pre-training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px, "
         f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
         f"({n_obj:,} objective parameters) on {trainer.info.name}: "
-        f"{len(trainer.train_set):,} images (labels unused), {cfg.epochs} epochs, "
-        f"{trainer.total_steps} steps, {cfg.precision}, {threads()} threads -> {cfg.out_dir}",
+        f"{count(len(trainer.train_set), 'image')} (labels unused), "
+        f"{count(cfg.epochs, 'epoch')}, {count(trainer.total_steps, 'step')}, {cfg.precision}, "
+        f"{threads()} threads -> {cfg.out_dir}",
         file=sys.stderr,
     )
     report = trainer.fit()
@@ -252,7 +272,7 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
     from vitkit.train.study import parse_model_specs, run_data_scale, write_study
 
     specs = parse_model_specs(args.models)  # checks names and options now, not after an hour
-    sizes = parse_int_list(args.sizes, "--sizes")
+    sizes = args.sizes
     base = train_config_from_args(args)
     out = Path(args.out_dir or f"runs/data-scale-{base.data}")
     base = dataclasses.replace(base, val_size=0)  # all of each subset trains
@@ -332,8 +352,9 @@ def banner(trainer: Any, env: Any) -> str:
         compiled = f", compiled ({cfg.compile}; the first step compiles)"
     return (
         f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
-        f"({n_params:,} parameters) on {trainer.info.name}: {len(trainer.train_set):,} "
-        f"images, {cfg.epochs} epochs, {trainer.total_steps} steps, {cfg.precision}, "
+        f"({n_params:,} parameters) on {trainer.info.name}: "
+        f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
+        f"{count(trainer.total_steps, 'step')}, {cfg.precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
 

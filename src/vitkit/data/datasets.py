@@ -99,6 +99,8 @@ def load_dataset(
     train_size: "train" split only: keep a class-stratified subset of this size (int = count,
         float = fraction of the split), chosen by `seed` (few-label experiments: 0.01 of MNIST).
     """
+    if not str(spec).strip():  # Path("") is the current directory: never meant as data
+        raise VitkitError("empty dataset name: expected a built-in name or a directory")
     if train_size is not None:
         if split != "train":
             raise VitkitError(f"{spec}: train_size applies to the train split, not '{split}'")

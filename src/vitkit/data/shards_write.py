@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -98,14 +97,14 @@ def write_shards(
     n = len(dataset)
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
-    from tqdm import tqdm
+    from vitkit.progress import progress as progress_bar
 
     entries: list[dict[str, Any]] = []
     skipped = 0
     items = _samples_to_write(dataset, order, on_bad_image)
     held: tuple[str, bytes, int] | None = None  # the sample that did not fit the last shard
     key = 0
-    with tqdm(total=n, desc=f"{split} shards", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=n, desc=f"{split} shards", enabled=progress) as bar:
         done = False
         while not done:
             final = out / f"{split}-{len(entries):06d}.tar"

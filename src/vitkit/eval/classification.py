@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -179,9 +178,9 @@ def _maybe_progress(
         batches = itertools.islice(loader, max_batches)
         total = max_batches if total is None else min(total, max_batches)
     if progress:
-        from tqdm import tqdm
+        from vitkit.progress import progress as bar
 
-        batches = tqdm(batches, total=total, desc="eval", leave=False, file=sys.stderr)
+        batches = bar(batches, total=total, desc="eval", leave=False)
     return batches
 
 

@@ -180,10 +180,12 @@ class Pretrainer(Trainer):
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """curves.png and report.json."""
-        from vitkit.train.report import write_curves_and_json
+        """curves.png, report.json and report.html."""
+        from vitkit.train.report import write_curves_and_json, write_pretrain_report
 
         write_curves_and_json(self.out, report, self.metrics.records())
+        title = f"{self.cfg.objective} pre-training of {self.model_cfg.short_name}"
+        write_pretrain_report(self.out, f"{title} on {self.info.name}")
 
     @torch.no_grad()
     def _preview(self, dataset: Any, count: int = 8) -> Any:

@@ -1,6 +1,7 @@
 """What a finished run leaves for people: ``confusion_SPLIT.png``, ``curves.png``,
-``report.json`` and ``report.html`` (the run's numbers and figures with the attention analysis
-of :mod:`vitkit.analysis`)."""
+``report.json`` and one ``report.html`` (the run's numbers and figures with the attention
+analysis of :mod:`vitkit.analysis`; for a pre-training run its curves and preview). ``vitkit
+analyze`` on a run's checkpoint rewrites that same ``report.html``."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ def plot_final_confusion(
         out / f"confusion_{split}.png",
         title=f"{model_name} on {dataset_name} ({split}): top-1 {100 * result.top1:.2f}%",
     )
+
+
+def write_pretrain_report(out: Path, title: str) -> Path:
+    """``report.html`` of a pre-training run: its numbers, curves and ``preview.png``."""
+    from vitkit.analysis import Figure, Section, training_sections, write_html
+
+    sections = training_sections(out)
+    if (out / "preview.png").is_file():
+        caption = "Test images, what the objective hides of them, and what it predicts."
+        sections.append(Section("Preview", [Figure(out / "preview.png", caption)]))
+    return write_html(out / "report.html", title, sections)
 
 
 def write_run_report(

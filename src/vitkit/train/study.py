@@ -120,7 +120,7 @@ def run_data_scale(
                 else:
                     print(
                         f"[{done}/{total}] {spec.label}: {size} images, seed {seed}, "
-                        f"{cfg.epochs} epochs -> {run_dir}",
+                        f"{cfg.epochs} epoch{'' if cfg.epochs == 1 else 's'} -> {run_dir}",
                         file=sys.stderr,
                     )
                     report = Trainer(cfg).fit()

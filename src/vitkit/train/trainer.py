@@ -234,7 +234,7 @@ class Trainer(TrainingRun):
 
         Returns the final report (also written to ``out_dir/report.json``).
         """
-        from tqdm import tqdm
+        from vitkit.progress import progress
 
         cfg = self.cfg
         main = self.dist.is_main
@@ -263,13 +263,11 @@ class Trainer(TrainingRun):
             if self.batch_in_epoch == 0:
                 self.aug_generator.manual_seed(_epoch_seed(cfg.seed, self.epoch, 1))
             self.model.train()
-            bar = tqdm(
+            bar = progress(
                 total=self.steps_per_epoch,
                 initial=self.batch_in_epoch // cfg.accum_steps,
                 desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                disable=not (cfg.progress and main),
-                file=sys.stderr,
-                dynamic_ncols=True,
+                enabled=cfg.progress and main,
             )
             pending: list[tuple[Tensor, Tensor]] = []
             means = RunningMeans()
@@ -286,7 +284,7 @@ class Trainer(TrainingRun):
                 pending = []
                 means.add(loss, acc)
                 bar.update(1)
-                if self.step % 10 == 0 or self.step == self.total_steps:
+                if self.step % 10 == 0 or self.step == self.total_steps or self._epoch_done():
                     shown = {"loss": f"{loss:.3f}"}
                     if self.has_accuracy:
                         shown["acc"] = f"{acc:.3f}"

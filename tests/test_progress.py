@@ -1,0 +1,72 @@
+"""Progress off a terminal (a log file, a pipe, CI) is plain lines, one per epoch, not
+carriage-return redraws; and a run directory keeps one report.html."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import main
+from vitkit.data.shards_write import write_dataset_shards
+from vitkit.train.trainer import TrainConfig, Trainer
+
+TINY = {"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 16}
+
+
+def test_off_a_terminal_a_bar_is_one_line_at_the_end() -> None:
+    from vitkit.progress import LineProgress, progress
+
+    stream = io.StringIO()
+    bar = progress(total=500, desc="epoch 1/3", stream=stream)
+    assert isinstance(bar, LineProgress)
+    for _ in range(500):
+        bar.update(1)
+        bar.set_postfix(loss="0.123")
+    bar.close()
+    bar.close()  # closing twice writes once
+    assert stream.getvalue().startswith("epoch 1/3: 500/500, loss=0.123 (")
+    assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
+
+
+def test_a_long_bar_also_writes_a_line_every_n_seconds() -> None:
+    from vitkit.progress import progress
+
+    stream = io.StringIO()
+    items = list(progress(range(3), total=3, desc="eval", stream=stream, every=0.0, leave=False))
+    assert items == [0, 1, 2]
+    assert stream.getvalue().splitlines() == [f"eval: {i}/3 (0 s)" for i in (1, 2, 3)]
+
+
+def test_a_logged_run_writes_a_line_per_epoch_and_keeps_one_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    cfg = TrainConfig(
+        data="digits", model="Ti/4", model_overrides=TINY, epochs=2, batch_size=256,
+        out_dir=str(run),
+    )  # fmt: skip
+    Trainer(cfg).fit()
+    err = capsys.readouterr().err
+    assert "\r" not in err and len(err) < 2000  # (a logged run once wrote 150 KB of redraws)
+    lines = err.splitlines()
+    for epoch in (1, 2):
+        assert sum(line.startswith(f"epoch {epoch}/2: 5/5, loss=") for line in lines) == 1, err
+    # One report.html per run: 'vitkit analyze' on the run rewrites it, adds no second one.
+    assert [p.relative_to(run) for p in run.rglob("report.html")] == [Path("report.html")]
+    before = (run / "report.html").read_text()
+    assert main(["analyze", "--from", str(run), "--num-images", "16"]) == 0
+    assert [p.relative_to(run) for p in run.rglob("report.html")] == [Path("report.html")]
+    after = (run / "report.html").read_text()
+    assert after != before and "checkpoints" in after and ">Training</h2>" in after
+    assert str(run / "report.html") in capsys.readouterr().out
+
+
+def test_writing_shards_to_a_log_is_one_line_per_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_dataset_shards("digits", tmp_path / "shards", ["test"], progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.startswith("test shards: 359/359 (")
+    assert err.count("\n") == 1
