@@ -109,7 +109,7 @@ def add_commands(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override an objective setting, e.g. -p target=downsized -p mask_ratio=0.6",
     )
-    add_train_options(p, "mnist-mpp")
+    add_train_options(p, "mnist-mpp", shown="mnist-OBJECTIVE, i.e. mnist-mpp or mnist-mae")
     p.set_defaults(func=cmd_pretrain, recipe=None)
 
     p = add_command(sub, "study", "experiments made of many training runs (data-scale)")

@@ -27,9 +27,12 @@ from vitkit.cli.options import (
 from vitkit.overrides import parse_key_values
 
 
-def add_train_options(p: argparse.ArgumentParser, recipe: str) -> None:
-    """Every training setting as an option; none given means the recipe's value."""
-    p.add_argument("--recipe", default=recipe, help=f"recipe to start from (default: {recipe})")
+def add_train_options(p: argparse.ArgumentParser, recipe: str, shown: str | None = None) -> None:
+    """Every training setting as an option; none given means the recipe's value. ``shown``:
+    how the help names the default recipe, where the command chooses it later."""
+    p.add_argument(
+        "--recipe", default=recipe, help=f"recipe to start from (default: {shown or recipe})"
+    )
     p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
     _add_data(p.add_argument_group("data"))
     _add_model(p.add_argument_group("model"))

@@ -103,7 +103,8 @@ def check_finite_weights(model: nn.Module, ckpt: Checkpoint) -> None:
     if bad:
         raise VitkitError(
             f"{ckpt.path}: {len(bad)} weight tensor(s) hold NaN or infinite values (first: "
-            f"{bad[0]}); the training that wrote it diverged, there is nothing to evaluate"
+            f"{bad[0]}); the training that wrote it diverged, there is nothing to evaluate or "
+            "predict with"
         )
 
 

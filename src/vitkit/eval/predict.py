@@ -13,6 +13,7 @@ from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import load_images
 from vitkit.data.transforms import normalize
 from vitkit.errors import VitkitError
+from vitkit.eval.checkpoint import check_finite_weights
 
 Prediction = list[dict[str, Any]]  # [{"label", "index", "prob"}, ...], most probable first
 
@@ -42,6 +43,7 @@ def predict_files(
     """Top-``k`` predictions for each image file, preprocessed as the checkpoint says."""
     if not ckpt.model_config.num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")
+    check_finite_weights(model, ckpt)
     pre = ckpt.preprocess
     batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std)
     with torch.inference_mode():

@@ -118,9 +118,13 @@ class TrainConfig:
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise VitkitError(f"ema_decay must lie in (0, 1), got {self.ema_decay}")
         if self.randaugment is not None:
-            object.__setattr__(
-                self, "randaugment", (int(self.randaugment[0]), float(self.randaugment[1]))
-            )
+            ops, magnitude = self.randaugment
+            if ops != int(ops) or not 0 <= ops <= 16 or not 0.0 <= magnitude <= 30.0:
+                raise VitkitError(
+                    "randaugment takes (operations per image 0..16, magnitude 0..30), got "
+                    f"({ops:g}, {magnitude:g})"
+                )
+            object.__setattr__(self, "randaugment", (int(ops), float(magnitude)))
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise VitkitError("mixup_alpha and cutmix_alpha must be >= 0")
         if self.objective not in ("classify", "mpp", "mae"):

@@ -1,0 +1,58 @@
+"""Values and weights that cannot mean anything are refused in one line: RandAugment outside
+its ranges, predictions from a diverged (NaN) checkpoint; and pretrain's help names the recipe
+it really starts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.cli import build_parser, main
+from vitkit.errors import VitkitError
+from vitkit.train.config import TrainConfig
+
+
+@pytest.mark.parametrize("bad", [(2, 31.0), (2, -1.0), (-1, 10.0), (2.5, 10.0), (100, 10.0)])
+def test_randaugment_outside_its_ranges_is_refused(bad: tuple[float, float]) -> None:
+    with pytest.raises(VitkitError, match="randaugment takes"):
+        TrainConfig(randaugment=bad)  # type: ignore[arg-type]
+    assert TrainConfig(randaugment=(2, 30.0)).randaugment == (2, 30.0)
+
+
+def test_randaugment_on_the_command_line_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--smoke", "--data", "digits", "--randaugment", "100", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "randaugment takes" in err and "Traceback" not in err
+
+
+def test_predict_refuses_non_finite_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image
+
+    from vitkit.checkpoints import save_checkpoint
+    from vitkit.config import PreprocessConfig, model_config
+    from vitkit.model import build_model
+
+    cfg = model_config("Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=8)
+    cfg = cfg.replace(num_classes=3, in_chans=1)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    ckpt = save_checkpoint(
+        tmp_path / "nan", model, preprocess=PreprocessConfig.for_model(cfg, crop_pct=1.0)
+    )
+    image = tmp_path / "x.png"
+    Image.new("L", (8, 8), 128).save(image)
+    assert main(["predict", str(image), "--from", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert "NaN or infinite" in err and "head.weight" in err and "Traceback" not in err
+
+
+def test_pretrain_help_names_the_recipe_it_starts_from() -> None:
+    """--objective mae starts from mnist-mae: the --recipe help must not say mnist-mpp."""
+    pretrain = build_parser()._subparsers._group_actions[0].choices["pretrain"]  # type: ignore[union-attr]
+    (recipe,) = [a for a in pretrain._actions if "--recipe" in a.option_strings]
+    assert "mnist-OBJECTIVE" in (recipe.help or "")
