@@ -16,7 +16,7 @@ Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters
 ``adapt``) <- ``distributed``; no module imports one to its right, not even inside a function.
 """
 
-from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
+from vitkit.checkpoints.adapt import adapt, is_zero_head
 from vitkit.checkpoints.formats import (
     FORMATS,
     adapt_checkpoint,
@@ -37,6 +37,7 @@ from vitkit.checkpoints.io import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from vitkit.posemb import resample_pos_embed
 
 __all__ = [
     "FORMATS",

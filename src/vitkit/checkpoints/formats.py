@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
-from vitkit.checkpoints.adapt import Resample, adapt, is_zero_head
+from vitkit.checkpoints.adapt import adapt, is_zero_head
 from vitkit.checkpoints.io import (
     CONFIG,
     LATEST,
@@ -51,6 +51,7 @@ from vitkit.checkpoints.io import (
 )
 from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig, count_params
 from vitkit.errors import VitkitError
+from vitkit.posemb import Resample
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")

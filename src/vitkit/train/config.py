@@ -7,9 +7,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vitkit.checkpoints.adapt import Resample
 from vitkit.config import check_fields
 from vitkit.errors import VitkitError
+from vitkit.posemb import Resample
 from vitkit.selfsup.config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.compile import COMPILE_MODES, CompileMode
