@@ -106,13 +106,9 @@ class ResNetV2(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Pixels → the final pre-activated feature map [B, feature_dim, H / s, W / s]."""
-        c, size = self.cfg.in_chans, self.cfg.image_size
-        if x.ndim != 4 or x.shape[1] != c:
+        c = self.cfg.in_chans
+        if x.ndim != 4 or x.shape[1] != c:  # any size runs: convolutions, then average pooling
             raise VitkitError(f"expected images [B, {c}, H, W], got {tuple(x.shape)}")
-        if tuple(x.shape[-2:]) != size:  # a CNN would run, but the checkpoint's preprocessing
-            raise VitkitError(  # and every metric assume the training size
-                f"input images are {tuple(x.shape[-2:])} but the model was built for {size}"
-            )
         x = self.root(x)
         if self.cfg.root == "bit":
             x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), kernel_size=3, stride=2)

@@ -30,6 +30,9 @@ Where we deviate from the paper or the official code, and why:
 - ``Attention.forward`` uses PyTorch's fused ``scaled_dot_product_attention``, except for bf16
   on CPU, where it computes the same softmax explicitly: PyTorch's CPU flash kernel is several
   times slower there (measured: backward of [128, 4, 50, 32] 83 ms fused vs 13 ms explicit).
+- The paper interpolates E_pos in 2-D once, to fine-tune at a higher resolution (Sec. 3.2);
+  the model also does it on the fly for images of another size (any multiple of the patch),
+  with the same function as ``vitkit convert --image-size``, so running there equals converting.
 - ``drop_path`` (stochastic depth) is not in the paper; it defaults to 0 and is there for the
   data-efficient recipes.
 """
@@ -47,6 +50,7 @@ from torch import Tensor, nn
 
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.posemb import Resample, resample_pos_embed
 from vitkit.resnet import ResNetStem, init_resnet
 
 
@@ -60,20 +64,35 @@ class PatchEmbed(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.image_size = cfg.image_size
+        self.grid_size = cfg.grid_size
         self.in_chans = cfg.in_chans
+        self.stem_stride = cfg.stem_stride
+        self.patch_size = cfg.patch_size
         self.stem = ResNetStem(cfg) if cfg.is_hybrid else None
         self.proj = nn.Conv2d(
             cfg.patch_in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
         )
 
+    def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid (rows, columns) of images of ``size`` (H, W): any positive multiple
+        of the patch size (times the hybrid's ResNet stride) on each side."""
+        if size == self.image_size:
+            return self.grid_size
+        s = self.stem_stride
+        for side, n, p in zip(("height", "width"), size, self.patch_size):
+            if n < p * s or n % (p * s):
+                what = f"the patch {side} {p}" + (f" x the ResNet stride {s}" if s > 1 else "")
+                raise VitkitError(
+                    f"input images are {size[0]}x{size[1]}: the {side} {n} is not a positive "
+                    f"multiple of {what} (the model was built for "
+                    f"{self.image_size[0]}x{self.image_size[1]})"
+                )
+        return size[0] // (self.patch_size[0] * s), size[1] // (self.patch_size[1] * s)
+
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans:
             raise VitkitError(f"expected images [B, {self.in_chans}, H, W], got {tuple(x.shape)}")
-        if tuple(x.shape[-2:]) != self.image_size:
-            raise VitkitError(
-                f"input images are {tuple(x.shape[-2:])} but the model was built for "
-                f"{self.image_size}; resize them, or resample the position embeddings"
-            )
+        self.grid_for((x.shape[-2], x.shape[-1]))  # refuses a size the patches do not tile
         if self.stem is not None:
             x = self.stem(x)
         x = self.proj(x)  # [B, D, H/P, W/P]
@@ -200,6 +219,9 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.pool == "token" else None
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
+        # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
+        self.resample: Resample = "bicubic"
         self.pos_drop = nn.Dropout(cfg.dropout)
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
@@ -213,14 +235,33 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: Tensor) -> Tensor:
         """Eq. 1: patch embeddings, class token prepended, position embeddings added."""
-        return self.embed_patches(self.patch_embed(x))
+        patches = self.patch_embed(x)
+        return self.embed_patches(patches, self.patch_embed.grid_for((x.shape[-2], x.shape[-1])))
 
-    def embed_patches(self, patches: Tensor) -> Tensor:
+    def embed_patches(self, patches: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """Eq. 1 from the patch embeddings x_p E [B, N, D] on: class token prepended, E_pos
-        added. (Masked patch prediction corrupts the patch embeddings before this step.)"""
+        added. ``grid`` is the patches' (rows, columns), the model's own grid when not given.
+        (Masked patch prediction corrupts the patch embeddings before this step.)"""
+        grid = self.patch_embed.grid_size if grid is None else grid
+        if grid[0] * grid[1] != patches.shape[1]:
+            raise VitkitError(
+                f"{patches.shape[1]} patch embeddings do not fill a {grid[0]}x{grid[1]} grid; "
+                "pass embed_patches the grid they come from"
+            )
+        pos_embed = self.pos_embed_for(grid)
         if self.cls_token is not None:
             patches = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)
-        return self.pos_drop(patches + self.pos_embed)
+        return self.pos_drop(patches + pos_embed)
+
+    def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
+        """E_pos [1, T, D] for a patch grid: the learned table on the model's own grid (the
+        parameter itself), else the table interpolated in 2-D with ``self.resample`` — the
+        paper's resolution change (Sec. 3.2), the same as ``vitkit convert --image-size``."""
+        own = self.patch_embed.grid_size
+        if grid == own:
+            return self.pos_embed
+        prefix = self.cfg.num_prefix_tokens
+        return resample_pos_embed(self.pos_embed, own, grid, prefix, self.resample)
 
     def encode(self, tokens: Tensor) -> Tensor:
         """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]."""

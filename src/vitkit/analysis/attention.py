@@ -44,6 +44,14 @@ def safe_batch_size(cfg: ViTConfig, batch_size: int) -> int:
     return max(1, min(batch_size, ATTENTION_BYTES // per_image))
 
 
+def input_config(model: VisionTransformer, x: Tensor) -> ViTConfig:
+    """The model's config at the size of images ``x`` [B, C, H, W]: a model runs at any
+    multiple of its patch size, and the grid, token count and patch pixels follow the input."""
+    size = (x.shape[-2], x.shape[-1])
+    model.patch_embed.grid_for(size)  # a size the patches do not tile: the model's one line
+    return model.cfg if size == model.cfg.image_size else model.cfg.replace(image_size=size)
+
+
 @contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Run ``model`` in eval mode (no dropout), then restore its previous mode."""
@@ -210,11 +218,12 @@ def mean_attention_distance(
     """
     if images.shape[0] == 0:
         raise VitkitError("mean attention distance needs at least one image")
-    batch_size = safe_batch_size(model.cfg, batch_size)
+    cfg = input_config(model, images)
+    batch_size = safe_batch_size(cfg, batch_size)
     total = None
     for start in range(0, images.shape[0], batch_size):
         attentions, _ = attention_weights(model, images[start : start + batch_size])
-        d = attention_distance(attentions, model.cfg).sum(dim=0).double()
+        d = attention_distance(attentions, cfg).sum(dim=0).double()
         total = d if total is None else total + d
     assert total is not None
     return (total / images.shape[0]).float()
@@ -256,9 +265,9 @@ def explain(
     batch_size: int = 32,
 ) -> Explanation:
     """Per-layer, per-head attention maps and the attention rollout of images ``x``
-    (normalised model input [B, C, H, W]), all over the patch grid."""
-    require_attention(model)
-    cfg = model.cfg
+    (normalised model input [B, C, H, W], any multiple of the patch size), all over the patch
+    grid of their size."""
+    cfg = input_config(require_attention(model), x)
     batch_size = safe_batch_size(cfg, batch_size)
     logits, layer_maps, rollout_maps = [], [], []
     for start in range(0, x.shape[0], batch_size):
