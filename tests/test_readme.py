@@ -20,6 +20,7 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     exec(compile(match.group(1), str(README), "exec"), namespace)  # noqa: S102
     out = namespace["out"]
     assert len(out.hidden_states) == namespace["model"].cfg.depth + 1  # type: ignore[attr-defined]
+    assert namespace["bigger"].shape == (1, 10)  # type: ignore[attr-defined]  # 16 px, trained at 8
     # The example shows the library working: far above chance (10 %); the README says 89 %.
     assert namespace["report"]["test_top1"] > 0.8  # type: ignore[index]
     assert os.path.isdir(tmp_path / "runs" / "digits" / "checkpoints")
