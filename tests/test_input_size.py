@@ -163,3 +163,25 @@ def test_predict_and_explain_still_resize_to_the_checkpoints_size(tmp_path, caps
     assert [t["index"] for t in record["top_k"]] == [t["index"] for t in top]
     assert [t["prob"] for t in record["top_k"]] == pytest.approx([t["prob"] for t in top])
     assert Path(record["rollout_png"]).is_file() and Path(record["layers_png"]).is_file()
+
+
+def test_another_size_equals_hugging_face_interpolate_pos_encoding(tmp_path):
+    """Hugging Face's ``ViTModel(..., interpolate_pos_encoding=True)``: bicubic, the same."""
+    from references import import_reference
+
+    transformers = import_reference("transformers")
+    hf_cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+    )
+    ref = perturbed(transformers.ViTModel(hf_cfg, add_pooling_layer=False))
+    ref.save_pretrained(tmp_path / "hf")
+    model, _ = vitkit.load_model(tmp_path / "hf")
+    x = pixels((32, 24))
+    with torch.no_grad():
+        want = ref(x, interpolate_pos_encoding=True).last_hidden_state
+        assert (model.forward_features(x) - want).abs().max().item() <= 1e-5  # measured: 0
