@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from vitkit.analysis import explain, mean_attention_distance
+from vitkit.analysis import explain, input_config, mean_attention_distance, patch_map
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
 from vitkit.config import PreprocessConfig
@@ -123,6 +123,8 @@ def test_the_analysis_follows_the_input_grid(tmp_path):
     found, want = explain(model, x), explain(converted, x)
     assert found.layer_maps.shape == (2, 2, 2, 6, 8) and found.rollout.shape == (2, 6, 8)
     assert (found.rollout_maps - want.rollout_maps).abs().max() <= 1e-6
+    cfg = input_config(model, x)  # the grid, tokens and patch pixels of the input's size
+    assert cfg == converted.cfg and patch_map(out.attentions[0], cfg).shape == (2, 2, 6, 8)
     distance = mean_attention_distance(model, x)
     assert (distance - mean_attention_distance(converted, x)).abs().max() <= 1e-4
 

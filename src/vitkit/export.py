@@ -3,10 +3,10 @@
 ``export_onnx`` traces the model with ``torch.onnx.export(..., dynamo=True)`` (needs the
 ``onnx`` and ``onnxscript`` packages: ``pip install 'vitkit[onnx]'``). The batch dimension is
 dynamic; the image size is the model's (the graph is traced there, with the position-embedding
-table as it is: for another size, convert with ``vitkit convert --image-size`` first). Input ``pixel_values``
-[B, C, H, W] (normalised as the checkpoint's preprocessing says), output ``logits`` (or the
-pre-logit features for a model without a head). The file is written under a temporary name and
-renamed, so an interrupted export leaves nothing half-written.
+table as it is: for another size, convert with ``vitkit convert --image-size`` first). Input
+``pixel_values`` [B, C, H, W] (normalised as the checkpoint's preprocessing says), output
+``logits`` (or the pre-logit features for a model without a head). The file is written under a
+temporary name and renamed, so an interrupted export leaves nothing half-written.
 """
 
 from __future__ import annotations
