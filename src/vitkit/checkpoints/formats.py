@@ -36,6 +36,7 @@ from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import Resample, adapt, is_zero_head
+from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
 from vitkit.checkpoints.io import (
     CONFIG,
     LATEST,
@@ -168,8 +169,15 @@ def read_checkpoint(
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
     ``checkpoint.format`` says which format it was read from; a converted checkpoint's
     ``meta["converted_from"]`` records the source (and is kept when it is saved as vitkit).
+
+    ``path`` may also be a Hugging Face model id, ``ORG/NAME`` or ``ORG/NAME@REVISION``, read
+    from the local Hugging Face cache (:mod:`.hub_cache`; never downloaded); an existing local
+    path of the same name wins.
     """
     p = Path(path)
+    model_id = None
+    if not p.exists() and looks_like_id(str(path)):
+        model_id, p = str(path), resolve_model_id(str(path))
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -187,7 +195,10 @@ def read_checkpoint(
     ckpt.format = fmt
     if fmt != "vitkit":  # (load_checkpoint has checked its own)
         check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
-        ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
+        source: dict[str, Any] = {"format": fmt, "path": str(p)}
+        if model_id:
+            source["model_id"] = model_id
+        ckpt.meta = {**ckpt.meta, "converted_from": source}
     if image_size is None and num_classes is None and pre_logits is None:
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
             adapt(ckpt.model_config, ckpt.state_dict, source=str(p))
