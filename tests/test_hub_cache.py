@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from references import import_reference
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
@@ -175,3 +176,31 @@ def test_cli_by_id(cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["inspect", "org/not-there"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "org/not-there" in err and "hf download org/not-there" in err
+
+
+@pytest.mark.parametrize("model_args", [True, False])  # (hub folders often have none)
+def test_a_timm_hub_folder_by_id_equals_timm(cache: Path, tmp_path: Path, model_args: bool):
+    timm = import_reference("timm")
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(0)
+    kw = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=7)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape) * 0.05)
+    save_for_hf(ref, str(tmp_path / "src"), safe_serialization=True)
+    if not model_args:
+        hub = json.loads((tmp_path / "src" / "config.json").read_text())
+        del hub["model_args"]
+        (tmp_path / "src" / "config.json").write_text(json.dumps(hub))
+    cache_folder(cache, "timm/vit_tiny_test.augreg_in21k", tmp_path / "src")
+    if not model_args:  # width 32 is no standard size: the heads are asked for
+        with pytest.raises(VitkitError, match="pass num_heads"):
+            vitkit.load("timm/vit_tiny_test.augreg_in21k")
+    model = vitkit.load("timm/vit_tiny_test.augreg_in21k", num_heads=2)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        diff = (model(x) - ref(x)).abs().max().item()
+    print(f"timm hub folder by id vs timm: max |logit diff| {diff:.2e}")
+    assert diff <= 1e-5
