@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,18 @@ def test_a_timm_hub_folder_by_id_equals_timm(cache: Path, tmp_path: Path, model_
         diff = (model(x) - ref(x)).abs().max().item()
     print(f"timm hub folder by id vs timm: max |logit diff| {diff:.2e}")
     assert diff <= 1e-5
+
+
+def test_readme_model_id_example_runs(cache: Path, tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    found = re.search(r"\*\*By model id, offline\.\*\*.*?```bash\n(.*?)```", readme, re.S)
+    assert found, "README lost its model-id example"
+    for fmt, repo_id in (
+        ("hf", "google/vit-base-patch16-224"),
+        ("timm", "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"),
+    ):
+        folder = write_checkpoint(as_ckpt(tiny()), tmp_path / fmt, fmt)  # type: ignore[arg-type]
+        cache_folder(cache, repo_id, folder)
+    Image.new("RGB", (20, 12), (200, 120, 40)).save(tmp_path / "cat.jpg")
+    for line in found.group(1).splitlines():
+        assert main(shlex.split(line)[1:]) == 0, line
