@@ -175,9 +175,24 @@ def read_checkpoint(
     path of the same name wins.
     """
     p = Path(path)
-    model_id = None
     if not p.exists() and looks_like_id(str(path)):
-        model_id, p = str(path), resolve_model_id(str(path))
+        snapshot = resolve_model_id(str(path))
+        try:
+            ckpt = read_checkpoint(
+                snapshot,
+                format=format,
+                num_heads=num_heads,
+                grid=grid,
+                image_size=image_size,
+                num_classes=num_classes,
+                pre_logits=pre_logits,
+                resample=resample,
+            )
+        except VitkitError as e:  # (the snapshot's path alone would not say which model)
+            raise VitkitError(f"{path}: {e}") from None
+        if "converted_from" in ckpt.meta:
+            ckpt.meta["converted_from"] = {**ckpt.meta["converted_from"], "model_id": str(path)}
+        return ckpt
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -195,10 +210,7 @@ def read_checkpoint(
     ckpt.format = fmt
     if fmt != "vitkit":  # (load_checkpoint has checked its own)
         check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
-        source: dict[str, Any] = {"format": fmt, "path": str(p)}
-        if model_id:
-            source["model_id"] = model_id
-        ckpt.meta = {**ckpt.meta, "converted_from": source}
+        ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
     if image_size is None and num_classes is None and pre_logits is None:
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
             adapt(ckpt.model_config, ckpt.state_dict, source=str(p))
