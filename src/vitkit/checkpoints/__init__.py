@@ -14,8 +14,9 @@
 - :mod:`.dcp_shards`: the DCP shards' layout and reading them, through which
   ``load_checkpoint`` reads a distributed checkpoint's weights too.
 
-Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters and
-``adapt``, ``hub_cache``) <- ``distributed``; no module imports one to its right, not even inside a function.
+Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters, ``adapt``
+and ``hub_cache``) <- ``distributed``; no module imports one to its right, not even inside a
+function.
 """
 
 from vitkit.checkpoints.adapt import adapt, is_zero_head, resample_pos_embed
