@@ -7,13 +7,16 @@
   resolution or label set);
 - :mod:`.formats`: format detection, reading any format (``load_model`` / ``load``) and writing
   any format (``write_checkpoint``);
+- :mod:`.hub_cache`: a Hugging Face model id (``ORG/NAME[@REVISION]``) -> its folder in the
+  local Hugging Face cache, offline (``read_checkpoint`` takes ids through it);
 - :mod:`.distributed`: sharded checkpoints written by every rank with
   ``torch.distributed.checkpoint`` (DCP), and consolidating any checkpoint into one file;
 - :mod:`.dcp_shards`: the DCP shards' layout and reading them, through which
   ``load_checkpoint`` reads a distributed checkpoint's weights too.
 
-Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters and
-``adapt``) <- ``distributed``; no module imports one to its right, not even inside a function.
+Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters, ``adapt``
+and ``hub_cache``) <- ``distributed``; no module imports one to its right, not even inside a
+function.
 """
 
 from vitkit.checkpoints.adapt import adapt, is_zero_head

@@ -36,6 +36,7 @@ from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
+from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
 from vitkit.checkpoints.io import (
     CONFIG,
     LATEST,
@@ -169,8 +170,30 @@ def read_checkpoint(
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
     ``checkpoint.format`` says which format it was read from; a converted checkpoint's
     ``meta["converted_from"]`` records the source (and is kept when it is saved as vitkit).
+
+    ``path`` may also be a Hugging Face model id, ``ORG/NAME`` or ``ORG/NAME@REVISION``, read
+    from the local Hugging Face cache (:mod:`.hub_cache`; never downloaded); an existing local
+    path of the same name wins.
     """
     p = Path(path)
+    if not p.exists() and looks_like_id(str(path)):
+        snapshot = resolve_model_id(str(path))
+        try:
+            ckpt = read_checkpoint(
+                snapshot,
+                format=format,
+                num_heads=num_heads,
+                grid=grid,
+                image_size=image_size,
+                num_classes=num_classes,
+                pre_logits=pre_logits,
+                resample=resample,
+            )
+        except VitkitError as e:  # (the snapshot's path alone would not say which model)
+            raise VitkitError(f"{path}: {e}") from None
+        if "converted_from" in ckpt.meta:
+            ckpt.meta["converted_from"] = {**ckpt.meta["converted_from"], "model_id": str(path)}
+        return ckpt
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
@@ -260,7 +283,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         return Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
     if p.is_dir():
         hub = _read_json(p / CONFIG)
-        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
+        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p), num_heads), p)
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:

@@ -311,10 +311,13 @@ def timm_hub_config(
     return out
 
 
-def timm_hub_to_config(hub: dict[str, Any], sd: dict[str, Tensor], source: str) -> ViTConfig:
-    """Architecture of a timm model folder: its ``model_args`` where given, else the weights."""
+def timm_hub_to_config(
+    hub: dict[str, Any], sd: dict[str, Tensor], source: str, num_heads: int | None = None
+) -> ViTConfig:
+    """Architecture of a timm model folder: its ``model_args`` where given, else the weights
+    (and ``num_heads``, the caller's hint, for a width outside the standard table)."""
     args = hub.get("model_args", {}) or {}
-    cfg = timm_config(sd, num_heads=args.get("num_heads"), source=source)
+    cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), source=source)
     act = args.get("act_layer", "gelu")
     if act not in ("gelu", "gelu_tanh"):
         raise VitkitError(f"{source}: activation {act!r} is not a GELU; not the paper's ViT")

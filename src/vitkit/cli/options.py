@@ -317,9 +317,13 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def output_dir(out: str | None, ckpt_path: Path, name: str) -> Path:
-    """``--out`` if given, else RUN/NAME for a run's checkpoint, else CKPT_NAME beside it."""
+    """``--out`` if given, else RUN/NAME for a run's checkpoint, else CKPT_NAME beside it; for
+    a model read from the Hugging Face cache (``.../models--ORG--NAME/snapshots/HASH``),
+    ORG--NAME_NAME in the current directory (nothing is written into the cache)."""
     if out:
         return Path(out)
+    if ckpt_path.parent.name == "snapshots" and ckpt_path.parent.parent.name.startswith("models--"):
+        return Path(f"{ckpt_path.parent.parent.name.removeprefix('models--')}_{name}")
     if ckpt_path.parent.name == "checkpoints":
         return ckpt_path.parent.parent / name
     return ckpt_path.parent / f"{ckpt_path.name}_{name}"
