@@ -20,6 +20,7 @@ MAX_CLASSES = 1_000_000  # head size
 MAX_WIDTH = 65_536  # transformer width, pre-logits size
 MAX_DEPTH = 1024  # encoder blocks
 MAX_MLP = 262_144  # MLP hidden size
+MAX_REG_TOKENS = 1024  # register tokens
 MAX_STAGES = 8  # ResNet stages
 MAX_UNITS = 1024  # ResNet units per stage
 MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
@@ -87,13 +88,22 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
         "pool": choice("pool", cfg.pool, ("token", "gap")),
-        "gelu": choice("gelu", cfg.gelu, ("tanh", "none")),
+        "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
+        "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
+        "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
+        "pos_embed_prefix": choice("pos_embed_prefix", cfg.pos_embed_prefix, (True, False)),
+        "norm_pre": choice("norm_pre", cfg.norm_pre, (True, False)),
+        "patch_bias": choice("patch_bias", cfg.patch_bias, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
         ),
     }
+    if cfg.class_token is not None:
+        out["class_token"] = choice("class_token", cfg.class_token, (True, False))
+    if cfg.layer_scale_init is not None:
+        out["layer_scale_init"] = real("layer_scale_init", cfg.layer_scale_init, 0.0, 1e3)
     out["num_heads"] = integer("num_heads", cfg.num_heads, 1, out["width"])
     if cfg.representation_size is not None:
         out["representation_size"] = integer(

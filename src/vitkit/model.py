@@ -32,6 +32,14 @@ Where we deviate from the paper or the official code, and why:
   times slower there (measured: backward of [128, 4, 50, 32] 83 ms fused vs 13 ms explicit).
 - ``drop_path`` (stochastic depth) is not in the paper; it defaults to 0 and is there for the
   data-efficient recipes.
+
+The later members of the family (DeiT-III, DINOv2, CLIP towers, timm's ``global_pool="avg"``)
+are switches of :class:`vitkit.config.ViTConfig`, all off by default, read once in the
+constructors; an absent part is an ``nn.Identity``, so ``forward`` stays one path: ``fc_norm``
+(LayerNorm after pooling; the final norm becomes the identity), ``class_token`` /
+``num_reg_tokens`` (prefix tokens: class token, then registers) and ``pos_embed_prefix`` (False:
+E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), ``norm_pre``
+(LayerNorm after the embedding), ``patch_bias`` and ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)).
 """
 
 from __future__ import annotations
@@ -63,7 +71,11 @@ class PatchEmbed(nn.Module):
         self.in_chans = cfg.in_chans
         self.stem = ResNetStem(cfg) if cfg.is_hybrid else None
         self.proj = nn.Conv2d(
-            cfg.patch_in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
+            cfg.patch_in_chans,
+            cfg.width,
+            kernel_size=cfg.patch_size,
+            stride=cfg.patch_size,
+            bias=cfg.patch_bias,
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -123,13 +135,31 @@ class Attention(nn.Module):
         return dropped @ v, weights
 
 
+class QuickGELU(nn.Module):
+    """CLIP's GELU approximation x * sigmoid(1.702 x) (``gelu="quick"``; not the paper's)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT, DeiT-III, DINOv2; not the paper's)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Mlp(nn.Module):
     """The MLP of Eq. 3: two dense layers with a GELU between them."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
-        self.act = nn.GELU(approximate=cfg.gelu)
+        self.act = QuickGELU() if cfg.gelu == "quick" else nn.GELU(approximate=cfg.gelu)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -157,19 +187,22 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.drop_path_rate = drop_path_rate
+        scale = cfg.layer_scale_init
+        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
+        self.ls2 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self._residual(x, self.drop(self.attn(self.norm1(x))))  # (2)
-        return self._residual(x, self.mlp(self.norm2(x)))  # (3)
+        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x)))))  # (2)
+        return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """As ``forward``, with the explicit-softmax attention; also returns its weights."""
         attn_out, weights = self.attn.forward_explicit(self.norm1(x))
-        x = self._residual(x, self.drop(attn_out))
-        return self._residual(x, self.mlp(self.norm2(x))), weights
+        x = self._residual(x, self.ls1(self.drop(attn_out)))
+        return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
 
 @dataclass
@@ -198,12 +231,17 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         d = cfg.width
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.pool == "token" else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.has_class_token else None
+        regs = cfg.num_reg_tokens
+        self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_pos_prefix + cfg.num_patches, d))
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
-        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.fc_norm else nn.Identity()
         if cfg.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
         else:
@@ -218,9 +256,16 @@ class VisionTransformer(nn.Module):
     def embed_patches(self, patches: Tensor) -> Tensor:
         """Eq. 1 from the patch embeddings x_p E [B, N, D] on: class token prepended, E_pos
         added. (Masked patch prediction corrupts the patch embeddings before this step.)"""
-        if self.cls_token is not None:
-            patches = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)
-        return self.pos_drop(patches + self.pos_embed)
+        prefix = [
+            t.expand(len(patches), -1, -1)
+            for t in (self.cls_token, self.reg_token)
+            if t is not None
+        ]
+        if self.cfg.pos_embed_prefix:
+            x = torch.cat([*prefix, patches], dim=1) + self.pos_embed
+        else:  # E_pos covers the patches only (timm's no_embed_class)
+            x = torch.cat([*prefix, patches + self.pos_embed], dim=1)
+        return self.norm_pre(self.pos_drop(x))
 
     def encode(self, tokens: Tensor) -> Tensor:
         """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]."""
@@ -233,8 +278,11 @@ class VisionTransformer(nn.Module):
         return self.encode(self.embed(x))
 
     def pool(self, tokens: Tensor) -> Tensor:
-        """Eq. 4's z_L^0 (the class token), or the mean over tokens with ``pool="gap"``."""
-        return tokens[:, 0] if self.cfg.pool == "token" else tokens.mean(dim=1)
+        """Eq. 4's z_L^0 (the class token), or with ``pool="gap"`` the mean over the patch
+        tokens (prefix tokens left out), then ``fc_norm`` where the config has it."""
+        if self.cfg.pool == "token":
+            return self.fc_norm(tokens[:, 0])
+        return self.fc_norm(tokens[:, self.cfg.num_prefix_tokens :].mean(dim=1))
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens → logits; with ``pre_logits=True`` the features just before the head."""
@@ -275,13 +323,15 @@ def init_weights(model: VisionTransformer) -> None:
     cfg = model.cfg
     conv = model.patch_embed.proj
     _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
-    assert conv.bias is not None  # PatchEmbed's projection has a bias
-    nn.init.zeros_(conv.bias)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
     if model.patch_embed.stem is not None:
         init_resnet(model.patch_embed.stem)
     nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
+    if model.reg_token is not None:
+        nn.init.normal_(model.reg_token, std=1e-6)  # timm's register init
     for block in _blocks(model):
         d = cfg.width
         for i in range(3):  # q, k and v are separate D x D kernels in the official code
@@ -296,8 +346,10 @@ def init_weights(model: VisionTransformer) -> None:
         for norm in (block.norm1, block.norm2):
             nn.init.ones_(norm.weight)
             nn.init.zeros_(norm.bias)
-    nn.init.ones_(model.norm.weight)
-    nn.init.zeros_(model.norm.bias)
+    for final in (model.norm, model.norm_pre, model.fc_norm):
+        if isinstance(final, nn.LayerNorm):
+            nn.init.ones_(final.weight)
+            nn.init.zeros_(final.bias)
     if cfg.representation_size:
         dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
         _lecun_normal_(dense.weight, fan_in=cfg.width)
