@@ -30,6 +30,8 @@ SWITCHES = {
     "dinov2-reg": dict(num_reg_tokens=4, pos_embed_prefix=False, layer_scale_init=1e-5),
     "regs-embedded": dict(num_reg_tokens=2),  # E_pos rows for the registers too
     "clip": dict(norm_pre=True, gelu="quick", patch_bias=False),  # CLIP image tower
+    "qk-norm": dict(qk_norm=True),
+    "deit-distilled": dict(dist_token=True),
 }
 
 
@@ -60,12 +62,12 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     timm = import_reference("timm")
     cfg = tiny(**SWITCHES[name])
     args = timm_conv.timm_model_args(cfg)
-    ref = perturbed(timm.create_model("vit_base_patch16_224", **args).double())
+    ref = perturbed(timm.create_model(timm_conv.timm_architecture(cfg), **args).double())
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     # timm → vitkit: a bare state dict (num_heads given), then a timm folder with its config
     save_file(ref.state_dict(), tmp_path / "timm.safetensors")
     ckpt = read_checkpoint(tmp_path / "timm.safetensors", num_heads=4)
-    for k in ("fc_norm", "num_reg_tokens", "pos_embed_prefix", "norm_pre"):
+    for k in ("fc_norm", "num_reg_tokens", "pos_embed_prefix", "norm_pre", "qk_norm", "dist_token"):
         assert getattr(ckpt.model_config, k) == getattr(cfg, k), k
     assert (ckpt.model_config.layer_scale_init is None) == (cfg.layer_scale_init is None)
     model = vitkit.create_model(cfg).double()

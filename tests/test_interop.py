@@ -295,11 +295,12 @@ def test_timm_architectures_that_are_not_the_paper_are_refused(tmp_path):
         embed_dim=64,
         depth=1,
         num_heads=4,
-        qk_norm=True,
+        global_pool="map",
+        class_token=False,
     )
-    save_file(ref.state_dict(), tmp_path / "qknorm.safetensors")
-    with pytest.raises(VitkitError, match=r"q/k normalisation"):
-        read_checkpoint(tmp_path / "qknorm.safetensors")
+    save_file(ref.state_dict(), tmp_path / "map.safetensors")
+    with pytest.raises(VitkitError, match=r"attention-pooling \(MAP\) head"):
+        read_checkpoint(tmp_path / "map.safetensors")
 
 
 # ---------------------------------------------------------------------------------------------

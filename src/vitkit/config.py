@@ -69,6 +69,9 @@ class ViTConfig:
     # DeiT-III, DINOv2); None: no layer scale
     norm_pre: bool = False  # LayerNorm on the embeddings before the first block (CLIP)
     patch_bias: bool = True  # bias of the patch projection E (CLIP has none)
+    qk_norm: bool = False  # LayerNorm over each head's queries and keys (ViT-22B, some timm)
+    dist_token: bool = False  # DeiT's distillation token after the class token, with its own
+    # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -84,6 +87,8 @@ class ViTConfig:
             raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pool == "token" and self.class_token is False:
             raise VitkitError('pool="token" needs the class token; set class_token or pool="gap"')
+        if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
+            raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
 
     @property
     def has_class_token(self) -> bool:
@@ -130,7 +135,7 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         """Tokens before the patch tokens: the class token (if any), then the registers."""
-        return int(self.has_class_token) + self.num_reg_tokens
+        return int(self.has_class_token) + int(self.dist_token) + self.num_reg_tokens
 
     @property
     def num_pos_prefix(self) -> int:
@@ -144,23 +149,12 @@ class ViTConfig:
     @property
     def family_switches(self) -> dict[str, Any]:
         """The switches of the ViT family that differ from the paper (name: value)."""
-        paper = {
-            "fc_norm": False,
-            "num_reg_tokens": 0,
-            "layer_scale_init": None,
-            "norm_pre": False,
-            "gelu_quick": False,
-            "patch_bias": True,
-        }
-        mine = {
-            "fc_norm": self.fc_norm,
-            "num_reg_tokens": self.num_reg_tokens,
-            "layer_scale_init": self.layer_scale_init,
-            "norm_pre": self.norm_pre,
-            "gelu_quick": self.gelu == "quick",
-            "patch_bias": self.patch_bias,
-        }
-        out = {k: v for k, v in mine.items() if v != paper[k]}
+        names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        out = {k: getattr(self, k) for k in (*names, "qk_norm", "dist_token")}
+        out = {k: v for k, v in out.items() if v != default[k]}
+        if self.gelu == "quick":
+            out["gelu"] = "quick"
         if self.has_class_token != (self.pool == "token"):
             out["class_token"] = self.has_class_token
         if not self.pos_embed_prefix and self.num_prefix_tokens:
@@ -444,7 +438,7 @@ def count_flops(cfg: ModelConfig) -> int:
     macs += cfg.depth * per_block
     if cfg.representation_size:
         macs += d * cfg.representation_size
-    macs += cfg.feature_dim * cfg.num_classes
+    macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)
     return 2 * macs
 
 
@@ -496,13 +490,17 @@ def count_params(cfg: ModelConfig) -> int:
     n += (cfg.num_patches + cfg.num_pos_prefix) * d  # position embeddings
     qkv_bias = 3 * d if cfg.qkv_bias else 0
     layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
-    n += cfg.depth * (4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d + layer_scale)
+    qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
+    n += cfg.depth * (
+        4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d + layer_scale + qk_norm
+    )
     n += 2 * d  # final norm (or fc_norm after pooling)
     n += 2 * d if cfg.norm_pre else 0
     if cfg.representation_size:
         n += d * cfg.representation_size + cfg.representation_size
     if cfg.num_classes:
-        n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
+        heads = 2 if cfg.dist_token else 1
+        n += heads * (cfg.feature_dim * cfg.num_classes + cfg.num_classes)
     return n
 
 

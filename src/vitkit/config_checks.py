@@ -94,6 +94,8 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "pos_embed_prefix": choice("pos_embed_prefix", cfg.pos_embed_prefix, (True, False)),
         "norm_pre": choice("norm_pre", cfg.norm_pre, (True, False)),
         "patch_bias": choice("patch_bias", cfg.patch_bias, (True, False)),
+        "qk_norm": choice("qk_norm", cfg.qk_norm, (True, False)),
+        "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(

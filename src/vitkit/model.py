@@ -39,7 +39,8 @@ constructors; an absent part is an ``nn.Identity``, so ``forward`` stays one pat
 (LayerNorm after pooling; the final norm becomes the identity), ``class_token`` /
 ``num_reg_tokens`` (prefix tokens: class token, then registers) and ``pos_embed_prefix`` (False:
 E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), ``norm_pre``
-(LayerNorm after the embedding), ``patch_bias`` and ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)).
+(LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
+``qk_norm`` and ``dist_token`` (DeiT: a second token and head; the heads' logits are averaged).
 """
 
 from __future__ import annotations
@@ -106,12 +107,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
         self.proj = nn.Linear(cfg.width, cfg.width)
         self.attn_dropout = cfg.attn_dropout
+        qk_norm = cfg.qk_norm
+        self.q_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
 
     def _split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
         qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
-        return q, k, v
+        return self.q_norm(q), self.k_norm(k), v
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
@@ -232,6 +236,7 @@ class VisionTransformer(nn.Module):
         d = cfg.width
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.has_class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         regs = cfg.num_reg_tokens
         self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_pos_prefix + cfg.num_patches, d))
@@ -247,6 +252,8 @@ class VisionTransformer(nn.Module):
         else:
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes else None
+        distilled = cfg.dist_token and cfg.num_classes
+        self.head_dist = nn.Linear(d, cfg.num_classes) if distilled else None  # DeiT
         init_weights(self)
 
     def embed(self, x: Tensor) -> Tensor:
@@ -258,7 +265,7 @@ class VisionTransformer(nn.Module):
         added. (Masked patch prediction corrupts the patch embeddings before this step.)"""
         prefix = [
             t.expand(len(patches), -1, -1)
-            for t in (self.cls_token, self.reg_token)
+            for t in (self.cls_token, self.dist_token, self.reg_token)
             if t is not None
         ]
         if self.cfg.pos_embed_prefix:
@@ -287,6 +294,10 @@ class VisionTransformer(nn.Module):
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens → logits; with ``pre_logits=True`` the features just before the head."""
         x = self.pre_logits(self.pool(tokens))
+        if self.cfg.dist_token:  # DeiT: the distillation token's own head, the two averaged
+            if pre_logits or self.head is None or self.head_dist is None:
+                return (x + tokens[:, 1]) / 2
+            return (self.head(x) + self.head_dist(tokens[:, 1])) / 2
         if pre_logits or self.head is None:
             return x
         return self.head(x)
@@ -330,6 +341,8 @@ def init_weights(model: VisionTransformer) -> None:
     nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
+    if model.dist_token is not None:
+        nn.init.normal_(model.dist_token, std=0.02)  # DeiT's init
     if model.reg_token is not None:
         nn.init.normal_(model.reg_token, std=1e-6)  # timm's register init
     for block in _blocks(model):
@@ -354,9 +367,10 @@ def init_weights(model: VisionTransformer) -> None:
         dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
         _lecun_normal_(dense.weight, fan_in=cfg.width)
         nn.init.zeros_(dense.bias)
-    if model.head is not None:
-        nn.init.zeros_(model.head.weight)
-        nn.init.zeros_(model.head.bias)
+    for head in (model.head, model.head_dist):
+        if head is not None:
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

@@ -14,7 +14,9 @@ vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``block
   ``act_layer="quick_gelu"``. A state dict does not say which pooling a model with a class token
   used nor the layer-scale init value: a timm folder's ``model_args`` do; otherwise pooling is
   the class token (or "avg" with ``fc_norm`` weights) and layer scale starts at 1e-5 (only
-  training from scratch reads it). q/k norms and MAP heads are refused by name.
+  training from scratch reads it). ``blocks.{i}.attn.q_norm`` / ``k_norm`` are ``qk_norm``;
+  DeiT's ``dist_token`` and ``head_dist`` are ``dist_token`` (timm's
+  ``deit_*_distilled_*``). MAP heads are refused by name.
 - timm's GELU is the exact erf form and its LayerNorm epsilon is 1e-6; a converted checkpoint keeps
   that (``gelu="none"``). Writing a tanh-GELU model stores ``act_layer="gelu_tanh"``.
 - A state dict does not record the number of heads; it is taken from the standard sizes by width
@@ -53,10 +55,7 @@ from vitkit.errors import VitkitError
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
 _UNSUPPORTED = {
-    ".q_norm.": "q/k normalisation",
     "attn_pool.": "an attention-pooling (MAP) head",
-    "dist_token": "a distillation token (DeiT distilled)",
-    "head_dist.": "a distillation head (DeiT distilled)",
 }
 _BACKBONE = "patch_embed.backbone."
 
@@ -105,7 +104,7 @@ def timm_config(
     class_token = "cls_token" in sd
     pool: Pool = "token" if class_token and not fc_norm else "gap"
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
-    prefix, rows = int(class_token) + regs, sd["pos_embed"].shape[1]
+    prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
     pos_embed_prefix = (
         _square(rows - prefix) or not _square(rows)
         if grid is None
@@ -146,6 +145,8 @@ def timm_config(
         layer_scale_init=1e-5 if "blocks.0.ls1.gamma" in sd else None,
         norm_pre="norm_pre.weight" in sd,
         patch_bias="patch_embed.proj.bias" in sd,
+        qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        dist_token="dist_token" in sd,
     )
 
 
@@ -284,7 +285,14 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
             "timm's ViT has a patch-embedding bias exactly when it has no norm_pre; this model "
             f"has patch_bias={cfg.patch_bias} with norm_pre={cfg.norm_pre}"
         )
+    if cfg.dist_token and not cfg.pos_embed_prefix:
+        raise VitkitError("timm's distilled DeiT has position embeddings for its prefix tokens")
     return {k: v.contiguous() for k, v in sd.items()}
+
+
+def timm_architecture(cfg: ViTConfig) -> str:
+    """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
 
 
 def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
@@ -307,6 +315,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "no_embed_class": not cfg.pos_embed_prefix,
         "init_values": cfg.layer_scale_init,
         "pre_norm": cfg.norm_pre,
+        "qk_norm": cfg.qk_norm,
         "act_layer": _TIMM_ACT[cfg.gelu],
     }
 
@@ -325,7 +334,7 @@ def timm_hub_config(
             stacklevel=2,
         )
     out: dict[str, Any] = {
-        "architecture": "vit_base_patch16_224",
+        "architecture": timm_architecture(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.width,
         "global_pool": timm_model_args(cfg)["global_pool"],

@@ -52,7 +52,9 @@ def encode_visible(encoder: VisionTransformer, x: Tensor, visible: Tensor) -> Te
     patches = encoder.patch_embed(x) + encoder.pos_embed[:, p:]
     d = patches.shape[-1]
     tokens = patches.gather(1, visible.to(x.device).unsqueeze(-1).expand(-1, -1, d))
-    prefix: list[Tensor] = [t for t in (encoder.cls_token, encoder.reg_token) if t is not None]
+    prefix: list[Tensor] = [
+        t for t in (encoder.cls_token, encoder.dist_token, encoder.reg_token) if t is not None
+    ]
     if prefix:
         pre = torch.cat(prefix, dim=1)
         pre = pre + encoder.pos_embed[:, :p] if p else pre
