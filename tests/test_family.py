@@ -17,6 +17,8 @@ from vitkit.analysis.attention import patch_map
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
+from vitkit.checkpoints.description import format_description
+from vitkit.checkpoints.formats import describe
 from vitkit.config import PreprocessConfig, ViTConfig, count_flops, count_params
 from vitkit.errors import VitkitError
 
@@ -83,6 +85,8 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     write_checkpoint(ours, tmp_path / "folder", "timm")
     back = read_checkpoint(tmp_path / "folder")
     assert back.model_config == cfg
+    shown = format_description(describe(back))
+    assert "family:" in shown and next(iter(cfg.family_switches)) in shown
     again = timm.create_model(f"local-dir:{tmp_path / 'folder'}", pretrained=True).eval()
     with torch.no_grad():
         diff = (again(x.float()) - model(x.float())).abs().max().item()
