@@ -4,6 +4,7 @@ same switches, read and written through vitkit's timm converter on identical ran
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,27 @@ def test_formats_that_cannot_hold_a_switch_refuse_it(tmp_path, fmt):
     )
     with pytest.raises(VitkitError, match="norm_pre"):
         write_checkpoint(ckpt, tmp_path / ("out.npz" if fmt == "npz" else "out"), fmt)
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "vit_base_patch16_clip_quickgelu_224",
+        "vit_small_patch14_reg4_dinov2",
+        "deit3_small_patch16_224",
+    ],
+)
+def test_a_timm_folder_without_model_args_is_read_from_its_model_name(tmp_path, arch):
+    """Hub folders name the architecture; heads (width 32: not a table size) are given."""
+    timm = import_reference("timm")
+    small = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+    ref = perturbed(timm.create_model(arch, **small, mlp_ratio=2.0))
+    (tmp_path / "hub").mkdir()
+    save_file(ref.state_dict(), tmp_path / "hub" / "model.safetensors")
+    hub = {"architecture": arch, "num_classes": 5, "global_pool": ref.global_pool}
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(hub))
+    model = vitkit.load(tmp_path / "hub", num_heads=4)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (model(x) - ref(x)).abs().max().item()
+    assert diff <= 1e-5, diff

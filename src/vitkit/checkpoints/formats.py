@@ -259,7 +259,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         return Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
     if p.is_dir():
         hub = _read_json(p / CONFIG)
-        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p)), p)
+        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p), num_heads), p)
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:

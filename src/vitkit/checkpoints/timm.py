@@ -356,18 +356,35 @@ def timm_hub_config(
     return out
 
 
-def timm_hub_to_config(hub: dict[str, Any], sd: dict[str, Tensor], source: str) -> ViTConfig:
-    """Architecture of a timm model folder: its ``model_args`` where given, else the weights."""
-    args = hub.get("model_args", {}) or {}
-    cfg = timm_config(sd, num_heads=args.get("num_heads"), source=source)
+def _name_settings(arch: str) -> dict[str, Any]:
+    """What a timm model name fixes that its weights do not (timm's vision_transformer.py and
+    deit.py): CLIP towers' LayerNorm epsilon and quick GELU, the layer-scale init."""
+    out: dict[str, Any] = {"layer_norm_eps": 1e-5} if "_clip_" in arch else {}
+    if "quickgelu" in arch:
+        out["act_layer"] = "quick_gelu"
+    if arch.startswith("deit3_") or "dinov2" in arch:
+        out["init_values"] = 1e-6 if arch.startswith("deit3_") else 1e-5
+    return out
+
+
+def timm_hub_to_config(
+    hub: dict[str, Any], sd: dict[str, Tensor], source: str, num_heads: int | None = None
+) -> ViTConfig:
+    """Architecture of a timm model folder: its ``model_args`` where given, then what its
+    ``architecture`` name fixes, else the weights (``num_heads`` where no table size)."""
+    args = {**_name_settings(str(hub.get("architecture", ""))), **(hub.get("model_args") or {})}
+    cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), source=source)
     act = args.get("act_layer", "gelu")
     gelus = {v: k for k, v in _TIMM_ACT.items()}
     if act not in gelus:
         raise VitkitError(f"{source}: activation {act!r} is not a GELU vitkit has")
     changes: dict[str, Any] = {"gelu": gelus[act]}
-    pool = {"token": "token", "avg": "gap", None: cfg.pool}.get(args.get("global_pool"))
+    if "layer_norm_eps" in args:
+        changes["layer_norm_eps"] = args["layer_norm_eps"]
+    global_pool = args.get("global_pool", hub.get("global_pool"))
+    pool = {"token": "token", "avg": "gap", None: cfg.pool}.get(global_pool)
     if pool is None:
-        raise VitkitError(f"{source}: global_pool {args['global_pool']!r} is not one vitkit has")
+        raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
     if pool == "token" and not cfg.has_class_token:
         raise VitkitError(f"{source}: global_pool 'token' without a class token")
     if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
