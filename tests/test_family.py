@@ -34,6 +34,8 @@ SWITCHES = {
     "regs-embedded": dict(num_reg_tokens=2),  # E_pos rows for the registers too
     "clip": dict(norm_pre=True, gelu="quick", patch_bias=False),  # CLIP image tower
     "qk-norm": dict(qk_norm=True),
+    "avgmax": dict(pool="avgmax", class_token=True, fc_norm=True),  # timm's global_pool="avgmax"
+    "max": dict(pool="max"),
     "deit-distilled": dict(dist_token=True),
 }
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap"]
+Pool = Literal["token", "gap", "avgmax", "max"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 
@@ -43,7 +43,10 @@ class ViTConfig:
     depth: int = 12  # number of encoder blocks L
     num_heads: int = 12  # attention heads per block
     mlp_dim: int = 3072  # hidden size of the MLP inside each block
-    pool: Pool = "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token
+    pool: Pool = (
+        "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
+    )
+    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -153,6 +156,8 @@ class ViTConfig:
         default = {f.name: f.default for f in dataclasses.fields(self)}
         out = {k: getattr(self, k) for k in (*names, "qk_norm", "dist_token")}
         out = {k: v for k, v in out.items() if v != default[k]}
+        if self.pool in ("avgmax", "max"):
+            out["pool"] = self.pool
         if self.gelu == "quick":
             out["gelu"] = "quick"
         if self.has_class_token != (self.pool == "token"):

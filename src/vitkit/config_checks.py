@@ -87,7 +87,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap")),
+        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max")),
         "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
         "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
         "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),

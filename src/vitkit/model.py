@@ -289,7 +289,12 @@ class VisionTransformer(nn.Module):
         tokens (prefix tokens left out), then ``fc_norm`` where the config has it."""
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
-        return self.fc_norm(tokens[:, self.cfg.num_prefix_tokens :].mean(dim=1))
+        patches = tokens[:, self.cfg.num_prefix_tokens :]
+        if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
+            return self.fc_norm(patches.amax(dim=1))
+        if self.cfg.pool == "avgmax":
+            return self.fc_norm((patches.amax(dim=1) + patches.mean(dim=1)) / 2)
+        return self.fc_norm(patches.mean(dim=1))
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens → logits; with ``pre_logits=True`` the features just before the head."""

@@ -309,7 +309,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "mlp_ratio": cfg.mlp_dim / cfg.width,
         "qkv_bias": cfg.qkv_bias,
         "class_token": cfg.has_class_token,
-        "global_pool": "token" if cfg.pool == "token" else "avg",
+        "global_pool": {"gap": "avg"}.get(cfg.pool, cfg.pool),
         "fc_norm": cfg.fc_norm,
         "reg_tokens": cfg.num_reg_tokens,
         "no_embed_class": not cfg.pos_embed_prefix,
@@ -382,7 +382,9 @@ def timm_hub_to_config(
     if "layer_norm_eps" in args:
         changes["layer_norm_eps"] = args["layer_norm_eps"]
     global_pool = args.get("global_pool", hub.get("global_pool"))
-    pool = {"token": "token", "avg": "gap", None: cfg.pool}.get(global_pool)
+    pool = {"token": "token", "avg": "gap", "avgmax": "avgmax", "max": "max", None: cfg.pool}.get(
+        global_pool
+    )
     if pool is None:
         raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
     if pool == "token" and not cfg.has_class_token:
