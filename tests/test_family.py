@@ -36,6 +36,9 @@ SWITCHES = {
     "qk-norm": dict(qk_norm=True),
     "avgmax": dict(pool="avgmax", class_token=True, fc_norm=True),  # timm's global_pool="avgmax"
     "max": dict(pool="max"),
+    "dinov2-giant": dict(
+        mlp="swiglu", layer_scale_init=1e-5, num_reg_tokens=4, pos_embed_prefix=False
+    ),
     "deit-distilled": dict(dist_token=True),
 }
 
@@ -72,7 +75,15 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     # timm → vitkit: a bare state dict (num_heads given), then a timm folder with its config
     save_file(ref.state_dict(), tmp_path / "timm.safetensors")
     ckpt = read_checkpoint(tmp_path / "timm.safetensors", num_heads=4)
-    for k in ("fc_norm", "num_reg_tokens", "pos_embed_prefix", "norm_pre", "qk_norm", "dist_token"):
+    for k in (
+        "fc_norm",
+        "num_reg_tokens",
+        "pos_embed_prefix",
+        "norm_pre",
+        "qk_norm",
+        "dist_token",
+        "mlp",
+    ):
         assert getattr(ckpt.model_config, k) == getattr(cfg, k), k
     assert (ckpt.model_config.layer_scale_init is None) == (cfg.layer_scale_init is None)
     model = vitkit.create_model(cfg).double()

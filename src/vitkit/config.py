@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from vitkit.config_checks import check_preprocess, check_resnet, check_vit
+from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
 Pool = Literal["token", "gap", "avgmax", "max"]
@@ -72,6 +72,8 @@ class ViTConfig:
     # DeiT-III, DINOv2); None: no layer scale
     norm_pre: bool = False  # LayerNorm on the embeddings before the first block (CLIP)
     patch_bias: bool = True  # bias of the patch projection E (CLIP has none)
+    mlp: Literal["mlp", "swiglu"] = "mlp"  # "swiglu": SiLU(first half of fc1) x second half,
+    # fc2 from mlp_dim / 2 (DINOv2-giant; timm's SwiGLUPacked)
     qk_norm: bool = False  # LayerNorm over each head's queries and keys (ViT-22B, some timm)
     dist_token: bool = False  # DeiT's distillation token after the class token, with its own
     # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
@@ -90,6 +92,8 @@ class ViTConfig:
             raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pool == "token" and self.class_token is False:
             raise VitkitError('pool="token" needs the class token; set class_token or pool="gap"')
+        if self.mlp == "swiglu" and self.mlp_dim % 2:
+            raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
 
@@ -152,19 +156,7 @@ class ViTConfig:
     @property
     def family_switches(self) -> dict[str, Any]:
         """The switches of the ViT family that differ from the paper (name: value)."""
-        names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
-        default = {f.name: f.default for f in dataclasses.fields(self)}
-        out = {k: getattr(self, k) for k in (*names, "qk_norm", "dist_token")}
-        out = {k: v for k, v in out.items() if v != default[k]}
-        if self.pool in ("avgmax", "max"):
-            out["pool"] = self.pool
-        if self.gelu == "quick":
-            out["gelu"] = "quick"
-        if self.has_class_token != (self.pool == "token"):
-            out["class_token"] = self.has_class_token
-        if not self.pos_embed_prefix and self.num_prefix_tokens:
-            out["pos_embed_prefix"] = False
-        return out
+        return family_switches(self)
 
     @property
     def feature_dim(self) -> int:
@@ -436,10 +428,11 @@ def count_flops(cfg: ModelConfig) -> int:
     if isinstance(cfg, ResNetConfig):
         return 2 * _bit_macs(cfg)
     t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
+    m_out = m // 2 if cfg.mlp == "swiglu" else m  # fc2's input
     ph, pw = cfg.patch_size
     macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
     macs += _resnet_macs(cfg)
-    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * m
+    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
     macs += cfg.depth * per_block
     if cfg.representation_size:
         macs += d * cfg.representation_size
@@ -496,8 +489,19 @@ def count_params(cfg: ModelConfig) -> int:
     qkv_bias = 3 * d if cfg.qkv_bias else 0
     layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
     qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
+    fc2_in = m // 2 if cfg.mlp == "swiglu" else m
     n += cfg.depth * (
-        4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d + layer_scale + qk_norm
+        4 * d
+        + 3 * d * d
+        + qkv_bias
+        + d * d
+        + d
+        + d * m
+        + m
+        + fc2_in * d
+        + d
+        + layer_scale
+        + qk_norm
     )
     n += 2 * d  # final norm (or fc_norm after pooling)
     n += 2 * d if cfg.norm_pre else 0

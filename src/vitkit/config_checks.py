@@ -8,6 +8,7 @@ hostile file cannot ask for more memory than any machine has.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Any
@@ -94,6 +95,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "pos_embed_prefix": choice("pos_embed_prefix", cfg.pos_embed_prefix, (True, False)),
         "norm_pre": choice("norm_pre", cfg.norm_pre, (True, False)),
         "patch_bias": choice("patch_bias", cfg.patch_bias, (True, False)),
+        "mlp": choice("mlp", cfg.mlp, ("mlp", "swiglu")),
         "qk_norm": choice("qk_norm", cfg.qk_norm, (True, False)),
         "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
@@ -119,6 +121,24 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         out["resnet_layers"] = int_tuple(
             "resnet_layers", cfg.resnet_layers, 1, MAX_UNITS, MAX_STAGES
         )
+    return out
+
+
+def family_switches(cfg: Any) -> dict[str, Any]:
+    """The switches of the ViT family that differ from the paper (name: value); the formats
+    that cannot hold them (npz, Hugging Face) refuse to write them, naming them."""
+    names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}
+    out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp")}
+    out = {k: v for k, v in out.items() if v != default[k]}
+    if cfg.pool in ("avgmax", "max"):
+        out["pool"] = cfg.pool
+    if cfg.gelu == "quick":
+        out["gelu"] = "quick"
+    if cfg.has_class_token != (cfg.pool == "token"):
+        out["class_token"] = cfg.has_class_token
+    if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
+        out["pos_embed_prefix"] = False
     return out
 
 

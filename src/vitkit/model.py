@@ -40,7 +40,8 @@ constructors; an absent part is an ``nn.Identity``, so ``forward`` stays one pat
 ``num_reg_tokens`` (prefix tokens: class token, then registers) and ``pos_embed_prefix`` (False:
 E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), ``norm_pre``
 (LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
-``qk_norm`` and ``dist_token`` (DeiT: a second token and head; the heads' logits are averaged).
+``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"`` and ``dist_token``
+(DeiT: a second token and head; the heads' logits are averaged).
 """
 
 from __future__ import annotations
@@ -163,11 +164,16 @@ class Mlp(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
-        self.act = QuickGELU() if cfg.gelu == "quick" else nn.GELU(approximate=cfg.gelu)
-        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+        self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
+        self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
+        self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
+        self.fc2 = nn.Linear(cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim, cfg.width)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            x1, x2 = self.fc1(x).chunk(2, dim=-1)
+            return self.drop(self.fc2(self.drop(self.act(x1) * x2)))
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 

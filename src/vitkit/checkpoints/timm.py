@@ -16,7 +16,9 @@ vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``block
   the class token (or "avg" with ``fc_norm`` weights) and layer scale starts at 1e-5 (only
   training from scratch reads it). ``blocks.{i}.attn.q_norm`` / ``k_norm`` are ``qk_norm``;
   DeiT's ``dist_token`` and ``head_dist`` are ``dist_token`` (timm's
-  ``deit_*_distilled_*``). MAP heads are refused by name.
+  ``deit_*_distilled_*``); an ``fc2`` half as wide as ``fc1`` is ``mlp="swiglu"``
+  (``SwiGLUPacked``, written as timm's ``vit_giant_patch14_dinov2`` entry). MAP heads are
+  refused by name.
 - timm's GELU is the exact erf form and its LayerNorm epsilon is 1e-6; a converted checkpoint keeps
   that (``gelu="none"``). Writing a tanh-GELU model stores ``act_layer="gelu_tanh"``.
 - A state dict does not record the number of heads; it is taken from the standard sizes by width
@@ -102,6 +104,7 @@ def timm_config(
             )
         num_heads = HEADS_BY_WIDTH[width]
     class_token = "cls_token" in sd
+    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
     pool: Pool = "token" if class_token and not fc_norm else "gap"
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
@@ -132,7 +135,7 @@ def timm_config(
         width=width,
         depth=depth,
         num_heads=num_heads,
-        mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        mlp_dim=mlp_dim,
         pool=pool,
         representation_size=rep,
         layer_norm_eps=1e-6,
@@ -147,6 +150,7 @@ def timm_config(
         patch_bias="patch_embed.proj.bias" in sd,
         qk_norm="blocks.0.attn.q_norm.weight" in sd,
         dist_token="dist_token" in sd,
+        mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
     )
 
 
@@ -292,6 +296,8 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
 
 def timm_architecture(cfg: ViTConfig) -> str:
     """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
+        return "vit_giant_patch14_dinov2"
     return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
 
 
@@ -316,7 +322,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "init_values": cfg.layer_scale_init,
         "pre_norm": cfg.norm_pre,
         "qk_norm": cfg.qk_norm,
-        "act_layer": _TIMM_ACT[cfg.gelu],
+        **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
     }
 
 
