@@ -295,12 +295,12 @@ def test_timm_architectures_that_are_not_the_paper_are_refused(tmp_path):
         embed_dim=64,
         depth=1,
         num_heads=4,
-        global_pool="avg",
+        global_pool="map",
         class_token=False,
     )
-    save_file(ref.state_dict(), tmp_path / "fcnorm.safetensors")
-    with pytest.raises(VitkitError, match=r"fc_norm"):
-        read_checkpoint(tmp_path / "fcnorm.safetensors")
+    save_file(ref.state_dict(), tmp_path / "map.safetensors")
+    with pytest.raises(VitkitError, match=r"attention-pooling \(MAP\) head"):
+        read_checkpoint(tmp_path / "map.safetensors")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from torch import nn
 
 import vitkit
 from vitkit.errors import VitkitError
+from vitkit.model import LayerScale
 from vitkit.train.optim import build_optimizer, param_groups
 from vitkit.train.schedules import warmup_decay
 
@@ -120,11 +121,11 @@ def expected_split(model: nn.Module) -> tuple[set[str], set[str]]:
     for mod_name, module in model.named_modules():
         for p_name, _ in module.named_parameters(recurse=False):
             name = f"{mod_name}.{p_name}" if mod_name else p_name
-            if isinstance(module, nn.LayerNorm) or p_name == "bias":
+            if isinstance(module, (nn.LayerNorm, LayerScale)) or p_name == "bias":
                 no_decay.add(name)
             elif isinstance(module, (nn.Linear, nn.Conv2d)) and p_name == "weight":
                 decay.add(name)
-            elif name in ("pos_embed", "cls_token"):
+            elif name in ("pos_embed", "cls_token", "dist_token", "reg_token"):
                 no_decay.add(name)
             else:
                 raise AssertionError(f"unclassified parameter {name}")
@@ -137,7 +138,13 @@ def names_of(model: nn.Module, params) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "overrides", [{}, dict(representation_size=16, qkv_bias=False), dict(pool="gap")]
+    "overrides",
+    [
+        {},
+        dict(representation_size=16, qkv_bias=False),
+        dict(pool="gap"),
+        dict(dist_token=True, num_reg_tokens=2, layer_scale_init=1e-5, norm_pre=True, qk_norm=True),
+    ],
 )
 def test_param_groups_partition_decay_and_no_decay(overrides):
     model = tiny(**overrides)
@@ -158,9 +165,11 @@ def test_param_groups_partition_decay_and_no_decay(overrides):
     )
     assert ("cls_token" in no_decay) == (model.cfg.pool == "token")
     assert all(p.ndim >= 2 for p in decay_group["params"])
-    n_layernorms = 2 * model.cfg.depth + 1
+    cfg = model.cfg
+    n_layernorms = 2 * cfg.depth * (1 + cfg.qk_norm) + 1 + cfg.norm_pre
+    n_layernorms += 2 * cfg.depth if cfg.layer_scale_init else 0  # the layer scales' gammas
     n_biases = sum(1 for n, _ in model.named_parameters() if n.endswith(".bias"))
-    n_embeddings = 2 if model.cfg.pool == "token" else 1
+    n_embeddings = 1 + cfg.has_class_token + cfg.dist_token + (cfg.num_reg_tokens > 0)
     assert len(no_decay) == n_biases + n_layernorms + n_embeddings
 
 

@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from vitkit.config_checks import check_preprocess, check_resnet, check_vit
+from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap"]
-GeluApprox = Literal["tanh", "none"]
+Pool = Literal["token", "gap", "avgmax", "max"]
+GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 
 
@@ -43,19 +43,40 @@ class ViTConfig:
     depth: int = 12  # number of encoder blocks L
     num_heads: int = 12  # attention heads per block
     mlp_dim: int = 3072  # hidden size of the MLP inside each block
-    pool: Pool = "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token
+    pool: Pool = (
+        "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
+    )
+    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
     drop_path: float = 0.0  # stochastic depth of the last block (linear in depth); not in paper
     layer_norm_eps: float = 1e-6  # flax's default, used by the official code (PyTorch uses 1e-5)
-    gelu: GeluApprox = "tanh"  # flax's nn.gelu default is the tanh approximation
+    gelu: GeluApprox = (
+        "tanh"  # flax's default; "none": exact (timm, HF); "quick": CLIP's x*sigmoid(1.702x)
+    )
     qkv_bias: bool = True  # biases on query/key/value projections (official: yes)
     # Hybrid (paper Sec. 3.1): a ResNet turns the image into a feature map whose "patches" become
     # the tokens. None: a plain ViT on pixel patches. A tuple: units per ResNet stage after the
     # root (() = root only), as vit_jax's ``resnet.num_layers``; see vitkit.resnet.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0  # ResNet width multiplier (root width 64 x factor)
+    # The family's switches (timm's VisionTransformer arguments); the defaults are the paper's.
+    class_token: bool | None = None  # None: a class token exactly when pool="token"; True with
+    # pool="gap" averages the patch tokens only (timm's class_token=True, global_pool="avg")
+    fc_norm: bool = False  # LayerNorm after pooling instead of the final norm (timm "avg" default)
+    num_reg_tokens: int = 0  # register tokens after the class token (DINOv2-reg, Darcet et al.)
+    pos_embed_prefix: bool = True  # E_pos covers the prefix tokens too; False: patches only
+    # (timm's no_embed_class: DINOv2-reg, DeiT-III)
+    layer_scale_init: float | None = None  # per-channel residual scale, initialised to this (CaiT,
+    # DeiT-III, DINOv2); None: no layer scale
+    norm_pre: bool = False  # LayerNorm on the embeddings before the first block (CLIP)
+    patch_bias: bool = True  # bias of the patch projection E (CLIP has none)
+    mlp: Literal["mlp", "swiglu"] = "mlp"  # "swiglu": SiLU(first half of fc1) x second half,
+    # fc2 from mlp_dim / 2 (DINOv2-giant; timm's SwiGLUPacked)
+    qk_norm: bool = False  # LayerNorm over each head's queries and keys (ViT-22B, some timm)
+    dist_token: bool = False  # DeiT's distillation token after the class token, with its own
+    # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -69,6 +90,16 @@ class ViTConfig:
             raise VitkitError(f"resnet_width_factor must be > 0, got {self.resnet_width_factor}")
         if self.width % self.num_heads:
             raise VitkitError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        if self.pool == "token" and self.class_token is False:
+            raise VitkitError('pool="token" needs the class token; set class_token or pool="gap"')
+        if self.mlp == "swiglu" and self.mlp_dim % 2:
+            raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
+        if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
+            raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.pool == "token" if self.class_token is None else self.class_token
 
     @property
     def is_hybrid(self) -> bool:
@@ -110,12 +141,22 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patch tokens: 1 for the class token, 0 with average pooling."""
-        return 1 if self.pool == "token" else 0
+        """Tokens before the patch tokens: the class token (if any), then the registers."""
+        return int(self.has_class_token) + int(self.dist_token) + self.num_reg_tokens
+
+    @property
+    def num_pos_prefix(self) -> int:
+        """Rows of E_pos before the patch grid (0 when E_pos covers the patches only)."""
+        return self.num_prefix_tokens if self.pos_embed_prefix else 0
 
     @property
     def seq_len(self) -> int:
         return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def family_switches(self) -> dict[str, Any]:
+        """The switches of the ViT family that differ from the paper (name: value)."""
+        return family_switches(self)
 
     @property
     def feature_dim(self) -> int:
@@ -387,14 +428,15 @@ def count_flops(cfg: ModelConfig) -> int:
     if isinstance(cfg, ResNetConfig):
         return 2 * _bit_macs(cfg)
     t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
+    m_out = m // 2 if cfg.mlp == "swiglu" else m  # fc2's input
     ph, pw = cfg.patch_size
     macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
     macs += _resnet_macs(cfg)
-    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * m
+    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
     macs += cfg.depth * per_block
     if cfg.representation_size:
         macs += d * cfg.representation_size
-    macs += cfg.feature_dim * cfg.num_classes
+    macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)
     return 2 * macs
 
 
@@ -440,16 +482,34 @@ def count_params(cfg: ModelConfig) -> int:
         return _bit_params(cfg)
     d, m = cfg.width, cfg.mlp_dim
     ph, pw = cfg.patch_size
-    n = cfg.patch_in_chans * ph * pw * d + d  # patch embedding
+    n = cfg.patch_in_chans * ph * pw * d + (d if cfg.patch_bias else 0)  # patch embedding
     n += _resnet_params(cfg)
-    n += cfg.num_prefix_tokens * d + cfg.seq_len * d  # class token, position embeddings
+    n += cfg.num_prefix_tokens * d  # class token, registers
+    n += (cfg.num_patches + cfg.num_pos_prefix) * d  # position embeddings
     qkv_bias = 3 * d if cfg.qkv_bias else 0
-    n += cfg.depth * (4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * m + m + d)
-    n += 2 * d  # final norm
+    layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
+    qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
+    fc2_in = m // 2 if cfg.mlp == "swiglu" else m
+    n += cfg.depth * (
+        4 * d
+        + 3 * d * d
+        + qkv_bias
+        + d * d
+        + d
+        + d * m
+        + m
+        + fc2_in * d
+        + d
+        + layer_scale
+        + qk_norm
+    )
+    n += 2 * d  # final norm (or fc_norm after pooling)
+    n += 2 * d if cfg.norm_pre else 0
     if cfg.representation_size:
         n += d * cfg.representation_size + cfg.representation_size
     if cfg.num_classes:
-        n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
+        heads = 2 if cfg.dist_token else 1
+        n += heads * (cfg.feature_dim * cfg.num_classes + cfg.num_classes)
     return n
 
 

@@ -8,6 +8,7 @@ hostile file cannot ask for more memory than any machine has.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Any
@@ -20,6 +21,7 @@ MAX_CLASSES = 1_000_000  # head size
 MAX_WIDTH = 65_536  # transformer width, pre-logits size
 MAX_DEPTH = 1024  # encoder blocks
 MAX_MLP = 262_144  # MLP hidden size
+MAX_REG_TOKENS = 1024  # register tokens
 MAX_STAGES = 8  # ResNet stages
 MAX_UNITS = 1024  # ResNet units per stage
 MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
@@ -86,14 +88,26 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap")),
-        "gelu": choice("gelu", cfg.gelu, ("tanh", "none")),
+        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max")),
+        "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
+        "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
+        "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
+        "pos_embed_prefix": choice("pos_embed_prefix", cfg.pos_embed_prefix, (True, False)),
+        "norm_pre": choice("norm_pre", cfg.norm_pre, (True, False)),
+        "patch_bias": choice("patch_bias", cfg.patch_bias, (True, False)),
+        "mlp": choice("mlp", cfg.mlp, ("mlp", "swiglu")),
+        "qk_norm": choice("qk_norm", cfg.qk_norm, (True, False)),
+        "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
         ),
     }
+    if cfg.class_token is not None:
+        out["class_token"] = choice("class_token", cfg.class_token, (True, False))
+    if cfg.layer_scale_init is not None:
+        out["layer_scale_init"] = real("layer_scale_init", cfg.layer_scale_init, 0.0, 1e3)
     out["num_heads"] = integer("num_heads", cfg.num_heads, 1, out["width"])
     if cfg.representation_size is not None:
         out["representation_size"] = integer(
@@ -107,6 +121,24 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         out["resnet_layers"] = int_tuple(
             "resnet_layers", cfg.resnet_layers, 1, MAX_UNITS, MAX_STAGES
         )
+    return out
+
+
+def family_switches(cfg: Any) -> dict[str, Any]:
+    """The switches of the ViT family that differ from the paper (name: value); the formats
+    that cannot hold them (npz, Hugging Face) refuse to write them, naming them."""
+    names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}
+    out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp")}
+    out = {k: v for k, v in out.items() if v != default[k]}
+    if cfg.pool in ("avgmax", "max"):
+        out["pool"] = cfg.pool
+    if cfg.gelu == "quick":
+        out["gelu"] = "quick"
+    if cfg.has_class_token != (cfg.pool == "token"):
+        out["class_token"] = cfg.has_class_token
+    if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
+        out["pos_embed_prefix"] = False
     return out
 
 

@@ -35,6 +35,16 @@ Where we deviate from the paper or the official code, and why:
   with the same function as ``vitkit convert --image-size``, so running there equals converting.
 - ``drop_path`` (stochastic depth) is not in the paper; it defaults to 0 and is there for the
   data-efficient recipes.
+
+The later members of the family (DeiT-III, DINOv2, CLIP towers, timm's ``global_pool="avg"``)
+are switches of :class:`vitkit.config.ViTConfig`, all off by default, read once in the
+constructors; an absent part is an ``nn.Identity``, so ``forward`` stays one path: ``fc_norm``
+(LayerNorm after pooling; the final norm becomes the identity), ``class_token`` /
+``num_reg_tokens`` (prefix tokens: class token, then registers) and ``pos_embed_prefix`` (False:
+E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), ``norm_pre``
+(LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
+``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"`` and ``dist_token``
+(DeiT: a second token and head; the heads' logits are averaged).
 """
 
 from __future__ import annotations
@@ -70,7 +80,11 @@ class PatchEmbed(nn.Module):
         self.patch_size = cfg.patch_size
         self.stem = ResNetStem(cfg) if cfg.is_hybrid else None
         self.proj = nn.Conv2d(
-            cfg.patch_in_chans, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size
+            cfg.patch_in_chans,
+            cfg.width,
+            kernel_size=cfg.patch_size,
+            stride=cfg.patch_size,
+            bias=cfg.patch_bias,
         )
 
     def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
@@ -113,12 +127,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
         self.proj = nn.Linear(cfg.width, cfg.width)
         self.attn_dropout = cfg.attn_dropout
+        qk_norm = cfg.qk_norm
+        self.q_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
 
     def _split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
         qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
-        return q, k, v
+        return self.q_norm(q), self.k_norm(k), v
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
@@ -142,17 +159,40 @@ class Attention(nn.Module):
         return dropped @ v, weights
 
 
+class QuickGELU(nn.Module):
+    """CLIP's GELU approximation x * sigmoid(1.702 x) (``gelu="quick"``; not the paper's)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT, DeiT-III, DINOv2; not the paper's)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Mlp(nn.Module):
     """The MLP of Eq. 3: two dense layers with a GELU between them."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
-        self.act = nn.GELU(approximate=cfg.gelu)
-        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+        self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
+        self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
+        self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
+        self.fc2 = nn.Linear(cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim, cfg.width)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            x1, x2 = self.fc1(x).chunk(2, dim=-1)
+            return self.drop(self.fc2(self.drop(self.act(x1) * x2)))
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
@@ -176,19 +216,22 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.drop_path_rate = drop_path_rate
+        scale = cfg.layer_scale_init
+        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
+        self.ls2 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self._residual(x, self.drop(self.attn(self.norm1(x))))  # (2)
-        return self._residual(x, self.mlp(self.norm2(x)))  # (3)
+        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x)))))  # (2)
+        return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """As ``forward``, with the explicit-softmax attention; also returns its weights."""
         attn_out, weights = self.attn.forward_explicit(self.norm1(x))
-        x = self._residual(x, self.drop(attn_out))
-        return self._residual(x, self.mlp(self.norm2(x))), weights
+        x = self._residual(x, self.ls1(self.drop(attn_out)))
+        return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
 
 @dataclass
@@ -217,20 +260,28 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         d = cfg.width
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.pool == "token" else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.has_class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
+        regs = cfg.num_reg_tokens
+        self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_pos_prefix + cfg.num_patches, d))
         # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
         # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
         self.resample: Resample = "bicubic"
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
-        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.fc_norm else nn.Identity()
         if cfg.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
         else:
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes else None
+        distilled = cfg.dist_token and cfg.num_classes
+        self.head_dist = nn.Linear(d, cfg.num_classes) if distilled else None  # DeiT
         init_weights(self)
 
     def embed(self, x: Tensor) -> Tensor:
@@ -249,9 +300,16 @@ class VisionTransformer(nn.Module):
                 "pass embed_patches the grid they come from"
             )
         pos_embed = self.pos_embed_for(grid)
-        if self.cls_token is not None:
-            patches = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)
-        return self.pos_drop(patches + pos_embed)
+        prefix = [
+            t.expand(patches.shape[0], -1, -1)
+            for t in (self.cls_token, self.dist_token, self.reg_token)
+            if t is not None
+        ]
+        if self.cfg.pos_embed_prefix:
+            x = torch.cat([*prefix, patches], dim=1) + pos_embed
+        else:  # E_pos covers the patches only (timm's no_embed_class)
+            x = torch.cat([*prefix, patches + pos_embed], dim=1)
+        return self.norm_pre(self.pos_drop(x))
 
     def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
         """E_pos [1, T, D] for a patch grid: the learned table on the model's own grid (the
@@ -260,8 +318,7 @@ class VisionTransformer(nn.Module):
         own = self.patch_embed.grid_size
         if grid == own:
             return self.pos_embed
-        prefix = self.cfg.num_prefix_tokens
-        return resample_pos_embed(self.pos_embed, own, grid, prefix, self.resample)
+        return resample_pos_embed(self.pos_embed, own, grid, self.cfg.num_pos_prefix, self.resample)
 
     def encode(self, tokens: Tensor) -> Tensor:
         """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]."""
@@ -274,12 +331,24 @@ class VisionTransformer(nn.Module):
         return self.encode(self.embed(x))
 
     def pool(self, tokens: Tensor) -> Tensor:
-        """Eq. 4's z_L^0 (the class token), or the mean over tokens with ``pool="gap"``."""
-        return tokens[:, 0] if self.cfg.pool == "token" else tokens.mean(dim=1)
+        """Eq. 4's z_L^0 (the class token), or with ``pool="gap"`` the mean over the patch
+        tokens (prefix tokens left out), then ``fc_norm`` where the config has it."""
+        if self.cfg.pool == "token":
+            return self.fc_norm(tokens[:, 0])
+        patches = tokens[:, self.cfg.num_prefix_tokens :]
+        if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
+            return self.fc_norm(patches.amax(dim=1))
+        if self.cfg.pool == "avgmax":
+            return self.fc_norm((patches.amax(dim=1) + patches.mean(dim=1)) / 2)
+        return self.fc_norm(patches.mean(dim=1))
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens → logits; with ``pre_logits=True`` the features just before the head."""
         x = self.pre_logits(self.pool(tokens))
+        if self.cfg.dist_token:  # DeiT: the distillation token's own head, the two averaged
+            if pre_logits or self.head is None or self.head_dist is None:
+                return (x + tokens[:, 1]) / 2
+            return (self.head(x) + self.head_dist(tokens[:, 1])) / 2
         if pre_logits or self.head is None:
             return x
         return self.head(x)
@@ -316,13 +385,17 @@ def init_weights(model: VisionTransformer) -> None:
     cfg = model.cfg
     conv = model.patch_embed.proj
     _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
-    assert conv.bias is not None  # PatchEmbed's projection has a bias
-    nn.init.zeros_(conv.bias)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
     if model.patch_embed.stem is not None:
         init_resnet(model.patch_embed.stem)
     nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
+    if model.dist_token is not None:
+        nn.init.normal_(model.dist_token, std=0.02)  # DeiT's init
+    if model.reg_token is not None:
+        nn.init.normal_(model.reg_token, std=1e-6)  # timm's register init
     for block in _blocks(model):
         d = cfg.width
         for i in range(3):  # q, k and v are separate D x D kernels in the official code
@@ -337,15 +410,18 @@ def init_weights(model: VisionTransformer) -> None:
         for norm in (block.norm1, block.norm2):
             nn.init.ones_(norm.weight)
             nn.init.zeros_(norm.bias)
-    nn.init.ones_(model.norm.weight)
-    nn.init.zeros_(model.norm.bias)
+    for final in (model.norm, model.norm_pre, model.fc_norm):
+        if isinstance(final, nn.LayerNorm):
+            nn.init.ones_(final.weight)
+            nn.init.zeros_(final.bias)
     if cfg.representation_size:
         dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
         _lecun_normal_(dense.weight, fan_in=cfg.width)
         nn.init.zeros_(dense.bias)
-    if model.head is not None:
-        nn.init.zeros_(model.head.weight)
-        nn.init.zeros_(model.head.bias)
+    for head in (model.head, model.head_dist):
+        if head is not None:
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

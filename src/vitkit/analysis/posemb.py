@@ -28,7 +28,7 @@ from vitkit.model import VisionTransformer
 def patch_position_embeddings(model: VisionTransformer) -> Tensor:
     """The position embeddings of the patches, without the class token's: [gh, gw, D]."""
     cfg = model.cfg
-    pe = model.pos_embed.detach().float().cpu()[0, cfg.num_prefix_tokens :]
+    pe = model.pos_embed.detach().float().cpu()[0, cfg.num_pos_prefix :]
     return pe.reshape(*cfg.grid_size, -1)
 
 

@@ -143,6 +143,14 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
+_POOLING = {
+    "token": "class token",
+    "gap": "global average",
+    "avgmax": "(mean + max) / 2 of the patches",
+    "max": "max over the patches",
+}
+
+
 def model_table(model: VisionTransformer, *, source: str = "") -> Table:
     """The facts about a model, for a report."""
     cfg = model.cfg
@@ -159,7 +167,7 @@ def model_table(model: VisionTransformer, *, source: str = "") -> Table:
             "width / depth / heads / MLP",
             f"{cfg.width} / {cfg.depth} / {cfg.num_heads} / {cfg.mlp_dim}",
         ],
-        ["pooling", "class token" if cfg.pool == "token" else "global average (no class token)"],
+        ["pooling", _POOLING[cfg.pool] + ("" if cfg.has_class_token else " (no class token)")],
     ]
     return Table(["", ""], rows)
 
@@ -398,6 +406,8 @@ def _rollout_sections(
             )
         )
     pooled = "the class token" if cfg.pool == "token" else "the mean over all tokens (GAP)"
+    if cfg.pool in ("avgmax", "max"):
+        pooled = f"the {_POOLING[cfg.pool]} (the map shows the mean over all tokens)"
     items.insert(
         0,
         f"Attention rollout (Abnar & Zuidema, 2020; the paper's Figure 6): the {head_fusion} "

@@ -54,7 +54,7 @@ def adapt(
             and new.grid_size != cfg.grid_size
         ):
             sd["pos_embed"] = resample_pos_embed(
-                sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_prefix_tokens, resample
+                sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_pos_prefix, resample
             )
     representation = None if isinstance(cfg, ResNetConfig) else cfg.representation_size
     drop_pre = pre_logits is False and representation is not None

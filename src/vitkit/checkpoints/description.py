@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from vitkit.config import ViTConfig
+
+_GELU = {"tanh": "tanh approximation", "none": "exact (erf)", "quick": "quick x*sigmoid(1.702x)"}
+
 
 def format_description(info: dict[str, Any]) -> str:
     """A checkpoint's description (``describe(read_checkpoint(...))``), one field a line."""
@@ -30,9 +34,12 @@ def format_description(info: dict[str, Any]) -> str:
             f"{arch['pool']}, {pre_logits}"
         )
         lines.append(
-            f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU "
-            f"{'tanh approximation' if arch['gelu'] == 'tanh' else 'exact (erf)'}"
+            f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU {_GELU[arch['gelu']]}"
         )
+        switches = ViTConfig.from_dict(arch).family_switches
+        if switches:
+            family = ", ".join(f"{k}={v}" for k, v in switches.items())
+            lines.append(f"family:      {family}  (not the paper's ViT)")
         if arch.get("resnet_layers") is not None:
             lines.append(
                 f"hybrid:      ResNet stages {arch['resnet_layers']}, "

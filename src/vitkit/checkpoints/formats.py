@@ -388,6 +388,7 @@ def write_checkpoint(
             "own format (the npz, timm and Hugging Face converters are for ViTs)"
         )
     if to == "npz":
+        arrays = npz_conv.state_dict_to_npz(sd, cfg)  # refuses what the naming cannot hold
         if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh":
             warnings.warn(
                 f".npz files carry no settings: readers assume the official LayerNorm epsilon "
@@ -395,7 +396,6 @@ def write_checkpoint(
                 f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU; outputs will differ slightly",
                 stacklevel=2,
             )
-        arrays = npz_conv.state_dict_to_npz(sd, cfg)
         if dst.suffix != ".npz":
             raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
         tmp = dst.with_name(f".{dst.name}.tmp.npz")

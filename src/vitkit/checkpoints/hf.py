@@ -185,6 +185,10 @@ def state_dict_to_hf(
         )
     if cfg.is_hybrid:
         raise VitkitError("Hugging Face's ViT has no ResNet stem; cannot write a hybrid model")
+    if cfg.family_switches:
+        raise VitkitError(
+            f"Hugging Face's ViT cannot hold {', '.join(cfg.family_switches)}; write timm instead"
+        )
     if cfg.representation_size and cfg.num_classes:
         raise VitkitError(
             "Hugging Face's ViTForImageClassification has no pre-logits layer before its "

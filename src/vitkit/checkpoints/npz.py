@@ -323,6 +323,9 @@ def _np(t: Tensor) -> np.ndarray:
 
 def state_dict_to_npz(state_dict: dict[str, Tensor], cfg: ViTConfig) -> dict[str, np.ndarray]:
     """vitkit state dict → arrays in the released naming (what vit_jax and timm load)."""
+    if cfg.family_switches:
+        names = ", ".join(cfg.family_switches)
+        raise VitkitError(f"the official .npz naming cannot hold {names}; write timm instead")
     sd = {k: _np(v) for k, v in state_dict.items()}
     d, h = cfg.width, cfg.num_heads
     out: dict[str, np.ndarray] = {

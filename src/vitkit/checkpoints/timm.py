@@ -5,10 +5,20 @@ vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``block
 
 - timm 1.x has no pre-logits layer; timm 0.x checkpoints stored it as ``pre_logits.fc`` (vitkit:
   ``pre_logits.0``). Writing a model with pre-logits to timm is refused rather than dropping it.
-- timm's ``global_pool="avg"`` normalises *after* pooling (``fc_norm``) unless ``fc_norm=False``;
-  the paper's GAP (and vitkit's) normalises every token, then averages, which is timm's
-  ``class_token=False, global_pool="avg", fc_norm=False``. Checkpoints with ``fc_norm`` weights,
-  register tokens, layer scale or q/k norms are other architectures and are refused by name.
+- The family's switches have timm's names and layouts, so they carry over unchanged:
+  ``fc_norm`` (timm's ``global_pool="avg"`` normalises after pooling unless ``fc_norm=False``;
+  the paper's GAP normalises every token, then averages), ``reg_token`` (``num_reg_tokens``), a
+  ``pos_embed`` without prefix rows (``no_embed_class``: ``pos_embed_prefix=False``),
+  ``blocks.{i}.ls1.gamma`` / ``ls2.gamma`` (``layer_scale_init``), ``norm_pre`` (timm then has
+  no patch-embedding bias: ``patch_bias=False``) and
+  ``act_layer="quick_gelu"``. A state dict does not say which pooling a model with a class token
+  used nor the layer-scale init value: a timm folder's ``model_args`` do; otherwise pooling is
+  the class token (or "avg" with ``fc_norm`` weights) and layer scale starts at 1e-5 (only
+  training from scratch reads it). ``blocks.{i}.attn.q_norm`` / ``k_norm`` are ``qk_norm``;
+  DeiT's ``dist_token`` and ``head_dist`` are ``dist_token`` (timm's
+  ``deit_*_distilled_*``); an ``fc2`` half as wide as ``fc1`` is ``mlp="swiglu"``
+  (``SwiGLUPacked``, written as timm's ``vit_giant_patch14_dinov2`` entry). MAP heads are
+  refused by name.
 - timm's GELU is the exact erf form and its LayerNorm epsilon is 1e-6; a converted checkpoint keeps
   that (``gelu="none"``). Writing a tanh-GELU model stores ``act_layer="gelu_tanh"``.
 - A state dict does not record the number of heads; it is taken from the standard sizes by width
@@ -47,11 +57,6 @@ from vitkit.errors import VitkitError
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
 _UNSUPPORTED = {
-    "fc_norm.": "a norm after pooling (timm global_pool='avg' with fc_norm)",
-    "reg_token": "register tokens",
-    ".ls1.": "layer scale",
-    ".q_norm.": "q/k normalisation",
-    "norm_pre.": "a pre-norm before the blocks (CLIP-style)",
     "attn_pool.": "an attention-pooling (MAP) head",
 }
 _BACKBONE = "patch_embed.backbone."
@@ -83,7 +88,9 @@ def timm_config(
         if hits:
             raise VitkitError(f"{source}: has {what} ({hits[0]}); vitkit reads the paper's ViT")
     resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
-    need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", "norm.weight")
+    fc_norm = "fc_norm.weight" in sd
+    final = "fc_norm.weight" if fc_norm else "norm.weight"
+    need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", final)
     missing = [k for k in need if k not in sd]
     if missing:
         raise VitkitError(f"{source}: not a timm ViT state dict (missing {', '.join(missing)})")
@@ -96,13 +103,21 @@ def timm_config(
                 "cannot be known from the weights; pass num_heads"
             )
         num_heads = HEADS_BY_WIDTH[width]
-    pool: Pool = "token" if "cls_token" in sd else "gap"
-    n = sd["pos_embed"].shape[1] - (pool == "token")
+    class_token = "cls_token" in sd
+    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    pool: Pool = "token" if class_token and not fc_norm else "gap"
+    regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
+    prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
+    pos_embed_prefix = (
+        _square(rows - prefix) or not _square(rows)
+        if grid is None
+        else (rows == prefix + grid[0] * grid[1])
+    )
+    n = rows - prefix if pos_embed_prefix else rows
     if grid is None:
-        side = math.isqrt(n)
-        if side * side != n:
+        if not _square(n):
             raise VitkitError(f"{source}: {n} position embeddings are not a square grid")
-        grid = (side, side)
+        grid = (math.isqrt(n), math.isqrt(n))
     rep = None
     for k in ("pre_logits.fc.weight", "pre_logits.0.weight"):
         if k in sd:
@@ -120,13 +135,27 @@ def timm_config(
         width=width,
         depth=depth,
         num_heads=num_heads,
-        mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        mlp_dim=mlp_dim,
         pool=pool,
         representation_size=rep,
         layer_norm_eps=1e-6,
         gelu="none",
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        class_token=class_token if class_token != (pool == "token") else None,
+        fc_norm=fc_norm,
+        num_reg_tokens=regs,
+        pos_embed_prefix=pos_embed_prefix,
+        layer_scale_init=1e-5 if "blocks.0.ls1.gamma" in sd else None,
+        norm_pre="norm_pre.weight" in sd,
+        patch_bias="patch_embed.proj.bias" in sd,
+        qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        dist_token="dist_token" in sd,
+        mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
     )
+
+
+def _square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 def _timm_backbone(sd: dict[str, Tensor], source: str) -> tuple[tuple[int, ...] | None, float, int]:
@@ -255,7 +284,21 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
         )
     if cfg.is_hybrid:
         raise VitkitError("writing hybrid models in timm's layout is not supported; use npz")
+    if cfg.patch_bias == cfg.norm_pre:
+        raise VitkitError(
+            "timm's ViT has a patch-embedding bias exactly when it has no norm_pre; this model "
+            f"has patch_bias={cfg.patch_bias} with norm_pre={cfg.norm_pre}"
+        )
+    if cfg.dist_token and not cfg.pos_embed_prefix:
+        raise VitkitError("timm's distilled DeiT has position embeddings for its prefix tokens")
     return {k: v.contiguous() for k, v in sd.items()}
+
+
+def timm_architecture(cfg: ViTConfig) -> str:
+    """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
+        return "vit_giant_patch14_dinov2"
+    return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
 
 
 def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
@@ -271,11 +314,19 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "num_heads": cfg.num_heads,
         "mlp_ratio": cfg.mlp_dim / cfg.width,
         "qkv_bias": cfg.qkv_bias,
-        "class_token": cfg.pool == "token",
-        "global_pool": "token" if cfg.pool == "token" else "avg",
-        "fc_norm": False,
-        "act_layer": "gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+        "class_token": cfg.has_class_token,
+        "global_pool": {"gap": "avg"}.get(cfg.pool, cfg.pool),
+        "fc_norm": cfg.fc_norm,
+        "reg_tokens": cfg.num_reg_tokens,
+        "no_embed_class": not cfg.pos_embed_prefix,
+        "init_values": cfg.layer_scale_init,
+        "pre_norm": cfg.norm_pre,
+        "qk_norm": cfg.qk_norm,
+        **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
     }
+
+
+_TIMM_ACT = {"tanh": "gelu_tanh", "none": "gelu", "quick": "quick_gelu"}
 
 
 def timm_hub_config(
@@ -289,7 +340,7 @@ def timm_hub_config(
             stacklevel=2,
         )
     out: dict[str, Any] = {
-        "architecture": "vit_base_patch16_224",
+        "architecture": timm_architecture(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.width,
         "global_pool": timm_model_args(cfg)["global_pool"],
@@ -311,17 +362,44 @@ def timm_hub_config(
     return out
 
 
+def _name_settings(arch: str) -> dict[str, Any]:
+    """What a timm model name fixes that its weights do not (timm's vision_transformer.py and
+    deit.py): CLIP towers' LayerNorm epsilon and quick GELU, the layer-scale init."""
+    out: dict[str, Any] = {"layer_norm_eps": 1e-5} if "_clip_" in arch else {}
+    if "quickgelu" in arch:
+        out["act_layer"] = "quick_gelu"
+    if arch.startswith("deit3_") or "dinov2" in arch:
+        out["init_values"] = 1e-6 if arch.startswith("deit3_") else 1e-5
+    return out
+
+
 def timm_hub_to_config(
     hub: dict[str, Any], sd: dict[str, Tensor], source: str, num_heads: int | None = None
 ) -> ViTConfig:
-    """Architecture of a timm model folder: its ``model_args`` where given, else the weights
-    (and ``num_heads``, the caller's hint, for a width outside the standard table)."""
-    args = hub.get("model_args", {}) or {}
+    """Architecture of a timm model folder: its ``model_args`` where given, then what its
+    ``architecture`` name fixes, else the weights (``num_heads`` where no table size)."""
+    args = {**_name_settings(str(hub.get("architecture", ""))), **(hub.get("model_args") or {})}
     cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), source=source)
     act = args.get("act_layer", "gelu")
-    if act not in ("gelu", "gelu_tanh"):
-        raise VitkitError(f"{source}: activation {act!r} is not a GELU; not the paper's ViT")
-    changes: dict[str, Any] = {"gelu": "tanh" if act == "gelu_tanh" else "none"}
+    gelus = {v: k for k, v in _TIMM_ACT.items()}
+    if act not in gelus:
+        raise VitkitError(f"{source}: activation {act!r} is not a GELU vitkit has")
+    changes: dict[str, Any] = {"gelu": gelus[act]}
+    if "layer_norm_eps" in args:
+        changes["layer_norm_eps"] = args["layer_norm_eps"]
+    global_pool = args.get("global_pool", hub.get("global_pool"))
+    pool = {"token": "token", "avg": "gap", "avgmax": "avgmax", "max": "max", None: cfg.pool}.get(
+        global_pool
+    )
+    if pool is None:
+        raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
+    if pool == "token" and not cfg.has_class_token:
+        raise VitkitError(f"{source}: global_pool 'token' without a class token")
+    if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
+        has = cfg.has_class_token
+        changes.update(pool=pool, class_token=None if has == (pool == "token") else has)
+    if cfg.layer_scale_init is not None and args.get("init_values"):
+        changes["layer_scale_init"] = float(args["init_values"])
     if "img_size" in args:
         changes["image_size"] = args["img_size"]
     return cfg.replace(**changes)

@@ -48,14 +48,18 @@ def random_masking(
 
 def encode_visible(encoder: VisionTransformer, x: Tensor, visible: Tensor) -> Tensor:
     """The encoder on the visible patches only: ``[B, prefix + K, D]`` final-normalised tokens."""
-    prefix = encoder.cfg.num_prefix_tokens
-    patches = encoder.patch_embed(x) + encoder.pos_embed[:, prefix:]
+    p = encoder.cfg.num_pos_prefix  # E_pos rows of the class token and registers (or none)
+    patches = encoder.patch_embed(x) + encoder.pos_embed[:, p:]
     d = patches.shape[-1]
     tokens = patches.gather(1, visible.to(x.device).unsqueeze(-1).expand(-1, -1, d))
-    if encoder.cls_token is not None:
-        cls = (encoder.cls_token + encoder.pos_embed[:, :prefix]).expand(len(x), -1, -1)
-        tokens = torch.cat([cls, tokens], dim=1)
-    return encoder.encode(encoder.pos_drop(tokens))
+    prefix: list[Tensor] = [
+        t for t in (encoder.cls_token, encoder.dist_token, encoder.reg_token) if t is not None
+    ]
+    if prefix:
+        pre = torch.cat(prefix, dim=1)
+        pre = pre + encoder.pos_embed[:, :p] if p else pre
+        tokens = torch.cat([pre.expand(len(x), -1, -1), tokens], dim=1)
+    return encoder.encode(encoder.norm_pre(encoder.pos_drop(tokens)))
 
 
 class MAEDecoder(nn.Module):

@@ -16,7 +16,7 @@ from vitkit.errors import VitkitError
 
 OptimizerName = Literal["adamw", "sgd"]
 
-NO_DECAY_NAMES = ("pos_embed", "cls_token", "mask_token")
+NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token", "mask_token")
 
 
 def decays(name: str, param: torch.Tensor) -> bool:
