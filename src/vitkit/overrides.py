@@ -40,12 +40,3 @@ def parse_key_values(items: Sequence[str] | None) -> dict[str, Any]:
             raise VitkitError(f"expected KEY=VALUE, got '{item}'")
         out[key.strip().replace("-", "_")] = parse_value(value.strip())
     return out
-
-
-def parse_int_list(text: str, what: str = "") -> list[int]:
-    """``"1,5,10"`` → [1, 5, 10]; empty pieces are skipped."""
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        prefix = f"{what}: " if what else ""
-        raise VitkitError(f"{prefix}expected comma-separated integers, got {text!r}") from None

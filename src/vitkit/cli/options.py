@@ -199,12 +199,11 @@ def add_checkpoint(
     ``source``); with ``formats`` also how to read a file whose format or heads cannot be told
     from it."""
     g = p.add_argument_group("checkpoint")
-    what = "checkpoint file or directory (any format)"
-    if not source:
-        pass
-    elif positional:
-        g.add_argument("ckpt", metavar="CKPT", type=path, help=what)
-    elif several:
+    if source and positional:
+        g.add_argument(
+            "ckpt", metavar="CKPT", type=path, help="checkpoint file or directory (any format)"
+        )
+    elif source and several:
         g.add_argument(
             "--from",
             dest="ckpt",
@@ -214,7 +213,7 @@ def add_checkpoint(
             metavar="CKPT",
             help="checkpoint or run directory (any format); several: also mean ± std across them",
         )
-    else:
+    elif source:
         g.add_argument(
             "--from",
             dest="ckpt",
@@ -367,9 +366,8 @@ def count(n: int, word: str) -> str:
 
 
 def set_threads(threads: int | None) -> None:
-    """Apply ``--threads`` (PyTorch's intra-op threads); None keeps PyTorch's choice."""
-    if threads is not None and threads < 1:
-        raise VitkitError(f"--threads must be at least 1, got {threads}")
+    """Apply ``--threads`` (PyTorch's intra-op threads, checked >= 1 by its argparse type);
+    None keeps PyTorch's choice. Training commands pass it in the TrainConfig instead."""
     if threads:
         import torch
 

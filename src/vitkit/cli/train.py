@@ -18,7 +18,6 @@ from vitkit.cli.options import (
     positive_fraction_or_count,
     positive_int,
     positive_int_list,
-    set_threads,
     threads,
 )
 from vitkit.cli.train_options import add_train_options, train_config_from_args
@@ -167,7 +166,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         return list_recipes()
     if args.nproc_per_node is not None:
         return launch_torchrun(args.nproc_per_node, args.argv)
-    set_threads(args.threads)
     from vitkit.train import distributed
     from vitkit.train.trainer import Trainer
 
@@ -193,7 +191,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
             "finetune runs in one process; use torchrun with 'vitkit train "
             "--recipe paper-finetune' and --init-from for data parallelism"
         )
-    set_threads(args.threads)
     from vitkit.train.finetune import lr_sweep
     from vitkit.train.trainer import Trainer
 
@@ -226,7 +223,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         raise VitkitError("pretrain runs in one process for now (no torchrun)")
     if args.list_recipes:
         return list_recipes()
-    set_threads(args.threads)
     from vitkit.train.pretrain import Pretrainer
 
     if args.recipe is None:
@@ -268,7 +264,6 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
             raise VitkitError(f"study data-scale takes --models, not {flag}")
     if args.resume:
         raise VitkitError("study data-scale always reuses finished runs; drop --resume")
-    set_threads(args.threads)
     from vitkit.train.study import parse_model_specs, run_data_scale, write_study
 
     specs = parse_model_specs(args.models)  # checks names and options now, not after an hour

@@ -92,14 +92,21 @@ def eval_output_dir(out: Path, given: bool, overwrite: bool) -> Path:
     return out.with_name(f"{out.name}-{n}")
 
 
+def non_finite_weights(model: nn.Module) -> list[str]:
+    """Names of the floating-point weights holding NaN or inf (of a sharded FSDP parameter,
+    this rank's shard)."""
+    return [
+        name
+        for name, t in model.state_dict().items()
+        if t.is_floating_point()
+        and not bool(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all())
+    ]
+
+
 def check_finite_weights(model: nn.Module, ckpt: Checkpoint) -> None:
     """Refuse a model with NaN or infinite weights (a diverged run): its accuracy means
     nothing."""
-    bad = [
-        name
-        for name, t in model.state_dict().items()
-        if t.is_floating_point() and not bool(torch.isfinite(t).all())
-    ]
+    bad = non_finite_weights(model)
     if bad:
         raise VitkitError(
             f"{ckpt.path}: {len(bad)} weight tensor(s) hold NaN or infinite values (first: "

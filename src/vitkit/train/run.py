@@ -23,6 +23,7 @@ from vitkit.checkpoints import Checkpoint, load_state_dict_strict
 from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.data import ArrayDataset, DataInfo, make_loader, to_model_input
 from vitkit.errors import VitkitError
+from vitkit.eval.checkpoint import non_finite_weights
 from vitkit.model import build_model
 from vitkit.train import distributed as D
 from vitkit.train import setup
@@ -234,10 +235,6 @@ class TrainingRun:
     def ckpt_dir(self) -> Path:
         return self.checkpoints.dir
 
-    @property
-    def metrics_path(self) -> Path:
-        return self.metrics.path
-
     def train_state(self) -> dict[str, Any]:
         """What resuming needs besides the weights (hook: subclasses add their own)."""
         cfg_json = json.dumps(self.cfg.to_dict())
@@ -308,12 +305,7 @@ class TrainingRun:
     def _check_finite_weights(self) -> None:
         """Refuse to write a checkpoint with a NaN or infinite weight (every rank decides
         together: FSDP's shards are checked where they live and the count summed)."""
-        bad = [
-            name
-            for name, t in self.model.state_dict().items()
-            if t.is_floating_point()
-            and not bool(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all())
-        ]
+        bad = non_finite_weights(self.model)
         (count,) = D.all_reduce_sum([len(bad)], self.dist)
         if count:
             where = f" (first: {bad[0]})" if bad else ""
