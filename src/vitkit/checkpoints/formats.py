@@ -50,7 +50,8 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig, count_params
+from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.counts import count_params
 from vitkit.errors import VitkitError
 from vitkit.posemb import Resample
 
