@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap", "avgmax", "max"]
+Pool = Literal["token", "gap", "avgmax", "max", "map"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 
@@ -46,7 +46,8 @@ class ViTConfig:
     pool: Pool = (
         "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
     )
-    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool)
+    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
+    # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -77,6 +78,7 @@ class ViTConfig:
     qk_norm: bool = False  # LayerNorm over each head's queries and keys (ViT-22B, some timm)
     dist_token: bool = False  # DeiT's distillation token after the class token, with its own
     # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
+    final_norm: bool = True  # the LayerNorm of Eq. 4; False: none at all (timm's final_norm)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -96,6 +98,13 @@ class ViTConfig:
             raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
+        if self.pool == "map" and self.mlp == "swiglu":
+            raise VitkitError('pool="map" has a GELU MLP; it does not combine with mlp="swiglu"')
+        if self.fc_norm and not self.final_norm:
+            raise VitkitError(
+                "fc_norm=True with final_norm=False: fc_norm is the final norm moved after "
+                "pooling, so a model without one has fc_norm=False"
+            )
 
     @property
     def has_class_token(self) -> bool:

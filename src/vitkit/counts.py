@@ -37,7 +37,9 @@ def count_params(cfg: ModelConfig) -> int:
         + layer_scale
         + qk_norm
     )
-    n += 2 * d  # final norm (or fc_norm after pooling)
+    n += 2 * d if cfg.final_norm else 0  # final norm (or fc_norm after pooling)
+    if cfg.pool == "map":  # probe, q, kv, out projection, LayerNorm, MLP
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * m + m + d)
     n += 2 * d if cfg.norm_pre else 0
     if cfg.representation_size:
         n += d * cfg.representation_size + cfg.representation_size
@@ -61,6 +63,9 @@ def count_flops(cfg: ModelConfig) -> int:
     macs += _resnet_macs(cfg)
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
     macs += cfg.depth * per_block
+    if cfg.pool == "map":  # one query over the N patch tokens: q, kv, scores, values, out, MLP
+        n = cfg.num_patches
+        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * m
     if cfg.representation_size:
         macs += d * cfg.representation_size
     macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)
