@@ -171,3 +171,20 @@ def test_bad_map_heads_and_switch_combinations_are_refused(tmp_path):
         tiny(pool="gap", fc_norm=True, final_norm=False)
     with pytest.raises(VitkitError, match="final_norm"):
         ViTConfig.from_dict({**tiny().to_dict(), "final_norm": "no"})
+
+
+def test_the_map_probe_gets_no_weight_decay_and_prefix_pooling_is_refused(tmp_path):
+    from vitkit.train.optim import param_groups
+
+    model = vitkit.create_model(tiny(pool="map"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in param_groups(model, 0.1)[0]["params"]}
+    assert "attn_pool.latent" not in decayed and "attn_pool.kv.weight" in decayed
+    sd = model.state_dict()
+    (tmp_path / "hub").mkdir()
+    save_file(sd, tmp_path / "hub" / "model.safetensors")
+    args = {"global_pool": "map", "pool_include_prefix": True, "num_heads": 4}
+    hub = {"architecture": "test_vit3", "model_args": args}
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(VitkitError, match="hub: pool_include_prefix=True"):
+        read_checkpoint(tmp_path / "hub")
