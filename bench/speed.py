@@ -11,7 +11,7 @@ converted with vitkit's own converters), precision (fp32, bf16 autocast) and mod
 Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings in an
 order shuffled every round, so machine noise hits all alike; medians are reported, with vitkit/timm
 and vitkit/HF ratios (> 1: vitkit is faster; the median of ratios taken round by round). MFU is
-analytic FLOPs (``vitkit.config.count_flops``: the matmuls, which hook-based counters miss inside
+analytic FLOPs (``vitkit.counts.count_flops``: the matmuls, which hook-based counters miss inside
 fused attention; training = 3x forward) over time, against the matmul ceiling measured on this
 machine at the same precision. Peak memory is what the call held at once beyond what was held
 before it: on CUDA the allocator's peak; on the CPU the bytes malloc had handed out (glibc
@@ -45,7 +45,7 @@ from references import import_reference  # noqa: E402
 import vitkit  # noqa: E402
 from vitkit.checkpoints import hf as hf_conv  # noqa: E402
 from vitkit.checkpoints import timm as timm_conv  # noqa: E402
-from vitkit.config import count_flops  # noqa: E402
+from vitkit.counts import count_flops  # noqa: E402
 from vitkit.recipes import MNIST  # noqa: E402
 
 

@@ -24,10 +24,9 @@ from vitkit.config import (
     ResNetConfig,
     ViTConfig,
     config_from_dict,
-    count_flops,
-    count_params,
     model_config,
 )
+from vitkit.counts import count_flops, count_params
 from vitkit.data import load_dataset
 from vitkit.errors import VitkitError
 from vitkit.model import create_model

@@ -10,7 +10,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.config import SIZES, STANDARD_MODELS, ViTConfig, count_flops, model_config, parse_name
+from vitkit.config import SIZES, STANDARD_MODELS, ViTConfig, model_config, parse_name
+from vitkit.counts import count_flops
 from vitkit.errors import VitkitError
 
 # Table 1 of Dosovitskiy et al. (B, L, H) and Steiner et al. (Ti, S):

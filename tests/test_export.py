@@ -16,8 +16,12 @@ ort = pytest.importorskip("onnxruntime")
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(), dict(pool="gap", representation_size=16, in_chans=1)],
-    ids=["token", "gap_prelogits_gray"],
+    [
+        dict(),
+        dict(pool="gap", representation_size=16, in_chans=1),
+        dict(pool="map", final_norm=False, num_reg_tokens=2),  # SigLIP's MAP head, registers
+    ],
+    ids=["token", "gap_prelogits_gray", "map_registers_no_final_norm"],
 )
 def test_export_cli_matches_pytorch_for_any_batch(tmp_path, capsys, kw):
     model = vitkit.create_model(

@@ -20,7 +20,8 @@ from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
 from vitkit.checkpoints.description import format_description
 from vitkit.checkpoints.formats import describe
-from vitkit.config import PreprocessConfig, ViTConfig, count_flops, count_params
+from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
 
 BASE = dict(image_size=32, patch_size=8, num_classes=5, width=32, depth=2, num_heads=4, mlp_dim=64)

@@ -298,9 +298,11 @@ def test_timm_architectures_that_are_not_the_paper_are_refused(tmp_path):
         global_pool="map",
         class_token=False,
     )
-    save_file(ref.state_dict(), tmp_path / "map.safetensors")
-    with pytest.raises(VitkitError, match=r"attention-pooling \(MAP\) head"):
-        read_checkpoint(tmp_path / "map.safetensors")
+    # AttentionPoolLatent(pos_embed="abs"): a MAP head with position embeddings of its own
+    sd = {**ref.state_dict(), "attn_pool.pos_embed": torch.zeros(16, 64)}
+    save_file(sd, tmp_path / "map.safetensors")
+    with pytest.raises(VitkitError, match=r"map.safetensors: an attention-pooling head other"):
+        read_checkpoint(tmp_path / "map.safetensors", num_heads=4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def test_parameter_count_formula_tiny():
     [((2,), 0.5, 32, 1), ((1, 1, 2), 0.5, 64, 1), ((), 1.0, (16, 24), 2), ((3, 4, 9), 1.0, 224, 1)],
 )
 def test_hybrid_parameter_count_and_grid(layers, wf, image, patch):
-    from vitkit.config import count_params
+    from vitkit.counts import count_params
 
     cfg = vitkit.ViTConfig(
         image_size=image, patch_size=patch, width=64, depth=1, num_heads=2, mlp_dim=64,

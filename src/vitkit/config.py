@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap", "avgmax", "max"]
+Pool = Literal["token", "gap", "avgmax", "max", "map"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 
@@ -46,7 +46,8 @@ class ViTConfig:
     pool: Pool = (
         "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
     )
-    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool)
+    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
+    # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -77,6 +78,7 @@ class ViTConfig:
     qk_norm: bool = False  # LayerNorm over each head's queries and keys (ViT-22B, some timm)
     dist_token: bool = False  # DeiT's distillation token after the class token, with its own
     # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
+    final_norm: bool = True  # the LayerNorm of Eq. 4; False: none at all (timm's final_norm)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -96,6 +98,13 @@ class ViTConfig:
             raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
+        if self.pool == "map" and self.mlp == "swiglu":
+            raise VitkitError('pool="map" has a GELU MLP; it does not combine with mlp="swiglu"')
+        if self.fc_norm and not self.final_norm:
+            raise VitkitError(
+                "fc_norm=True with final_norm=False: fc_norm is the final norm moved after "
+                "pooling, so a model without one has fc_norm=False"
+            )
 
     @property
     def has_class_token(self) -> bool:
@@ -420,26 +429,6 @@ class ResNetConfig:
 ModelConfig = ViTConfig | ResNetConfig
 
 
-def count_flops(cfg: ModelConfig) -> int:
-    """Analytic forward FLOPs of one image (2 per multiply-add; matmuls and convolutions only).
-
-    Counted from the shapes rather than by hooks, which miss the fused attention kernel.
-    """
-    if isinstance(cfg, ResNetConfig):
-        return 2 * _bit_macs(cfg)
-    t, d, m = cfg.seq_len, cfg.width, cfg.mlp_dim
-    m_out = m // 2 if cfg.mlp == "swiglu" else m  # fc2's input
-    ph, pw = cfg.patch_size
-    macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
-    macs += _resnet_macs(cfg)
-    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
-    macs += cfg.depth * per_block
-    if cfg.representation_size:
-        macs += d * cfg.representation_size
-    macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)
-    return 2 * macs
-
-
 @dataclass(frozen=True)
 class PreprocessConfig:
     """How raw images become model input; stored in every checkpoint so that evaluation and
@@ -474,123 +463,3 @@ class PreprocessConfig:
     def for_model(cls, cfg: ModelConfig, crop_pct: float = 1.0) -> PreprocessConfig:
         c = cfg.in_chans
         return cls(cfg.image_size, c, (0.5,) * c, (0.5,) * c, "bilinear", crop_pct)
-
-
-def count_params(cfg: ModelConfig) -> int:
-    """Analytic parameter count (equals ``sum(p.numel())`` of the built model)."""
-    if isinstance(cfg, ResNetConfig):
-        return _bit_params(cfg)
-    d, m = cfg.width, cfg.mlp_dim
-    ph, pw = cfg.patch_size
-    n = cfg.patch_in_chans * ph * pw * d + (d if cfg.patch_bias else 0)  # patch embedding
-    n += _resnet_params(cfg)
-    n += cfg.num_prefix_tokens * d  # class token, registers
-    n += (cfg.num_patches + cfg.num_pos_prefix) * d  # position embeddings
-    qkv_bias = 3 * d if cfg.qkv_bias else 0
-    layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
-    qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
-    fc2_in = m // 2 if cfg.mlp == "swiglu" else m
-    n += cfg.depth * (
-        4 * d
-        + 3 * d * d
-        + qkv_bias
-        + d * d
-        + d
-        + d * m
-        + m
-        + fc2_in * d
-        + d
-        + layer_scale
-        + qk_norm
-    )
-    n += 2 * d  # final norm (or fc_norm after pooling)
-    n += 2 * d if cfg.norm_pre else 0
-    if cfg.representation_size:
-        n += d * cfg.representation_size + cfg.representation_size
-    if cfg.num_classes:
-        heads = 2 if cfg.dist_token else 1
-        n += heads * (cfg.feature_dim * cfg.num_classes + cfg.num_classes)
-    return n
-
-
-def _resnet_units(cfg: ViTConfig) -> list[tuple[int, int, int, int]]:
-    """(input channels, bottleneck width, stride, output side length / image side) per unit of
-    the hybrid's ResNet, in order."""
-    units, cin, w = [], cfg.resnet_width, cfg.resnet_width
-    for i, n in enumerate(cfg.resnet_layers or ()):
-        f = w * 2**i
-        for u in range(n):
-            stride = 2 if (i > 0 and u == 0) else 1
-            units.append((cin, f, stride, 4 * 2**i))
-            cin = 4 * f
-    return units
-
-
-def _resnet_params(cfg: ViTConfig) -> int:
-    if cfg.resnet_layers is None:
-        return 0
-    w = cfg.resnet_width
-    n = 7 * 7 * cfg.in_chans * w + 2 * w  # conv_root (no bias), gn_root
-    for cin, f, stride, _ in _resnet_units(cfg):
-        n += cin * f + 2 * f + 9 * f * f + 2 * f + f * 4 * f + 2 * 4 * f
-        if cin != 4 * f or stride != 1:
-            n += cin * 4 * f + 2 * 4 * f  # conv_proj, gn_proj
-    return n
-
-
-def _resnet_macs(cfg: ViTConfig) -> int:
-    if cfg.resnet_layers is None:
-        return 0
-    h, w_ = cfg.image_size
-    root = cfg.resnet_width
-    macs = (h // 2) * (w_ // 2) * 49 * cfg.in_chans * root
-    for cin, f, stride, down in _resnet_units(cfg):
-        pix = (h // down) * (w_ // down)
-        in_pix = pix * stride * stride
-        macs += in_pix * cin * f + pix * 9 * f * f + pix * f * 4 * f
-        if cin != 4 * f or stride != 1:
-            macs += pix * cin * 4 * f
-    return macs
-
-
-def bit_units(cfg: ResNetConfig) -> list[tuple[int, int, int]]:
-    """(input channels, bottleneck width, stride) of every unit of a BiT ResNet, in order."""
-    units, cin = [], cfg.width
-    for i, n in enumerate(cfg.layers):
-        f = cfg.width * 2**i
-        for u in range(n):
-            units.append((cin, f, 2 if (i > 0 and u == 0) else 1))
-            cin = 4 * f
-    return units
-
-
-def _bit_params(cfg: ResNetConfig) -> int:
-    k = 7 if cfg.root == "bit" else 3
-    n = k * k * cfg.in_chans * cfg.width  # root conv (no bias, no norm in a pre-act ResNet)
-    for cin, f, stride in bit_units(cfg):
-        n += (
-            2 * cin + cin * f + 2 * f + 9 * f * f + 2 * f + f * 4 * f
-        )  # gn1 conv1 gn2 conv2 gn3 conv3
-        if cin != 4 * f or stride != 1:
-            n += cin * 4 * f  # downsample conv (no norm)
-    n += 2 * cfg.feature_dim  # final GroupNorm
-    if cfg.num_classes:
-        n += cfg.feature_dim * cfg.num_classes + cfg.num_classes
-    return n
-
-
-def _bit_macs(cfg: ResNetConfig) -> int:
-    h, w = cfg.image_size
-    if cfg.root == "bit":
-        h, w = -(-h // 2), -(-w // 2)
-        macs = h * w * 49 * cfg.in_chans * cfg.width
-        h, w = -(-h // 2), -(-w // 2)  # max-pool
-    else:
-        macs = h * w * 9 * cfg.in_chans * cfg.width
-    for cin, f, stride in bit_units(cfg):
-        oh, ow = -(-h // stride), -(-w // stride)
-        macs += h * w * cin * f + oh * ow * (9 * f * f + f * 4 * f)
-        if cin != 4 * f or stride != 1:
-            macs += oh * ow * cin * 4 * f
-        h, w = oh, ow
-    return macs + cfg.feature_dim * cfg.num_classes

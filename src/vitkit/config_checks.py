@@ -88,7 +88,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max")),
+        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max", "map")),
         "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
         "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
         "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
@@ -98,6 +98,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "mlp": choice("mlp", cfg.mlp, ("mlp", "swiglu")),
         "qk_norm": choice("qk_norm", cfg.qk_norm, (True, False)),
         "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
+        "final_norm": choice("final_norm", cfg.final_norm, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
@@ -129,9 +130,9 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     that cannot hold them (npz, Hugging Face) refuse to write them, naming them."""
     names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
     default = {f.name: f.default for f in dataclasses.fields(cfg)}
-    out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp")}
+    out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp", "final_norm")}
     out = {k: v for k, v in out.items() if v != default[k]}
-    if cfg.pool in ("avgmax", "max"):
+    if cfg.pool in ("avgmax", "max", "map"):
         out["pool"] = cfg.pool
     if cfg.gelu == "quick":
         out["gelu"] = "quick"

@@ -43,8 +43,9 @@ constructors; an absent part is an ``nn.Identity``, so ``forward`` stays one pat
 ``num_reg_tokens`` (prefix tokens: class token, then registers) and ``pos_embed_prefix`` (False:
 E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), ``norm_pre``
 (LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
-``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"`` and ``dist_token``
-(DeiT: a second token and head; the heads' logits are averaged).
+``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
+(DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
+both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
 """
 
 from __future__ import annotations
@@ -234,6 +235,41 @@ class Block(nn.Module):
         return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
 
+class MAPHead(nn.Module):
+    """Multi-head attention pooling ("MAP"; big_vision's ``MAPHead``, used by SigLIP).
+
+    A learned probe (one query token) attends over the patch tokens with multi-head attention;
+    the result goes through a residual MLP after a LayerNorm, like one more encoder block whose
+    only query is the probe:  y = a + MLP(LN(a)),  a = MHA(probe, z_L).  Not in the paper.
+    """
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        d = cfg.width
+        self.num_heads = cfg.num_heads
+        self.head_dim = d // cfg.num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, d))  # the probe (timm's name)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Tokens [B, N, D] → pooled features [B, D]."""
+        return self.forward_explicit(tokens)[0]
+
+    def forward_explicit(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Pooled features [B, D] and the probe's attention weights [B, heads, N]."""
+        b, n, d = tokens.shape
+        q = self.q(self.latent).reshape(1, self.num_heads, 1, self.head_dim)
+        kv = self.kv(tokens).reshape(b, n, 2, self.num_heads, self.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, head_dim]
+        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+        x = self.proj((weights @ v).reshape(b, d))  # heads concatenated, as in Eq. 2's MSA
+        return x + self.mlp(self.norm(x)), weights[:, :, 0]
+
+
 @dataclass
 class Intermediates:
     """What :meth:`VisionTransformer.forward_intermediates` returns.
@@ -242,12 +278,15 @@ class Intermediates:
     attentions: every block's attention weights [B, heads, T, T] (softmax over the last axis).
     features: the final-normalised tokens [B, T, D] (what ``forward_features`` returns).
     logits: the head's output [B, num_classes].
+    pool_attention: with ``pool="map"``, the MAP probe's attention over the patch tokens
+    [B, heads, N]; None for the other poolings.
     """
 
     hidden_states: list[Tensor]
     attentions: list[Tensor]
     features: Tensor
     logits: Tensor
+    pool_attention: Tensor | None = None
 
 
 class VisionTransformer(nn.Module):
@@ -273,8 +312,10 @@ class VisionTransformer(nn.Module):
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
         # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
-        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        final = cfg.final_norm and not cfg.fc_norm
+        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if final else nn.Identity()
         self.fc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.fc_norm else nn.Identity()
+        self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None  # SigLIP
         if cfg.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
         else:
@@ -332,10 +373,13 @@ class VisionTransformer(nn.Module):
 
     def pool(self, tokens: Tensor) -> Tensor:
         """Eq. 4's z_L^0 (the class token), or with ``pool="gap"`` the mean over the patch
-        tokens (prefix tokens left out), then ``fc_norm`` where the config has it."""
+        tokens (prefix tokens left out; "map": the MAP head over them), then ``fc_norm`` where
+        the config has it."""
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
+        if self.attn_pool is not None:
+            return self.fc_norm(self.attn_pool(patches))
         if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
             return self.fc_norm(patches.amax(dim=1))
         if self.cfg.pool == "avgmax":
@@ -344,7 +388,10 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens → logits; with ``pre_logits=True`` the features just before the head."""
-        x = self.pre_logits(self.pool(tokens))
+        return self._classify(self.pool(tokens), tokens, pre_logits)
+
+    def _classify(self, pooled: Tensor, tokens: Tensor, pre_logits: bool) -> Tensor:
+        x = self.pre_logits(pooled)
         if self.cfg.dist_token:  # DeiT: the distillation token's own head, the two averaged
             if pre_logits or self.head is None or self.head_dist is None:
                 return (x + tokens[:, 1]) / 2
@@ -356,6 +403,14 @@ class VisionTransformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """DeiT's training outputs: the class head's and the distillation head's logits, each
+        [B, num_classes] (``forward`` averages them; timm's ``set_distilled_training(True)``)."""
+        if self.head is None or self.head_dist is None:
+            raise VitkitError("forward_heads needs a distilled model (dist_token) with a head")
+        tokens = self.forward_features(x)
+        return self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
+
     def forward_intermediates(self, x: Tensor) -> Intermediates:
         """Every hidden state and attention map, through the explicit-softmax attention."""
         x = self.embed(x)
@@ -365,7 +420,13 @@ class VisionTransformer(nn.Module):
             hidden.append(x)
             attentions.append(weights)
         features = self.norm(x)
-        return Intermediates(hidden, attentions, features, self.forward_head(features))
+        if self.attn_pool is None:
+            return Intermediates(hidden, attentions, features, self.forward_head(features))
+        pooled, pool_attention = self.attn_pool.forward_explicit(
+            features[:, self.cfg.num_prefix_tokens :]
+        )
+        logits = self._classify(self.fc_norm(pooled), features, pre_logits=False)
+        return Intermediates(hidden, attentions, features, logits, pool_attention)
 
 
 def _blocks(model: VisionTransformer) -> Iterable[Block]:
@@ -414,6 +475,12 @@ def init_weights(model: VisionTransformer) -> None:
         if isinstance(final, nn.LayerNorm):
             nn.init.ones_(final.weight)
             nn.init.zeros_(final.bias)
+    if model.attn_pool is not None:  # xavier kernels (big_vision's MAPHead), probe as timm's
+        pool = model.attn_pool
+        nn.init.normal_(pool.latent, std=cfg.width**-0.5)
+        for dense in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
+            nn.init.xavier_uniform_(dense.weight)
+            nn.init.zeros_(dense.bias)
     if cfg.representation_size:
         dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
         _lecun_normal_(dense.weight, fan_in=cfg.width)

@@ -3,8 +3,13 @@
 - **Attention maps.** Every block's softmax weights [B, heads, T, T] come from
   :meth:`VisionTransformer.forward_intermediates` (the explicit-softmax path).
   :func:`patch_map` reads, from a [.., T, T] matrix, what the model's output looks at over the
-  patch grid: the class token's row for ``pool="token"``, the mean row over all tokens for
-  ``pool="gap"`` (the pooled feature is the mean of all tokens), renormalised over patches.
+  patch grid (:func:`pooled_row`): the class token's row for ``pool="token"`` (DeiT: the mean
+  of the class and distillation tokens' rows, whose heads are averaged), the mean row over the
+  patch tokens for ``pool="gap"`` (the pooled feature is their mean; ``"avgmax"`` / ``"max"``
+  are shown the same way), and for ``pool="map"`` the patch rows weighted by the MAP probe's
+  attention (heads averaged); then the patch columns, renormalised. Prefix tokens (class,
+  distillation, registers) are never in the grid: :func:`prefix_attention_share` and
+  :func:`prefix_rollout_share` report the attention they take.
 - **Attention rollout** (Abnar & Zuidema, 2020; the paper's Figure 6 and Appendix D.8):
   average the heads, add the identity for the residual connection, renormalise the rows, and
   multiply the matrices from the first layer to the last, ``R = Â_L ... Â_1``. Each row of R is
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -66,10 +71,20 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 def attention_weights(model: VisionTransformer, x: Tensor) -> tuple[list[Tensor], Tensor]:
     """Every block's attention weights [B, heads, T, T] (float32, on CPU) and the logits
     [B, classes], for normalised model input ``x`` [B, C, H, W], in eval mode."""
+    attentions, logits, _ = attention_outputs(model, x)
+    return attentions, logits
+
+
+def attention_outputs(
+    model: VisionTransformer, x: Tensor
+) -> tuple[list[Tensor], Tensor, Tensor | None]:
+    """:func:`attention_weights` and, for a ``pool="map"`` model, the MAP probe's attention
+    over the patch tokens [B, heads, N] (else None)."""
     device = next(model.parameters()).device
     with eval_mode(model), torch.inference_mode():
         out = model.forward_intermediates(x.to(device))
-    return [a.float().cpu() for a in out.attentions], out.logits.float().cpu()
+    pool = None if out.pool_attention is None else out.pool_attention.float().cpu()
+    return [a.float().cpu() for a in out.attentions], out.logits.float().cpu(), pool
 
 
 def _check_attentions(attentions: Sequence[Tensor]) -> None:
@@ -126,23 +141,90 @@ def attention_rollout(
     return rollout_by_layer(attentions, head_fusion=head_fusion, residual=residual)[-1]
 
 
-def patch_map(matrix: Tensor, cfg: ViTConfig) -> Tensor:
-    """What the model's output attends to, as a distribution over the patch grid.
-
-    ``matrix`` is [..., T, T] (attention or rollout, rows = queries). For ``pool="token"`` the
-    class token's row, for ``pool="gap"`` the mean of all rows; restricted to the patch columns
-    and renormalised to sum to 1. Returns [..., grid_h, grid_w].
-    """
+def pooled_row(matrix: Tensor, cfg: ViTConfig, pool_attention: Tensor | None = None) -> Tensor:
+    """The row of ``matrix`` [..., T, T] (attention or rollout, rows = queries) that the
+    model's output reads, [..., T]: the class token's (DeiT: the mean of the class and
+    distillation tokens'), the mean over the patch tokens' (GAP, avgmax, max), or for
+    ``pool="map"`` the patch rows weighted by the MAP probe's attention ``pool_attention``
+    [B, heads, N] with the heads averaged (the mean over the patch rows when not given)."""
     t, p = cfg.seq_len, cfg.num_prefix_tokens
     if matrix.shape[-2:] != (t, t):
         raise VitkitError(
             f"a {cfg.short_name} model at {cfg.image_size} px has {t} tokens, but the matrix "
             f"is {tuple(matrix.shape[-2:])}"
         )
-    row = matrix[..., 0, :] if cfg.pool == "token" else matrix.mean(dim=-2)
-    patches = row[..., p:]
+    if cfg.pool == "token":
+        return matrix[..., :2, :].mean(dim=-2) if cfg.dist_token else matrix[..., 0, :]
+    if cfg.pool != "map" or pool_attention is None:
+        return matrix[..., p:, :].mean(dim=-2)
+    if pool_attention.ndim != 3 or pool_attention.shape[-1] != cfg.num_patches:
+        raise VitkitError(
+            f"the MAP attention is {tuple(pool_attention.shape)}; expected [B, heads, "
+            f"{cfg.num_patches}]"
+        )
+    w = pool_attention.to(matrix.dtype).mean(dim=1)  # [B, N]
+    w = w.reshape(w.shape[0], *([1] * (matrix.ndim - 3)), cfg.num_patches, 1)
+    return (w * matrix[..., p:, :]).sum(dim=-2)
+
+
+def patch_map(matrix: Tensor, cfg: ViTConfig, pool_attention: Tensor | None = None) -> Tensor:
+    """What the model's output attends to, as a distribution over the patch grid.
+
+    ``matrix`` is [..., T, T] (attention or rollout, rows = queries); its :func:`pooled_row`,
+    restricted to the patch columns and renormalised to sum to 1. Returns
+    [..., grid_h, grid_w].
+    """
+    patches = pooled_row(matrix, cfg, pool_attention)[..., cfg.num_prefix_tokens :]
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     return patches.reshape(*patches.shape[:-1], *cfg.grid_size)
+
+
+def prefix_groups(cfg: ViTConfig) -> dict[str, slice]:
+    """The token positions of each group of prefix tokens, in the model's order (class token,
+    distillation token, registers); empty for a model without any."""
+    groups, start = {}, 0
+    for name, n in (
+        ("class token", int(cfg.has_class_token)),
+        ("distillation token", int(cfg.dist_token)),
+        ("registers", cfg.num_reg_tokens),
+    ):
+        if n:
+            groups[name] = slice(start, start + n)
+        start += n
+    return groups
+
+
+def prefix_attention_share(attentions: Sequence[Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """For each group of prefix tokens, the share of the patch tokens' attention it takes,
+    [B, L]: the attention weight of every patch query on the group's keys, summed over the
+    group and averaged over heads and patch queries. ``"patches"`` is the rest, so the groups
+    sum to 1 per image and layer."""
+    p = cfg.num_prefix_tokens
+    out: dict[str, list[Tensor]] = {name: [] for name in (*prefix_groups(cfg), "patches")}
+    for i, a in enumerate(attentions):
+        if a.ndim != 4 or a.shape[-1] != cfg.seq_len or a.shape[-2] != cfg.seq_len:
+            raise VitkitError(
+                f"attention map {i} has shape {tuple(a.shape)}; a model with {cfg.seq_len} "
+                f"tokens gives [B, heads, {cfg.seq_len}, {cfg.seq_len}]"
+            )
+        queries = a[:, :, p:, :].to(torch.float64)  # [B, heads, N, T], the patch queries
+        for name, cols in prefix_groups(cfg).items():
+            out[name].append(queries[..., cols].sum(-1).mean(dim=(1, 2)))
+        out["patches"].append(queries[..., p:].sum(-1).mean(dim=(1, 2)))
+    return {k: torch.stack(v, dim=1).float() for k, v in out.items()}
+
+
+def prefix_rollout_share(
+    rollout: Tensor, cfg: ViTConfig, pool_attention: Tensor | None = None
+) -> dict[str, Tensor]:
+    """For each group of prefix tokens, the share of the pooled output's rollout row
+    (:func:`pooled_row`) that ends on it, [B]; ``"patches"`` is the rest (the part that
+    :func:`vitkit.analysis.attention.patch_map` renormalises into the map)."""
+    row = pooled_row(rollout.to(torch.float64), cfg, pool_attention)  # [B, T]
+    row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    out = {name: row[:, cols].sum(-1).float() for name, cols in prefix_groups(cfg).items()}
+    out["patches"] = row[:, cfg.num_prefix_tokens :].sum(-1).float()
+    return out
 
 
 def token_pixels(cfg: ViTConfig) -> tuple[int, int]:
@@ -234,13 +316,23 @@ class Explanation:
     """What :func:`explain` finds for a batch of images.
 
     logits: [B, classes].
-    layer_maps: [B, L, heads, gh, gw], each head's attention from the pooled query over patches.
-    rollout_maps: [B, L, gh, gw], the rollout through layers 1..l over patches.
+    layer_maps: [B, L, heads, gh, gw], each head's attention from the pooled query over patches
+    (:func:`pooled_row`; for a MAP model the patch rows weighted by the probe's attention).
+    rollout_maps: [B, L, gh, gw], the rollout through layers 1..l over patches, read the same way.
+    pool_maps: [B, heads, gh, gw], the MAP probe's attention over the patches (``pool="map"``;
+    else None): what the pooled features are a weighted mean of.
+    prefix_attention: per group of prefix tokens (class token, distillation token, registers)
+    and ``"patches"``, the share of the patch queries' attention on it, [B, L]
+    (:func:`prefix_attention_share`); prefix_rollout: the same for the pooled output's full
+    rollout, [B] (:func:`prefix_rollout_share`). Empty but ``"patches"`` without prefix tokens.
     """
 
     logits: Tensor
     layer_maps: Tensor
     rollout_maps: Tensor
+    pool_maps: Tensor | None = None
+    prefix_attention: dict[str, Tensor] = field(default_factory=dict)
+    prefix_rollout: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def rollout(self) -> Tensor:
@@ -269,11 +361,26 @@ def explain(
     grid of their size."""
     cfg = input_config(require_attention(model), x)
     batch_size = safe_batch_size(cfg, batch_size)
-    logits, layer_maps, rollout_maps = [], [], []
+    logits, layer_maps, rollout_maps, pool_maps = [], [], [], []
+    shares: dict[str, list[Tensor]] = {}
+    rolled_shares: dict[str, list[Tensor]] = {}
     for start in range(0, x.shape[0], batch_size):
-        attentions, out = attention_weights(model, x[start : start + batch_size])
+        attentions, out, pool = attention_outputs(model, x[start : start + batch_size])
         logits.append(out)
-        layer_maps.append(torch.stack([patch_map(a, cfg) for a in attentions], dim=1))
+        layer_maps.append(torch.stack([patch_map(a, cfg, pool) for a in attentions], dim=1))
         rolled = rollout_by_layer(attentions, head_fusion=head_fusion)
-        rollout_maps.append(torch.stack([patch_map(r, cfg) for r in rolled], dim=1))
-    return Explanation(torch.cat(logits), torch.cat(layer_maps), torch.cat(rollout_maps))
+        rollout_maps.append(torch.stack([patch_map(r, cfg, pool) for r in rolled], dim=1))
+        if pool is not None:
+            pool_maps.append(pool.reshape(*pool.shape[:2], *cfg.grid_size))
+        for k, v in prefix_attention_share(attentions, cfg).items():
+            shares.setdefault(k, []).append(v)
+        for k, v in prefix_rollout_share(rolled[-1], cfg, pool).items():
+            rolled_shares.setdefault(k, []).append(v)
+    return Explanation(
+        torch.cat(logits),
+        torch.cat(layer_maps),
+        torch.cat(rollout_maps),
+        torch.cat(pool_maps) if pool_maps else None,
+        {k: torch.cat(v) for k, v in shares.items()},
+        {k: torch.cat(v) for k, v in rolled_shares.items()},
+    )

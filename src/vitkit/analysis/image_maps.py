@@ -17,12 +17,17 @@ from vitkit.model import VisionTransformer
 
 @dataclass
 class ExplainedImage:
-    """One image's top-k prediction and the two PNGs drawn for it."""
+    """One image's top-k prediction and the PNGs drawn for it; for a MAP model also the MAP
+    head's attention (``pool_png``); with prefix tokens the share of the output's rollout that
+    ends on each group of them (``prefix_rollout``: class token, distillation token,
+    registers) rather than on the patches of the maps."""
 
     image: str
     top_k: Prediction = field(default_factory=list)
     rollout_png: Path | None = None
     layers_png: Path | None = None
+    pool_png: Path | None = None
+    prefix_rollout: dict[str, float] = field(default_factory=dict)
 
 
 def explain_files(
@@ -36,8 +41,9 @@ def explain_files(
 ) -> list[ExplainedImage]:
     """For each image: ``STEM_rollout.png`` (the input, the attention rollout over it and the
     input multiplied by it, the paper's Figure 6) and ``STEM_layers.png`` (every layer's and
-    head's map with the rollout up to each layer), and its top-``k`` labels. Images sharing a
-    file stem get ``_1``, ``_2``, ... by position."""
+    head's map with the rollout up to each layer), and its top-``k`` labels; for a MAP model
+    ``STEM_pool.png``, the MAP head's attention over the patches (heads averaged). Images
+    sharing a file stem get ``_1``, ``_2``, ... by position."""
     from vitkit.plotting import plot_layer_maps, plot_rollout
 
     pre = ckpt.preprocess
@@ -67,5 +73,17 @@ def explain_files(
             image=pixels,
             title=f"{title}  ({model.cfg.short_name}, per-layer attention)",
         )
-        explained.append(ExplainedImage(str(path), tops[i], rollout_png, layers_png))
+        pool_png = None
+        if found.pool_maps is not None:  # what the MAP head pools: the pooled map
+            pool_png = plot_rollout(
+                pixels,
+                found.pool_maps[i].mean(dim=0),
+                out / f"{stem}_pool.png",
+                title=title,
+                label="MAP head's attention",
+            )
+        prefix = {k: float(v[i]) for k, v in found.prefix_rollout.items() if k != "patches"}
+        explained.append(
+            ExplainedImage(str(path), tops[i], rollout_png, layers_png, pool_png, prefix)
+        )
     return explained

@@ -22,11 +22,13 @@ from torch import Tensor
 from vitkit.analysis.attention import (
     HeadFusion,
     attention_distance,
+    attention_outputs,
     attention_rollout,
-    attention_weights,
     box_mass,
     patch_distances,
     patch_map,
+    prefix_attention_share,
+    prefix_rollout_share,
     require_attention,
     safe_batch_size,
     token_pixels,
@@ -34,6 +36,7 @@ from vitkit.analysis.attention import (
 from vitkit.analysis.filters import embedding_filter_pca
 from vitkit.analysis.posemb import position_embedding_similarity, similarity_by_distance
 from vitkit.analysis.report import Figure, Section, Table, write_html
+from vitkit.analysis.tokens import prefix_numbers, prefix_section
 from vitkit.checkpoints import atomic_write_text
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.data import ArrayDataset, make_loader, to_model_input
@@ -148,6 +151,7 @@ _POOLING = {
     "gap": "global average",
     "avgmax": "(mean + max) / 2 of the patches",
     "max": "max over the patches",
+    "map": "attention pooling (MAP head)",
 }
 
 
@@ -174,18 +178,30 @@ def model_table(model: VisionTransformer, *, source: str = "") -> Table:
 
 def _predict(
     model: VisionTransformer, data: AnalysisData, batch_size: int, head_fusion: HeadFusion
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, dict[str, dict[str, Tensor]]]:
     """One pass over the images: attention distance [N, L, heads], final rollout over patches
-    [N, gh, gw] and logits [N, classes]."""
+    [N, gh, gw], logits [N, classes] and the prefix tokens' shares (``"attention"``: group →
+    [N, L]; ``"rollout"``: group → [N]; :mod:`vitkit.analysis.tokens`)."""
     cfg = model.cfg
     batch_size = safe_batch_size(cfg, batch_size)
     distances, rollouts, logits = [], [], []
+    shares: dict[str, list[Tensor]] = {}
+    rolled_shares: dict[str, list[Tensor]] = {}
     for start in range(0, data.images.shape[0], batch_size):
-        attentions, out = attention_weights(model, data.images[start : start + batch_size])
+        attentions, out, pool = attention_outputs(model, data.images[start : start + batch_size])
         distances.append(attention_distance(attentions, cfg))
-        rollouts.append(patch_map(attention_rollout(attentions, head_fusion=head_fusion), cfg))
+        rolled = attention_rollout(attentions, head_fusion=head_fusion)
+        rollouts.append(patch_map(rolled, cfg, pool))
         logits.append(out)
-    return torch.cat(distances), torch.cat(rollouts), torch.cat(logits)
+        for k, v in prefix_attention_share(attentions, cfg).items():
+            shares.setdefault(k, []).append(v)
+        for k, v in prefix_rollout_share(rolled, cfg, pool).items():
+            rolled_shares.setdefault(k, []).append(v)
+    tokens = {
+        "attention": {k: torch.cat(v) for k, v in shares.items()},
+        "rollout": {k: torch.cat(v) for k, v in rolled_shares.items()},
+    }
+    return torch.cat(distances), torch.cat(rollouts), torch.cat(logits), tokens
 
 
 def analyze_model(
@@ -267,11 +283,15 @@ def analyze_model(
     if data is not None:
         if data.images.shape[0] == 0:
             raise VitkitError("no images to analyse")
-        dist, rollout, logits = _predict(model, data, batch_size, head_fusion)
+        dist, rollout, logits, tokens = _predict(model, data, batch_size, head_fusion)
         _attention_sections(cfg, dist, data, out, files, numbers, sections)
         _rollout_sections(
             cfg, rollout, logits, data, out, files, numbers, sections, num_examples, head_fusion
         )
+        if cfg.num_prefix_tokens:  # class, distillation, registers: reported apart
+            numbers["prefix_tokens"] = prefix_numbers(tokens["attention"], tokens["rollout"])
+            section = prefix_section(cfg, tokens["attention"], tokens["rollout"], data.description)
+            sections.append(section)
     else:
         sections.append(
             Section(
@@ -405,9 +425,13 @@ def _rollout_sections(
                 f"multiplied by the rollout (scaled to its maximum){with_box}.",
             )
         )
-    pooled = "the class token" if cfg.pool == "token" else "the mean over all tokens (GAP)"
+    pooled = "the class token" if cfg.pool == "token" else "the mean over the patch tokens (GAP)"
+    if cfg.dist_token:
+        pooled = "the mean of the class and distillation tokens (DeiT averages their heads)"
     if cfg.pool in ("avgmax", "max"):
-        pooled = f"the {_POOLING[cfg.pool]} (the map shows the mean over all tokens)"
+        pooled = f"the {_POOLING[cfg.pool]} (the map shows the mean over the patch tokens)"
+    if cfg.pool == "map":
+        pooled = "the patch tokens weighted by the MAP head's attention (the pooled map)"
     items.insert(
         0,
         f"Attention rollout (Abnar & Zuidema, 2020; the paper's Figure 6): the {head_fusion} "
@@ -527,6 +551,13 @@ def format_numbers(numbers: dict[str, Any]) -> str:
             f"{rb['box_area_share']:.3f}: ratio {rb['ratio']:.2f} (control with another "
             f"image's box {rb['control_ratio_other_images_box']:.2f})"
         )
+    for name, share in (numbers.get("prefix_tokens") or {}).items():
+        if name != "patches":
+            layers = " ".join(f"{s:.3f}" for s in share["attention_share_per_layer"])
+            lines.append(
+                f"attention share on the {name} by layer: {layers} "
+                f"(rollout: {share['rollout_share']:.3f})"
+            )
     if "sample_top1" in numbers:
         lines.append(f"top-1 on the analysed images: {100 * numbers['sample_top1']:.1f}%")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ Formats (``FORMATS``):
 - ``timm``: a timm state dict (``.pth`` / ``.bin`` / ``.safetensors``, possibly inside a training
   checkpoint) or a timm model folder (``config.json`` with ``architecture`` + weights);
 - ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
-  ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``).
+  ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``);
+  SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`.
 
 Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
 allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
@@ -33,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
+from vitkit.checkpoints import hf_siglip
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
@@ -50,7 +52,8 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
-from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig, count_params
+from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.counts import count_params
 from vitkit.errors import VitkitError
 from vitkit.posemb import Resample
 
@@ -296,6 +299,8 @@ def _read_hf(p: Path) -> Checkpoint:
     if p.is_file():
         raise VitkitError(f"{p}: Hugging Face weights need their folder (with {CONFIG})")
     hf = _read_json(p / CONFIG)
+    if isinstance(hf, dict) and hf_siglip.is_siglip(hf):  # SigLIP's image tower
+        return _read_hf_siglip(p, hf)
     cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
     cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
     pp_file = p / "preprocessor_config.json"
@@ -308,6 +313,15 @@ def _read_hf(p: Path) -> Checkpoint:
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = ()
     return Checkpoint(p, cfg, pre, sd, names)
+
+
+def _read_hf_siglip(p: Path, hf: dict[str, Any]) -> Checkpoint:
+    """A Hugging Face SigLIP folder (:mod:`.hf_siglip`)."""
+    cfg = hf_siglip.siglip_to_vit_config(hf, str(p / CONFIG))
+    sd = hf_siglip.siglip_to_state_dict(_weights_in(p), cfg, str(p))
+    pp_file = p / "preprocessor_config.json"
+    pp = _read_json(pp_file) if pp_file.is_file() else None
+    return Checkpoint(p, cfg, _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file), sd)
 
 
 def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
@@ -412,6 +426,13 @@ def write_checkpoint(
             return _replace(tmp, dst)
         hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
         return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
+        siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
+        tower = {
+            CONFIG: hf_siglip.vit_to_siglip_config(cfg),
+            "preprocessor_config.json": hf_siglip.vit_to_siglip_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, tower, siglip)
     if to == "hf":
         arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
         files: dict[str, Any] = {

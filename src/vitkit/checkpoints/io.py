@@ -37,8 +37,8 @@ from vitkit.config import (
     PreprocessConfig,
     ResNetConfig,
     config_from_dict,
-    count_params,
 )
+from vitkit.counts import count_params
 from vitkit.errors import VitkitError
 
 FORMAT = "vitkit"

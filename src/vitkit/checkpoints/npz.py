@@ -9,14 +9,20 @@ Reads every naming era of the official releases:
 - **Linen / big_vision**: ``MultiHeadDotProductAttention_0``, ``LayerNorm_1``, ``MlpBlock_0``;
   big_vision puts ``pos_embedding`` at the top level *without* a class-token row (its class token
   gets no position embedding; vitkit stores a zero row, which is the same function);
-- key prefixes ``opt/target/`` (flax.optim checkpoints) and ``params/`` (big_vision);
+- key prefixes ``opt/target/`` (flax.optim checkpoints) and ``params/`` (big_vision); a
+  big_vision SigLIP (``params/img/`` and ``params/txt/``) is read for its image tower, the text
+  tower and the contrastive temperature and bias (``params/t``, ``params/b``) left out;
+- big_vision's attention-pooling head (``MAPHead_0/{probe, MultiHeadDotProductAttention_0,
+  LayerNorm_0, MlpBlock_0}``; SigLIP): ``pool="map"``;
 - scan-stacked blocks (one ``Transformer/encoderblock`` whose arrays have a leading depth axis);
 - bf16 arrays (numpy stores them as 2-byte void ``V2``; they are widened to float32 exactly);
 - hybrids: ``conv_root``, ``gn_root``, ``block{s}/unit{u}/{conv,gn}{1,2,3,_proj}``.
 
 The architecture is inferred from the arrays (:func:`npz_config`). Writing
 (:func:`state_dict_to_npz`) uses the released naming, which vit_jax, timm and big_vision's
-loaders all read.
+loaders all read; a model with the MAP head, which only big_vision makes, is written in
+big_vision's naming instead (Linen layer names, a top-level ``pos_embedding``, scan-stacked
+``Transformer/encoderblock``, ``MAPHead_0``), as its SigLIP files are, which timm reads too.
 
 Layouts: flax Dense kernels are ``[in, out]`` (PyTorch: ``[out, in]``); conv kernels are
 ``[kh, kw, in, out]`` (PyTorch: ``[out, in, kh, kw]``); attention kernels are per projection,
@@ -45,6 +51,8 @@ _ERAS = {
     "linen": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
 }
 _PREFIXES = ("opt/target/", "params/")
+_IMAGE_TOWER = "params/img/"  # big_vision's two-tower (SigLIP / LiT) checkpoints
+_MAP = "MAPHead_0"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +116,9 @@ def canonical_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Strip ``opt/target/`` / ``params/``, unstack scanned blocks, and rename Linen/big_vision
     block layers and the top-level ``pos_embedding`` to the released naming."""
     out: dict[str, np.ndarray] = {}
+    if any(k.startswith(_IMAGE_TOWER) for k in arrays):  # the image tower only
+        n = len(_IMAGE_TOWER)
+        arrays = {k[n:]: v for k, v in arrays.items() if k.startswith(_IMAGE_TOWER)}
     for k, v in arrays.items():
         for prefix in _PREFIXES:
             if k.startswith(prefix):
@@ -164,11 +175,10 @@ def npz_config(arrays: dict[str, np.ndarray], grid: tuple[int, int] | None = Non
         "Transformer/posembed_input/pos_embedding",
         "Transformer/encoder_norm/scale",
     )
-    unknown_heads = sorted({k.split("/")[0] for k in a} & {"MAPHead_0", "head_0"})
-    if unknown_heads:
+    if any(k.startswith("head_0/") for k in a):
         raise VitkitError(
-            f"unsupported head {unknown_heads[0]!r} (big_vision's attention-pooling 'map' head); "
-            "vitkit reads class-token and global-average-pooled ViTs"
+            "unsupported head 'head_0'; vitkit reads class-token, global-average-pooled and "
+            "MAP-head ViTs"
         )
     kh, kw, cin, width = a["embedding/kernel"].shape
     blocks = sorted(
@@ -180,8 +190,11 @@ def npz_config(arrays: dict[str, np.ndarray], grid: tuple[int, int] | None = Non
     _need(a, f"{attn}/query/kernel", "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel")
     heads = a[f"{attn}/query/kernel"].shape[1]
     mlp_dim = a["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
-    pool: Pool = "token" if "cls" in a else "gap"
-    n = a["Transformer/posembed_input/pos_embedding"].shape[1] - (pool == "token")
+    map_head = f"{_MAP}/probe" in a
+    if map_head and a[f"{_MAP}/MlpBlock_0/Dense_0/kernel"].shape[1] != mlp_dim:
+        raise VitkitError(f"the {_MAP} MLP is not as wide as the blocks' MLP")
+    pool: Pool = "map" if map_head else "token" if "cls" in a else "gap"
+    n = a["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in a)
     if grid is None:
         side = math.isqrt(n)
         if side * side != n:
@@ -210,6 +223,7 @@ def npz_config(arrays: dict[str, np.ndarray], grid: tuple[int, int] | None = Non
         num_heads=heads,
         mlp_dim=mlp_dim,
         pool=pool,
+        class_token=True if map_head and "cls" in a else None,
         representation_size=a["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in a else None,
         qkv_bias=f"{attn}/query/bias" in a,
         resnet_layers=resnet_layers,
@@ -258,7 +272,7 @@ def npz_to_state_dict(arrays: dict[str, np.ndarray], cfg: ViTConfig) -> dict[str
     d = cfg.width
     sd["patch_embed.proj.weight"] = _conv(take("embedding/kernel"))
     sd["patch_embed.proj.bias"] = _t(take("embedding/bias"))
-    if cfg.pool == "token":
+    if cfg.has_class_token:
         sd["cls_token"] = _t(take("cls"))
     sd["pos_embed"] = _t(take("Transformer/posembed_input/pos_embedding"))
     for i in range(cfg.depth):
@@ -280,6 +294,8 @@ def npz_to_state_dict(arrays: dict[str, np.ndarray], cfg: ViTConfig) -> dict[str
             sd[f"{o}.mlp.{fc}.bias"] = _t(take(f"{b}/{mlp}/Dense_{j}/bias"))
     sd["norm.weight"] = _t(take("Transformer/encoder_norm/scale"))
     sd["norm.bias"] = _t(take("Transformer/encoder_norm/bias"))
+    if cfg.pool == "map":
+        sd.update(_map_from_npz(take, cfg))
     if cfg.representation_size:
         sd["pre_logits.0.weight"] = _dense(take("pre_logits/kernel"))
         sd["pre_logits.0.bias"] = _t(take("pre_logits/bias"))
@@ -294,6 +310,28 @@ def npz_to_state_dict(arrays: dict[str, np.ndarray], cfg: ViTConfig) -> dict[str
             f"checkpoint arrays not understood: {', '.join(leftover[:10])}"
             f"{f' (+{len(leftover) - 10} more)' if len(leftover) > 10 else ''}"
         )
+    return sd
+
+
+def _map_from_npz(take: Any, cfg: ViTConfig) -> dict[str, Tensor]:
+    """big_vision's ``MAPHead_0`` → ``attn_pool.*`` (:class:`vitkit.model.MAPHead`)."""
+    d, mha = cfg.width, f"{_MAP}/MultiHeadDotProductAttention_0"
+    kernels = {n: take(f"{mha}/{n}/kernel").reshape(d, d).T for n in ("query", "key", "value")}
+    biases = {n: take(f"{mha}/{n}/bias").reshape(d) for n in ("query", "key", "value")}
+    sd = {
+        "attn_pool.latent": _t(take(f"{_MAP}/probe")),
+        "attn_pool.q.weight": _t(kernels["query"]),
+        "attn_pool.q.bias": _t(biases["query"]),
+        "attn_pool.kv.weight": _t(np.concatenate([kernels["key"], kernels["value"]])),
+        "attn_pool.kv.bias": _t(np.concatenate([biases["key"], biases["value"]])),
+        "attn_pool.proj.weight": _t(take(f"{mha}/out/kernel").reshape(d, d).T),
+        "attn_pool.proj.bias": _t(take(f"{mha}/out/bias")),
+        "attn_pool.norm.weight": _t(take(f"{_MAP}/LayerNorm_0/scale")),
+        "attn_pool.norm.bias": _t(take(f"{_MAP}/LayerNorm_0/bias")),
+    }
+    for j, fc in enumerate(("fc1", "fc2")):
+        sd[f"attn_pool.mlp.{fc}.weight"] = _dense(take(f"{_MAP}/MlpBlock_0/Dense_{j}/kernel"))
+        sd[f"attn_pool.mlp.{fc}.bias"] = _t(take(f"{_MAP}/MlpBlock_0/Dense_{j}/bias"))
     return sd
 
 
@@ -322,9 +360,11 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def state_dict_to_npz(state_dict: dict[str, Tensor], cfg: ViTConfig) -> dict[str, np.ndarray]:
-    """vitkit state dict → arrays in the released naming (what vit_jax and timm load)."""
-    if cfg.family_switches:
-        names = ", ".join(cfg.family_switches)
+    """vitkit state dict → arrays in the released naming (what vit_jax and timm load); with the
+    MAP head in big_vision's (:func:`to_big_vision`)."""
+    other = [k for k in cfg.family_switches if k != "pool" or cfg.pool != "map"]
+    if other:
+        names = ", ".join(other)
         raise VitkitError(f"the official .npz naming cannot hold {names}; write timm instead")
     sd = {k: _np(v) for k, v in state_dict.items()}
     d, h = cfg.width, cfg.num_heads
@@ -335,7 +375,7 @@ def state_dict_to_npz(state_dict: dict[str, Tensor], cfg: ViTConfig) -> dict[str
         "Transformer/encoder_norm/scale": sd["norm.weight"],
         "Transformer/encoder_norm/bias": sd["norm.bias"],
     }
-    if cfg.pool == "token":
+    if cfg.has_class_token:
         out["cls"] = sd["cls_token"]
     ln1, mha, ln2, mlp = _ERAS["released"]
     for i in range(cfg.depth):
@@ -358,6 +398,8 @@ def state_dict_to_npz(state_dict: dict[str, Tensor], cfg: ViTConfig) -> dict[str
         for j, fc in enumerate(("fc1", "fc2")):
             out[f"{b}/{mlp}/Dense_{j}/kernel"] = sd[f"{o}.mlp.{fc}.weight"].T
             out[f"{b}/{mlp}/Dense_{j}/bias"] = sd[f"{o}.mlp.{fc}.bias"]
+    if cfg.pool == "map":
+        out.update(_map_to_npz(sd, cfg))
     if cfg.representation_size:
         out["pre_logits/kernel"] = sd["pre_logits.0.weight"].T
         out["pre_logits/bias"] = sd["pre_logits.0.bias"]
@@ -380,4 +422,52 @@ def state_dict_to_npz(state_dict: dict[str, Tensor], cfg: ViTConfig) -> dict[str
                 out[f"{name}/kernel"] = v.transpose(2, 3, 1, 0)
             else:
                 out[f"{name}/{'scale' if k.endswith('weight') else 'bias'}"] = v
+    out = to_big_vision(out) if cfg.pool == "map" else out
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _map_to_npz(sd: dict[str, np.ndarray], cfg: ViTConfig) -> dict[str, np.ndarray]:
+    d, h = cfg.width, cfg.num_heads
+    mha = f"{_MAP}/MultiHeadDotProductAttention_0"
+    kv_w, kv_b = sd["attn_pool.kv.weight"].reshape(2, d, d), sd["attn_pool.kv.bias"].reshape(2, d)
+    weights = {"query": sd["attn_pool.q.weight"], "key": kv_w[0], "value": kv_w[1]}
+    biases = {"query": sd["attn_pool.q.bias"], "key": kv_b[0], "value": kv_b[1]}
+    out = {f"{_MAP}/probe": sd["attn_pool.latent"]}
+    for n in ("query", "key", "value"):
+        out[f"{mha}/{n}/kernel"] = weights[n].T.reshape(d, h, d // h)
+        out[f"{mha}/{n}/bias"] = biases[n].reshape(h, d // h)
+    out[f"{mha}/out/kernel"] = sd["attn_pool.proj.weight"].T.reshape(h, d // h, d)
+    out[f"{mha}/out/bias"] = sd["attn_pool.proj.bias"]
+    out[f"{_MAP}/LayerNorm_0/scale"] = sd["attn_pool.norm.weight"]
+    out[f"{_MAP}/LayerNorm_0/bias"] = sd["attn_pool.norm.bias"]
+    for j, fc in enumerate(("fc1", "fc2")):
+        out[f"{_MAP}/MlpBlock_0/Dense_{j}/kernel"] = sd[f"attn_pool.mlp.{fc}.weight"].T
+        out[f"{_MAP}/MlpBlock_0/Dense_{j}/bias"] = sd[f"attn_pool.mlp.{fc}.bias"]
+    return out
+
+
+def to_big_vision(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Released naming → big_vision's: Linen layer names inside the blocks, the blocks stacked
+    into one scanned ``Transformer/encoderblock`` (leading depth axis), ``pos_embedding`` at the
+    top level (a class token's row dropped: big_vision gives it none, so it must be zero)."""
+    renames = dict(zip(_ERAS["released"], _ERAS["linen"]))
+    out: dict[str, np.ndarray] = {}
+    blocks: dict[str, dict[int, np.ndarray]] = {}
+    for k, v in arrays.items():
+        m = re.match(r"^Transformer/encoderblock_(\d+)/([^/]+)/(.*)$", k)
+        if m:
+            blocks.setdefault(f"{renames[m[2]]}/{m[3]}", {})[int(m[1])] = v
+        else:
+            out[k] = v
+    for rest, by_index in blocks.items():
+        stack = [by_index[i] for i in sorted(by_index)]
+        out[f"Transformer/encoderblock/{rest}"] = np.stack(stack)
+    pos = out.pop("Transformer/posembed_input/pos_embedding")
+    if "cls" in out:
+        if np.any(pos[:, 0]):
+            raise VitkitError(
+                "big_vision gives the class token no position embedding; this model's is not zero"
+            )
+        pos = pos[:, 1:]
+    out["pos_embedding"] = pos
+    return out

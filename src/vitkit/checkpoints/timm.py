@@ -17,8 +17,10 @@ vitkit's parameter names were chosen to be timm's (``patch_embed.proj``, ``block
   training from scratch reads it). ``blocks.{i}.attn.q_norm`` / ``k_norm`` are ``qk_norm``;
   DeiT's ``dist_token`` and ``head_dist`` are ``dist_token`` (timm's
   ``deit_*_distilled_*``); an ``fc2`` half as wide as ``fc1`` is ``mlp="swiglu"``
-  (``SwiGLUPacked``, written as timm's ``vit_giant_patch14_dinov2`` entry). MAP heads are
-  refused by name.
+  (``SwiGLUPacked``, written as timm's ``vit_giant_patch14_dinov2`` entry). ``attn_pool.*``
+  (``latent``, ``q``, ``kv``, ``proj``, ``norm``, ``mlp``) is SigLIP's MAP head,
+  ``global_pool="map"`` (``pool="map"``); a state dict with neither ``norm`` nor ``fc_norm`` is
+  timm's ``final_norm=False``.
 - timm's GELU is the exact erf form and its LayerNorm epsilon is 1e-6; a converted checkpoint keeps
   that (``gelu="none"``). Writing a tanh-GELU model stores ``act_layer="gelu_tanh"``.
 - A state dict does not record the number of heads; it is taken from the standard sizes by width
@@ -56,8 +58,9 @@ from vitkit.config import SIZES, Pool, PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
-_UNSUPPORTED = {
-    "attn_pool.": "an attention-pooling (MAP) head",
+_MAP_PARTS = ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2")  # SigLIP's MAP head, timm's names
+_MAP_KEYS = {"attn_pool.latent"} | {
+    f"attn_pool.{m}.{p}" for m in _MAP_PARTS for p in ("weight", "bias")
 }
 _BACKBONE = "patch_embed.backbone."
 
@@ -83,14 +86,11 @@ def timm_config(
     source: str = "timm state dict",
 ) -> ViTConfig:
     """Infer the architecture of a timm ViT state dict."""
-    for pattern, what in _UNSUPPORTED.items():
-        hits = [k for k in sd if pattern in k or k.startswith(pattern)]
-        if hits:
-            raise VitkitError(f"{source}: has {what} ({hits[0]}); vitkit reads the paper's ViT")
+    map_head = _timm_map_head(sd, source)
     resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
     fc_norm = "fc_norm.weight" in sd
-    final = "fc_norm.weight" if fc_norm else "norm.weight"
-    need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", final)
+    final_norm = fc_norm or "norm.weight" in sd  # neither: timm's final_norm=False
+    need = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight")
     missing = [k for k in need if k not in sd]
     if missing:
         raise VitkitError(f"{source}: not a timm ViT state dict (missing {', '.join(missing)})")
@@ -105,7 +105,7 @@ def timm_config(
         num_heads = HEADS_BY_WIDTH[width]
     class_token = "cls_token" in sd
     mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
-    pool: Pool = "token" if class_token and not fc_norm else "gap"
+    pool: Pool = "map" if map_head else "token" if class_token and not fc_norm else "gap"
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
     pos_embed_prefix = (
@@ -151,7 +151,29 @@ def timm_config(
         qk_norm="blocks.0.attn.q_norm.weight" in sd,
         dist_token="dist_token" in sd,
         mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
+        final_norm=final_norm,
     )
+
+
+def _timm_map_head(sd: dict[str, Tensor], source: str) -> bool:
+    """Whether the state dict has timm's ``AttentionPoolLatent`` (SigLIP's MAP head) in the
+    layout vitkit's :class:`vitkit.model.MAPHead` has: one probe, a query projection, no
+    position embedding of its own, the blocks' MLP width."""
+    keys = {k for k in sd if k.startswith("attn_pool.")}
+    if not keys:
+        return False
+    extra, missing = sorted(keys - _MAP_KEYS), sorted(_MAP_KEYS - keys)
+    if extra or missing:
+        odd = f"has {extra[0]}" if extra else f"lacks {missing[0]}"
+        raise VitkitError(
+            f"{source}: an attention-pooling head other than SigLIP's MAP head ({odd}); "
+            "vitkit reads timm's AttentionPoolLatent with one probe and a query projection"
+        )
+    if sd["attn_pool.latent"].shape[1] != 1:
+        raise VitkitError(f"{source}: a MAP head with {sd['attn_pool.latent'].shape[1]} probes")
+    if sd["attn_pool.mlp.fc1.weight"].shape != sd["blocks.0.mlp.fc1.weight"].shape:
+        raise VitkitError(f"{source}: the MAP head's MLP is not as wide as the blocks' MLP")
+    return True
 
 
 def _square(n: int) -> bool:
@@ -322,6 +344,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "init_values": cfg.layer_scale_init,
         "pre_norm": cfg.norm_pre,
         "qk_norm": cfg.qk_norm,
+        "final_norm": cfg.final_norm,
         **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
     }
 
@@ -388,11 +411,17 @@ def timm_hub_to_config(
     if "layer_norm_eps" in args:
         changes["layer_norm_eps"] = args["layer_norm_eps"]
     global_pool = args.get("global_pool", hub.get("global_pool"))
-    pool = {"token": "token", "avg": "gap", "avgmax": "avgmax", "max": "max", None: cfg.pool}.get(
-        global_pool
-    )
+    pools: dict[Any, str] = {p: p for p in ("token", "avgmax", "max", "map")}
+    pool = {**pools, "avg": "gap", None: cfg.pool}.get(global_pool)
     if pool is None:
         raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
+    if (pool == "map") != (cfg.pool == "map"):
+        what = "have" if cfg.pool == "map" else "have no"
+        raise VitkitError(
+            f"{source}: global_pool {global_pool!r}, but the weights {what} a MAP head"
+        )
+    if args.get("pool_include_prefix"):
+        raise VitkitError(f"{source}: pool_include_prefix=True (pooling the prefix tokens too)")
     if pool == "token" and not cfg.has_class_token:
         raise VitkitError(f"{source}: global_pool 'token' without a class token")
     if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it

@@ -201,10 +201,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         STANDARD_MODELS,
         STANDARD_RESNETS,
         ViTConfig,
-        count_flops,
-        count_params,
         model_config,
     )
+    from vitkit.counts import count_flops, count_params
 
     names = [f"{s}/{args.all_sizes}" for s in SIZES] if args.all_sizes else STANDARD_MODELS
     print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds")
@@ -236,6 +235,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cost(cfg: Any) -> str:
-    from vitkit.config import count_flops, count_params
+    from vitkit.counts import count_flops, count_params
 
     return f"{count_params(cfg):>14,}{count_flops(cfg) / 1e9:>9.2f}"

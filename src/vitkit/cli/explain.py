@@ -104,12 +104,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     ):
         shown = format_top_k(found.top_k)
         if args.json:
-            record = {"image": found.image, "top_k": found.top_k}
+            record: dict[str, Any] = {"image": found.image, "top_k": found.top_k}
             record.update(rollout_png=str(found.rollout_png), layers_png=str(found.layers_png))
+            if found.pool_png is not None:
+                record["pool_png"] = str(found.pool_png)
+            if found.prefix_rollout:
+                record["prefix_rollout_share"] = found.prefix_rollout
             print(json.dumps(record))
         else:
             print(f"{found.image}: {shown}" if shown else f"{found.image}:")
             print(f"    {found.rollout_png}\n    {found.layers_png}")
+            if found.pool_png is not None:
+                print(f"    {found.pool_png}  (the MAP head's attention)")
+            if found.prefix_rollout:
+                shares = ", ".join(f"{k} {v:.3f}" for k, v in found.prefix_rollout.items())
+                print(f"    rollout share on prefix tokens (not in the maps): {shares}")
     return 0
 
 

@@ -194,17 +194,19 @@ def plot_rollout(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
+    label: str = "attention rollout",
 ) -> Path:
     """Three panels: the input, the attention rollout upsampled to the image (with the patch
     grid; scaled to its maximum), and the input multiplied by it (the paper's Figure 6).
 
-    ``image`` is [C, H, W] in [0, 1]; ``rollout`` [gh, gw] over the patches."""
+    ``image`` is [C, H, W] in [0, 1]; ``rollout`` [gh, gw] over the patches (any map over them:
+    ``label`` names it, e.g. a MAP head's attention)."""
     img, cmap = _display(image)
     size = (image.shape[-2], image.shape[-1])
     heat = _heat(rollout, size)
     fig = new_figure((9.6, 3.6))
-    panels = [("input", img, cmap), ("attention rollout", None, None)]
-    panels.append(("input x rollout", _masked(img, heat), cmap))
+    panels = [("input", img, cmap), (label, None, None)]
+    panels.append((f"input x {label.split()[-1]}", _masked(img, heat), cmap))
     for i, (name, data, cm) in enumerate(panels, start=1):
         ax = fig.add_subplot(1, 3, i)
         if data is None:  # the map alone: an overlay would let bright pixels pass for attention

@@ -2,7 +2,8 @@
 
 Weight decay is decoupled (AdamW) and applies only to weight matrices and convolution kernels:
 never to norms, biases, the position embeddings, the class token or a pre-training mask token
-(as big_vision and timm).
+(as big_vision and timm), nor to the family's other learned tokens (distillation token,
+registers, the MAP head's probe: big_vision decays only kernels).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from vitkit.errors import VitkitError
 
 OptimizerName = Literal["adamw", "sgd"]
 
-NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token", "mask_token")
+NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token", "reg_token", "mask_token", "latent")
 
 
 def decays(name: str, param: torch.Tensor) -> bool:
