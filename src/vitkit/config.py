@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap", "avgmax", "max"]
+Pool = Literal["token", "gap", "avgmax", "max", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 
@@ -46,7 +46,8 @@ class ViTConfig:
     pool: Pool = (
         "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
     )
-    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool)
+    # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
+    # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -94,12 +95,17 @@ class ViTConfig:
             raise VitkitError('pool="token" needs the class token; set class_token or pool="gap"')
         if self.mlp == "swiglu" and self.mlp_dim % 2:
             raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
+        if self.pool == "token_gap" and (self.representation_size or self.fc_norm):
+            raise VitkitError('pool="token_gap" has no representation_size or fc_norm')
+        if self.pool == "token_gap" and self.class_token is False:
+            raise VitkitError('pool="token_gap" needs the class token')
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
 
     @property
     def has_class_token(self) -> bool:
-        return self.pool == "token" if self.class_token is None else self.class_token
+        default = self.pool in ("token", "token_gap")
+        return default if self.class_token is None else self.class_token
 
     @property
     def is_hybrid(self) -> bool:
@@ -161,7 +167,7 @@ class ViTConfig:
     @property
     def feature_dim(self) -> int:
         """Width of the features the head sees (pre-logits size if there is one)."""
-        return self.representation_size or self.width
+        return self.representation_size or self.width * (2 if self.pool == "token_gap" else 1)
 
     @property
     def short_name(self) -> str:

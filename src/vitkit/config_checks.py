@@ -88,7 +88,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max")),
+        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max", "token_gap")),
         "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
         "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
         "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
@@ -131,11 +131,11 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     default = {f.name: f.default for f in dataclasses.fields(cfg)}
     out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp")}
     out = {k: v for k, v in out.items() if v != default[k]}
-    if cfg.pool in ("avgmax", "max"):
+    if cfg.pool in ("avgmax", "max", "token_gap"):
         out["pool"] = cfg.pool
     if cfg.gelu == "quick":
         out["gelu"] = "quick"
-    if cfg.has_class_token != (cfg.pool == "token"):
+    if cfg.has_class_token != (cfg.pool in ("token", "token_gap")):
         out["class_token"] = cfg.has_class_token
     if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
         out["pos_embed_prefix"] = False

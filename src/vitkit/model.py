@@ -336,6 +336,8 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
+        if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)
+            return torch.cat([tokens[:, 0], patches.mean(dim=1)], dim=-1)
         if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
             return self.fc_norm(patches.amax(dim=1))
         if self.cfg.pool == "avgmax":

@@ -148,6 +148,7 @@ _POOLING = {
     "gap": "global average",
     "avgmax": "(mean + max) / 2 of the patches",
     "max": "max over the patches",
+    "token_gap": "class token and mean patch token, concatenated",
 }
 
 

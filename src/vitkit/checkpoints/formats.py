@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
+from vitkit.checkpoints import hf_family
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
@@ -296,8 +297,13 @@ def _read_hf(p: Path) -> Checkpoint:
     if p.is_file():
         raise VitkitError(f"{p}: Hugging Face weights need their folder (with {CONFIG})")
     hf = _read_json(p / CONFIG)
-    cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
-    cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
+    if isinstance(hf, dict) and hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
+        weights = _weights_in(p)
+        cfg = _wrap(lambda: hf_family.family_config(hf, weights), p / CONFIG)
+        sd = _wrap(lambda: hf_family.family_to_state_dict(hf, weights, cfg), p)
+    else:
+        cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
+        cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
@@ -413,9 +419,15 @@ def write_checkpoint(
         hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
         return _write_dir(dst, {CONFIG: hub}, tsd)
     if to == "hf":
-        arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+        if cfg.family_switches:  # DeiT, Dinov2, CLIP (always the 4.x naming)
+            arch, hub, hsd = hf_family.state_dict_to_family(sd, cfg)
+            if not arch.startswith("CLIP"):  # (CLIP's "head" is its projection)
+                hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))
+        else:
+            arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+            hub = hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names)
         files: dict[str, Any] = {
-            CONFIG: hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names),
+            CONFIG: hub,
             "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
         }
         return _write_dir(dst, files, hsd)

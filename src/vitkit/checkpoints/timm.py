@@ -284,6 +284,11 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
         )
     if cfg.is_hybrid:
         raise VitkitError("writing hybrid models in timm's layout is not supported; use npz")
+    if cfg.pool == "token_gap":
+        raise VitkitError(
+            "timm's ViT has no pooling that concatenates the class token and the mean patch "
+            "token (pool='token_gap', Hugging Face's Dinov2ForImageClassification)"
+        )
     if cfg.patch_bias == cfg.norm_pre:
         raise VitkitError(
             "timm's ViT has a patch-embedding bias exactly when it has no norm_pre; this model "

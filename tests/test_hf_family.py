@@ -1,0 +1,254 @@
+"""Hugging Face's ViT family classes (DeiT, Dinov2 with and without registers, ViTMAE, CLIP's
+vision tower) ↔ vitkit: live transformers models built tiny with random weights, read through
+``vitkit.load``, written back through ``write_checkpoint`` and loaded by transformers again."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from references import import_reference
+
+from vitkit.checkpoints import load_model, read_checkpoint, write_checkpoint
+from vitkit.checkpoints.description import format_description
+from vitkit.checkpoints.formats import describe
+from vitkit.config import count_params
+from vitkit.errors import VitkitError
+from vitkit.model import build_model
+
+TOL = 1e-4  # float32
+TOL64 = 1e-12  # float64: the same operations in the same order
+SMALL = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+)
+
+# name: (config class, model class, config settings, the output vitkit's model(x) equals)
+CASES = {
+    "deit-teacher": (
+        "DeiTConfig",
+        "DeiTForImageClassificationWithTeacher",
+        dict(intermediate_size=128, num_labels=5),
+        "logits",
+    ),
+    "deit-classifier": (
+        "DeiTConfig",
+        "DeiTForImageClassification",
+        dict(intermediate_size=128, num_labels=5, hidden_act="gelu_pytorch_tanh"),
+        "logits",
+    ),
+    "deit-model": (
+        "DeiTConfig",
+        "DeiTModel",
+        dict(intermediate_size=96, pooler_output_size=48),
+        "pooler_output",
+    ),
+    "dinov2-classifier": (
+        "Dinov2Config",
+        "Dinov2ForImageClassification",
+        dict(mlp_ratio=2, layerscale_value=0.5, num_labels=5),
+        "logits",
+    ),
+    "dinov2-swiglu": (
+        "Dinov2Config",
+        "Dinov2Model",
+        dict(mlp_ratio=2, use_swiglu_ffn=True),
+        "pooler_output",
+    ),
+    "dinov2-reg-classifier": (
+        "Dinov2WithRegistersConfig",
+        "Dinov2WithRegistersForImageClassification",
+        dict(mlp_ratio=2, num_register_tokens=2, num_labels=5),
+        "logits",
+    ),
+    "dinov2-reg": (
+        "Dinov2WithRegistersConfig",
+        "Dinov2WithRegistersModel",
+        dict(mlp_ratio=2, num_register_tokens=3),
+        "pooler_output",
+    ),
+    "clip": ("CLIPVisionConfig", "CLIPVisionModel", dict(intermediate_size=128), "pooler_output"),
+    "clip-projection": (
+        "CLIPVisionConfig",
+        "CLIPVisionModelWithProjection",
+        dict(intermediate_size=128, projection_dim=16),
+        "image_embeds",
+    ),
+    "mae": ("ViTMAEConfig", "ViTMAEModel", dict(intermediate_size=128, mask_ratio=0.0), "mae"),
+    "mae-pretraining": (
+        "ViTMAEConfig",
+        "ViTMAEForPreTraining",
+        dict(
+            intermediate_size=128,
+            decoder_hidden_size=32,
+            decoder_num_hidden_layers=1,
+            decoder_num_attention_heads=2,
+            decoder_intermediate_size=64,
+            mask_ratio=0.0,
+        ),
+        "mae",
+    ),
+}
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter moved off its init (zero tokens and unit scales would hide mistakes)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
+
+
+def images(n: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def reference(name: str):
+    transformers = import_reference("transformers")
+    cfg_cls, cls, kw, _ = CASES[name]
+    cfg = getattr(transformers, cfg_cls)(**{**SMALL, **kw})
+    return transformers, perturbed(getattr(transformers, cls)(cfg))
+
+
+def hf_outputs(ref, x: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the output vitkit's ``model(x)`` equals, the last hidden state)."""
+    with torch.no_grad():
+        if what == "mae":  # identity noise: no patch is shuffled or dropped (mask_ratio 0)
+            n = (x.shape[-1] // 8) ** 2
+            noise = torch.arange(n, dtype=x.dtype).expand(x.shape[0], n)
+            encoder = getattr(ref, "vit", ref)
+            hidden = encoder(x, noise=noise).last_hidden_state
+            return hidden[:, 0], hidden
+        out = ref(x, output_hidden_states=True)
+        hidden = getattr(out, "last_hidden_state", None)
+        if hidden is None:  # the classifiers: the base model's last hidden state
+            base = next(m for m in ref.children() if hasattr(m, "embeddings"))
+            hidden = base(x).last_hidden_state
+        return getattr(out, what), hidden
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _hf_load_quietly(cls, path: Path, caplog, **kw):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kw)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info["mismatched_keys"], info
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_family_class_reads_exactly_and_writes_back(tmp_path, caplog, name):
+    transformers, ref = reference(name)
+    ref.save_pretrained(tmp_path / "hf")
+    model, ckpt = load_model(tmp_path / "hf")
+    assert ckpt.format == "hf"
+    assert count_params(model.cfg) == sum(p.numel() for p in model.parameters())
+    what = CASES[name][3]
+    x = images()
+    out, hidden = hf_outputs(ref, x, what)
+    with torch.no_grad():
+        assert diff(model(x), out) <= TOL
+        assert diff(model.forward_features(x), hidden) <= TOL
+    # float64 weights read as they are (Dinov2-reg's class token + E_pos row is folded in them)
+    ref.double().save_pretrained(tmp_path / "hf64")
+    ckpt64 = read_checkpoint(tmp_path / "hf64")
+    model64 = build_model(ckpt64.model_config).double().eval()
+    model64.load_state_dict(ckpt64.state_dict)
+    with torch.no_grad():
+        out64, _ = hf_outputs(ref, x.double(), what)
+        assert diff(model64(x.double()), out64) <= TOL64
+    assert "hf" in format_description(describe(ckpt))
+
+    # vitkit -> Hugging Face -> vitkit
+    write_checkpoint(ckpt, tmp_path / "back", "hf")
+    arch = json.loads((tmp_path / "back" / "config.json").read_text())["architectures"][0]
+    if name.startswith("mae"):
+        assert arch == "ViTModel"  # MAE's encoder is a plain ViT
+    else:
+        assert arch == CASES[name][1]
+    kw = {"add_pooling_layer": False} if arch == "ViTModel" else {}
+    again = _hf_load_quietly(getattr(transformers, arch), tmp_path / "back", caplog, **kw)
+    with torch.no_grad():
+        if arch == "ViTModel":
+            assert diff(again(x).last_hidden_state, hidden) <= TOL
+        else:
+            assert diff(hf_outputs(again, x, what)[0], model(x)) <= TOL
+    back = read_checkpoint(tmp_path / "back")
+    assert back.model_config == ckpt.model_config
+    assert sorted(back.state_dict) == sorted(ckpt.state_dict)
+    for k, v in ckpt.state_dict.items():
+        assert torch.equal(back.state_dict[k], v), k
+
+
+def test_family_folders_convert_and_inspect_from_the_command_line(tmp_path, capsys):
+    from vitkit.cli import main
+
+    _, ref = reference("dinov2-reg-classifier")
+    ref.save_pretrained(tmp_path / "hf")
+    assert main(["inspect", str(tmp_path / "hf")]) == 0
+    shown = capsys.readouterr().out
+    assert "num_reg_tokens" in shown and "token_gap" in shown
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm"), "--to", "timm"]) == 2
+    assert "token_gap" in capsys.readouterr().err  # timm has no such pooling: one line
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ours"), "--to", "vitkit"]) == 0
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "back"), "--to", "hf"]) == 0
+    x = images()
+    with torch.no_grad():
+        assert diff(load_model(tmp_path / "back")[0](x), ref(x).logits) <= TOL
+
+
+def _saved(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    _, ref = reference(name)
+    ref.save_pretrained(tmp_path / name)
+    from safetensors.torch import load_file
+
+    return tmp_path / name, load_file(str(tmp_path / name / "model.safetensors"))
+
+
+def test_family_checkpoints_that_do_not_fit_are_refused_naming_the_key(tmp_path):
+    from safetensors.torch import save_file
+
+    path, sd = _saved(tmp_path, "dinov2-reg")
+    save_file({**sd, "extra.weight": torch.zeros(1)}, str(path / "model.safetensors"))
+    with pytest.raises(VitkitError, match=r"dinov2_with_registers .*not understood: extra\.weight"):
+        read_checkpoint(path)
+    del sd["encoder.layer.1.layer_scale2.lambda1"]
+    save_file(sd, str(path / "model.safetensors"))
+    with pytest.raises(VitkitError, match=r"missing 'encoder\.layer\.1\.layer_scale2\.lambda1'"):
+        read_checkpoint(path)
+    path, sd = _saved(tmp_path, "clip")
+    hub = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**hub, "intermediate_size": 96}))
+    with pytest.raises(VitkitError, match=r"mlp_dim 96 \(the weights: 128\)"):
+        read_checkpoint(path)
+    (path / "config.json").write_text(json.dumps({**hub, "hidden_act": "relu"}))
+    with pytest.raises(VitkitError, match=r"config\.json.*hidden_act 'relu'"):
+        read_checkpoint(path)
+
+
+def test_what_no_family_class_can_hold_is_refused_by_name(tmp_path):
+    from vitkit.checkpoints import Checkpoint
+    from vitkit.config import PreprocessConfig, ViTConfig
+
+    def write(**kw):
+        base = dict(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64)
+        cfg = ViTConfig(**base, **kw)
+        sd = {k: v + 0.5 for k, v in build_model(cfg).state_dict().items()}  # (no zero head)
+        ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(sd))
+        write_checkpoint(ckpt, tmp_path / "out", "hf", overwrite=True)
+
+    with pytest.raises(VitkitError, match="DeiTModel does not average"):
+        write(dist_token=True, num_classes=0)
+    with pytest.raises(VitkitError, match="token_gap"):
+        write(layer_scale_init=1.0, num_classes=3)  # Dinov2's classifier reads two tokens
+    with pytest.raises(VitkitError, match="visual_projection has no bias"):
+        write(norm_pre=True, patch_bias=False, fc_norm=True, class_token=True, num_classes=3)
+    with pytest.raises(VitkitError, match="no Hugging Face class holds qk_norm"):
+        write(qk_norm=True)
