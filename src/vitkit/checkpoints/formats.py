@@ -16,6 +16,7 @@ names them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -122,7 +123,9 @@ def _torch_load(p: Path) -> dict[str, Tensor]:
     try:
         with warnings.catch_warnings():  # (a plain pickle's protocol: not the user's concern)
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(p, map_location="cpu", weights_only=True)
+            # (the MAE and DeiT authors' files hold their argparse options: plain data)
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # PyTorch's message advises weights_only=False, i.e. running the file's code: not quoted.
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))

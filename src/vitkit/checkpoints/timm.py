@@ -60,13 +60,17 @@ _UNSUPPORTED = {
     "attn_pool.": "an attention-pooling (MAP) head",
 }
 _BACKBONE = "patch_embed.backbone."
+# The MAE authors' pre-training checkpoints hold the decoder next to the encoder's timm keys.
+_MAE_DECODER = re.compile(r"^(decoder_(embed|pos_embed|blocks|norm|pred)\b|mask_token$)")
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, Tensor]:
     """The model weights inside what ``torch.load`` returned: a state dict, or a training
-    checkpoint holding one under ``state_dict`` / ``model`` (``module.`` prefixes stripped)."""
+    checkpoint holding one under ``state_dict`` / ``model`` (the MAE and DeiT authors' files,
+    which may also hold ``model_ema``, ``optimizer``, ``args``: the model is taken) / ``module``
+    / ``model_ema`` alone (``module.`` prefixes stripped)."""
     if isinstance(obj, dict):
-        for key in ("state_dict", "model", "module"):
+        for key in ("state_dict", "model", "module", "model_ema"):
             if key in obj and isinstance(obj[key], dict):
                 obj = obj[key]
                 break
@@ -212,10 +216,13 @@ def _timm_backbone_key(k: str) -> str:
 
 def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
     """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; a hybrid's
-    ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; everything else equal)."""
+    ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; an MAE pre-training file's decoder,
+    ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
     del cfg  # the layouts agree; the argument keeps every converter's signature alike
     out = {}
     for k, v in sd.items():
+        if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
+            continue
         if k.startswith(_BACKBONE):
             out[_timm_backbone_key(k)] = v
         else:
