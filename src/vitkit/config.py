@@ -22,6 +22,7 @@ from vitkit.errors import VitkitError
 Pool = Literal["token", "gap", "avgmax", "max", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
+ResNetEps = Literal["vit_jax", "timm"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -62,6 +63,8 @@ class ViTConfig:
     # root (() = root only), as vit_jax's ``resnet.num_layers``; see vitkit.resnet.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0  # ResNet width multiplier (root width 64 x factor)
+    resnet_eps: ResNetEps = "vit_jax"  # kernel standardisation / GroupNorm epsilons: vit_jax's
+    # (w - mean) / (std + 1e-5) and 1e-6, or timm's (w - mean) / sqrt(var + 1e-8) and 1e-5
     # The family's switches (timm's VisionTransformer arguments); the defaults are the paper's.
     class_token: bool | None = None  # None: a class token exactly when pool="token"; True with
     # pool="gap" averages the patch tokens only (timm's class_token=True, global_pool="avg")

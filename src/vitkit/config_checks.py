@@ -99,6 +99,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "qk_norm": choice("qk_norm", cfg.qk_norm, (True, False)),
         "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
+        "resnet_eps": choice("resnet_eps", cfg.resnet_eps, ("vit_jax", "timm")),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True

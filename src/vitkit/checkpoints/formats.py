@@ -398,11 +398,13 @@ def write_checkpoint(
         )
     if to == "npz":
         arrays = npz_conv.state_dict_to_npz(sd, cfg)  # refuses what the naming cannot hold
-        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh":
+        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh" or cfg.resnet_eps != "vit_jax":
+            eps = ", timm's ResNet epsilons" if cfg.is_hybrid and cfg.resnet_eps == "timm" else ""
             warnings.warn(
                 f".npz files carry no settings: readers assume the official LayerNorm epsilon "
                 f"1e-6 and tanh GELU, but this model uses {cfg.layer_norm_eps:g} and "
-                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU; outputs will differ slightly",
+                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU{eps}; outputs will differ "
+                "slightly",
                 stacklevel=2,
             )
         if dst.suffix != ".npz":
@@ -413,6 +415,7 @@ def write_checkpoint(
     if to == "timm":
         tsd = timm_conv.state_dict_to_timm(sd, cfg)
         if dst.suffix in (".safetensors", ".pth", ".bin"):
+            timm_conv.warn_hybrid_eps(cfg)
             tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
             if dst.suffix == ".safetensors":
                 save_file(tsd, str(tmp))
