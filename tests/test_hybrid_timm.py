@@ -124,3 +124,12 @@ def test_resnet_eps_is_checked_and_old_configs_keep_the_official_numerics():
     with pytest.raises(VitkitError, match="resnet_eps must be one of"):
         vitkit.create_model("r50_vit_b16", resnet_eps="flax")
     assert vitkit.model_config("r50_vit_b16").resnet_eps == "vit_jax"
+
+
+def test_npz_and_hugging_face_say_what_they_cannot_hold_of_a_timm_hybrid(tmp_path):
+    model = ours((), resnet_eps="timm")
+    with pytest.warns(UserWarning, match="timm's ResNet epsilons"):
+        write_checkpoint(as_ckpt(model), tmp_path / "h.npz", "npz")
+    assert read_checkpoint(tmp_path / "h.npz").model_config.resnet_eps == "vit_jax"
+    with pytest.raises(VitkitError, match="removed ViTHybrid"):
+        write_checkpoint(as_ckpt(model), tmp_path / "hf", "hf")

@@ -184,7 +184,10 @@ def state_dict_to_hf(
             "Hugging Face's ViT has no global-average pooling; cannot write a GAP model"
         )
     if cfg.is_hybrid:
-        raise VitkitError("Hugging Face's ViT has no ResNet stem; cannot write a hybrid model")
+        raise VitkitError(
+            "Hugging Face's ViT has no ResNet stem and transformers 5 removed ViTHybrid; "
+            "write the hybrid as timm or npz"
+        )
     if cfg.family_switches:
         raise VitkitError(
             f"Hugging Face's ViT cannot hold {', '.join(cfg.family_switches)}; write timm instead"
