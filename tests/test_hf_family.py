@@ -187,6 +187,24 @@ def test_family_class_reads_exactly_and_writes_back(tmp_path, caplog, name):
         assert torch.equal(back.state_dict[k], v), k
 
 
+def test_a_whole_clip_model_reads_as_its_vision_tower_with_the_projection(tmp_path):
+    transformers = import_reference("transformers")
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    vision = {**SMALL, "intermediate_size": 128}
+    cfg = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    ref = perturbed(transformers.CLIPModel(cfg))
+    ref.save_pretrained(tmp_path / "clip")
+    model, ckpt = load_model(tmp_path / "clip")
+    assert ckpt.model_config.num_classes == 16 and ckpt.model_config.norm_pre
+    x = images()
+    with torch.no_grad():
+        embeds = ref.get_image_features(pixel_values=x)  # (5.x: an output, projected pooler)
+        assert diff(model(x), getattr(embeds, "pooler_output", embeds)) <= TOL
+    write_checkpoint(ckpt, tmp_path / "tower", "hf")  # written as the tower it is
+    hub = json.loads((tmp_path / "tower" / "config.json").read_text())
+    assert hub["architectures"] == ["CLIPVisionModelWithProjection"]
+
+
 def test_family_folders_convert_and_inspect_from_the_command_line(tmp_path, capsys):
     from vitkit.cli import main
 
@@ -252,3 +270,26 @@ def test_what_no_family_class_can_hold_is_refused_by_name(tmp_path):
         write(norm_pre=True, patch_bias=False, fc_norm=True, class_token=True, num_classes=3)
     with pytest.raises(VitkitError, match="no Hugging Face class holds qk_norm"):
         write(qk_norm=True)
+
+
+def test_clip_and_dinov2_processors_give_their_crop(tmp_path):
+    """DINOv2's processor (BitImageProcessor): shorter side 256, centre crop 224, ImageNet mean
+    and std, bicubic; the crop is what the model sees, and writing keeps it."""
+    _, ref = reference("dinov2-classifier")
+    ref.save_pretrained(tmp_path / "hf")
+    processor = {
+        "image_processor_type": "BitImageProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": 256},
+        "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224},
+        "resample": 3,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225],
+    }
+    (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps(processor))
+    pre = read_checkpoint(tmp_path / "hf").preprocess
+    assert pre.image_size == (224, 224) and pre.crop_pct == 224 / 256
+    assert pre.interpolation == "bicubic" and pre.mean == (0.485, 0.456, 0.406)
+    write_checkpoint(read_checkpoint(tmp_path / "hf"), tmp_path / "back", "hf")
+    assert read_checkpoint(tmp_path / "back").preprocess == pre

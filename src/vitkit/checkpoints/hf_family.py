@@ -27,7 +27,10 @@ The class is known from ``config.json`` (``model_type``, then the weights' head)
   embedding, no patch bias, ``pre_layrnorm`` (``norm_pre``), quick GELU, and ``post_layernorm``
   on the pooled class token only (``fc_norm`` with ``pool="token"``). The bias-free
   ``visual_projection`` is held as the head with a zero bias, so the model's output is the
-  image embedding; a head with a bias cannot be written back as it.
+  image embedding; a head with a bias cannot be written back as it. A whole ``CLIPModel``
+  (``model_type: clip``, as the Hub's OpenAI checkpoints) is read as its vision tower with the
+  projection: the text tower (``text_model.*``, ``text_projection``) and ``logit_scale`` are
+  dropped.
 
 Reading takes both key namings (transformers 4.x, which the Hub's files use, and 5.x); writing
 uses the 4.x naming, which transformers 4.x and 5.x both load. Every tensor is used or dropped
@@ -67,7 +70,17 @@ _PREFIX = {
 
 def is_family(hf: dict[str, Any]) -> bool:
     """Whether a Hugging Face ``config.json`` is one of the family's classes read here."""
-    return hf.get("model_type") in MODEL_TYPES
+    return hf.get("model_type") in (*MODEL_TYPES, "clip")
+
+
+def vision_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The config of the image model: a ``CLIPModel``'s ``vision_config``, else ``hf``."""
+    if hf.get("model_type") != "clip":
+        return hf
+    vision = hf.get("vision_config")
+    if not isinstance(vision, dict):
+        raise VitkitError("a CLIPModel config.json without a vision_config")
+    return {**vision, "model_type": "clip_vision_model"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +173,9 @@ def _dropped(family: str, key: str, prefix: str) -> bool:
     """Weights the family's classes hold that vitkit's model has no use for (see the module)."""
     if family.startswith("dinov2") and key == f"{prefix}embeddings.mask_token":
         return True
+    text = key.startswith(("text_model.", "text_projection.")) or key == "logit_scale"
+    if family == "clip_vision_model" and text:
+        return True  # a whole CLIPModel's text tower
     return family == "vit_mae" and key.startswith("decoder.")
 
 
@@ -215,6 +231,7 @@ def _dinov2_mlp_dim(width: int, mlp_ratio: float, swiglu: bool) -> int:
 def family_config(hf: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
     """The :class:`ViTConfig` of a family class's ``config.json`` and weights (the head's
     kind and size come from the weights)."""
+    hf = vision_config(hf)
     family = str(hf.get("model_type"))
     if family not in MODEL_TYPES:
         raise VitkitError(f"model_type {family!r} is not a ViT-family class vitkit reads")
@@ -270,6 +287,7 @@ def family_to_state_dict(
 ) -> dict[str, Tensor]:
     """A family class's weights → vitkit's, ``cfg`` from :func:`family_config`. Every key is
     used or dropped by name; a leftover or missing one is an error naming it."""
+    hf = vision_config(hf)
     family, prefix = str(hf["model_type"]), _prefix(str(hf["model_type"]), sd)
     spec = _spec(family, cfg, _naming(family, sd), prefix)
     out: dict[str, Tensor] = {}
