@@ -267,7 +267,7 @@ def test_what_no_family_class_can_hold_is_refused_by_name(tmp_path):
     with pytest.raises(VitkitError, match="token_gap"):
         write(layer_scale_init=1.0, num_classes=3)  # Dinov2's classifier reads two tokens
     with pytest.raises(VitkitError, match="visual_projection has no bias"):
-        write(norm_pre=True, patch_bias=False, fc_norm=True, class_token=True, num_classes=3)
+        write(norm_pre=True, patch_bias=False, fc_norm=True, num_classes=3)
     with pytest.raises(VitkitError, match="no Hugging Face class holds qk_norm"):
         write(qk_norm=True)
 
@@ -293,3 +293,60 @@ def test_clip_and_dinov2_processors_give_their_crop(tmp_path):
     assert pre.interpolation == "bicubic" and pre.mean == (0.485, 0.456, 0.406)
     write_checkpoint(read_checkpoint(tmp_path / "hf"), tmp_path / "back", "hf")
     assert read_checkpoint(tmp_path / "back").preprocess == pre
+
+
+def test_timms_clip_tower_writes_as_hugging_faces(tmp_path, caplog):
+    """timm's CLIP towers normalise every token (no fc_norm): the class token's normalised
+    output is CLIP's pooled output, so the final norm becomes ``post_layernorm``."""
+    import vitkit
+
+    transformers = import_reference("transformers")
+    clip = dict(norm_pre=True, patch_bias=False, gelu="quick", layer_norm_eps=1e-5)
+    base = dict(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128)
+    model = perturbed(vitkit.create_model("Ti/8", **base, **clip, num_classes=0))
+    from vitkit.checkpoints import Checkpoint
+    from vitkit.config import PreprocessConfig
+
+    cfg = model.cfg
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
+    write_checkpoint(ckpt, tmp_path / "hf", "hf")
+    ref = _hf_load_quietly(transformers.CLIPVisionModel, tmp_path / "hf", caplog)
+    x = images()
+    with torch.no_grad():
+        assert diff(ref(x).pooler_output, model(x)) <= TOL
+    assert read_checkpoint(tmp_path / "hf").model_config == cfg.replace(fc_norm=True)
+
+
+ROUND_TRIPS = {
+    "deit-distilled": dict(dist_token=True),
+    "deit-register": dict(num_reg_tokens=1),
+    "deit-model-pooler": dict(num_reg_tokens=1, num_classes=0, representation_size=48),
+    "dinov2": dict(layer_scale_init=0.5, num_classes=0),
+    "dinov2-classifier": dict(layer_scale_init=0.5, pool="token_gap"),
+    "dinov2-swiglu": dict(layer_scale_init=0.5, mlp="swiglu", mlp_dim=176, num_classes=0),
+    "dinov2-reg": dict(
+        layer_scale_init=1e-5, num_reg_tokens=2, pos_embed_prefix=False, num_classes=0
+    ),
+    "clip": dict(norm_pre=True, patch_bias=False, fc_norm=True, gelu="quick", num_classes=0),
+    "clip-projection": dict(norm_pre=True, patch_bias=False, fc_norm=True, num_classes=16),
+}
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_vitkit_to_hugging_face_to_vitkit_is_bitwise(tmp_path, name):
+    from vitkit.checkpoints import Checkpoint
+    from vitkit.config import PreprocessConfig, ViTConfig
+
+    base = dict(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128)
+    base.update(gelu="none", num_classes=5)
+    cfg = ViTConfig(**{**base, **ROUND_TRIPS[name]})
+    sd = dict(perturbed(build_model(cfg)).state_dict())
+    if name == "clip-projection":
+        sd["head.bias"] = torch.zeros(16)  # CLIP's projection has no bias
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    write_checkpoint(ckpt, tmp_path / "hf", "hf")
+    back = read_checkpoint(tmp_path / "hf")
+    assert back.model_config == cfg
+    assert sorted(back.state_dict) == sorted(sd)
+    for k, v in sd.items():
+        assert torch.equal(back.state_dict[k], v), k

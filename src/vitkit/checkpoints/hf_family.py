@@ -27,7 +27,9 @@ The class is known from ``config.json`` (``model_type``, then the weights' head)
   embedding, no patch bias, ``pre_layrnorm`` (``norm_pre``), quick GELU, and ``post_layernorm``
   on the pooled class token only (``fc_norm`` with ``pool="token"``). The bias-free
   ``visual_projection`` is held as the head with a zero bias, so the model's output is the
-  image embedding; a head with a bias cannot be written back as it. A whole ``CLIPModel``
+  image embedding; a head with a bias cannot be written back as it. timm's CLIP towers (final
+  norm on every token) are written with that norm as ``post_layernorm``: the pooled output is
+  the same, the last hidden state is then not normalised. A whole ``CLIPModel``
   (``model_type: clip``, as the Hub's OpenAI checkpoints) is read as its vision tower with the
   projection: the text tower (``text_model.*``, ``text_projection``) and ``logit_scale`` are
   dropped.
@@ -272,7 +274,6 @@ def family_config(hf: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
             norm_pre=True,
             patch_bias=False,
             fc_norm=True,
-            class_token=True,
         )
         if "visual_projection.weight" in sd:
             kw["num_classes"] = sd["visual_projection.weight"].shape[0]
@@ -368,7 +369,7 @@ def family_class(cfg: ViTConfig) -> tuple[Family, str]:
         name = "Dinov2WithRegisters" if regs else "Dinov2"
         return family, name + suffix
     clip = {"norm_pre", "patch_bias", "fc_norm", "class_token", "gelu"}
-    if {"norm_pre", "fc_norm"} <= switches.keys() <= clip and cfg.pool == "token":
+    if "norm_pre" in switches and switches.keys() <= clip and cfg.pool == "token":
         if cfg.patch_bias or cfg.representation_size:
             raise VitkitError("Hugging Face's CLIP vision tower has no patch bias or pre-logits")
         return "clip_vision_model", "CLIPVisionModelWithProjection" if heads else "CLIPVisionModel"
@@ -390,6 +391,10 @@ def state_dict_to_family(
             raise VitkitError("Hugging Face's CLIP vision tower takes square images and patches")
         src["cls_token"] = src["cls_token"].reshape(d)
         src["pos_embed"] = src["pos_embed"].reshape(-1, d)
+        if not cfg.fc_norm:  # timm's CLIP towers normalise every token; the class token's is
+            # the pooled output, which is what post_layernorm computes
+            src["fc_norm.weight"], src["fc_norm.bias"] = src.pop("norm.weight"), src.pop("norm.bias")
+            cfg = cfg.replace(fc_norm=True)
         if cfg.num_classes:
             if src["head.bias"].any():
                 raise VitkitError(
