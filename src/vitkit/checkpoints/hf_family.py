@@ -393,7 +393,8 @@ def state_dict_to_family(
         src["pos_embed"] = src["pos_embed"].reshape(-1, d)
         if not cfg.fc_norm:  # timm's CLIP towers normalise every token; the class token's is
             # the pooled output, which is what post_layernorm computes
-            src["fc_norm.weight"], src["fc_norm.bias"] = src.pop("norm.weight"), src.pop("norm.bias")
+            for leaf in ("weight", "bias"):
+                src[f"fc_norm.{leaf}"] = src.pop(f"norm.{leaf}")
             cfg = cfg.replace(fc_norm=True)
         if cfg.num_classes:
             if src["head.bias"].any():
