@@ -270,6 +270,8 @@ def test_what_no_family_class_can_hold_is_refused_by_name(tmp_path):
         write(norm_pre=True, patch_bias=False, fc_norm=True, num_classes=3)
     with pytest.raises(VitkitError, match="no Hugging Face class holds qk_norm"):
         write(qk_norm=True)
+    with pytest.warns(UserWarning, match="mlp_ratio .* is 1.5; transformers 5"):
+        write(layer_scale_init=1.0, mlp="swiglu", num_classes=0)  # 2 x 32 of SwiGLU at width 32
 
 
 def test_clip_and_dinov2_processors_give_their_crop(tmp_path):
@@ -350,3 +352,15 @@ def test_vitkit_to_hugging_face_to_vitkit_is_bitwise(tmp_path, name):
     assert sorted(back.state_dict) == sorted(sd)
     for k, v in sd.items():
         assert torch.equal(back.state_dict[k], v), k
+
+
+def test_a_class_whose_head_is_missing_from_the_weights_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path, sd = _saved(tmp_path, "deit-teacher")
+    heads = ("cls_classifier.", "distillation_classifier.")
+    save_file(
+        {k: v for k, v in sd.items() if not k.startswith(heads)}, str(path / "model.safetensors")
+    )
+    with pytest.raises(VitkitError, match="names DeiTForImageClassificationWithTeacher but the"):
+        read_checkpoint(path)

@@ -41,6 +41,7 @@ by name above; anything else is an error.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -278,9 +279,42 @@ def family_config(hf: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
         if "visual_projection.weight" in sd:
             kw["num_classes"] = sd["visual_projection.weight"].shape[0]
     try:
-        return ViTConfig(**kw)
+        cfg = ViTConfig(**kw)
     except (TypeError, ValueError, VitkitError) as e:
         raise VitkitError(f"malformed {family} config ({hf_field_names(str(e))})") from None
+    _check_architecture(hf, family, sd, cfg)
+    return cfg
+
+
+# The classes whose weights tell them apart: (with a head or decoder, without)
+_CLASSES = {
+    "deit": ("DeiTForImageClassification", "DeiTModel"),
+    "dinov2": ("Dinov2ForImageClassification", "Dinov2Model"),
+    "dinov2_with_registers": (
+        "Dinov2WithRegistersForImageClassification",
+        "Dinov2WithRegistersModel",
+    ),
+    "vit_mae": ("ViTMAEForPreTraining", "ViTMAEModel"),
+    "clip_vision_model": ("CLIPVisionModelWithProjection", "CLIPVisionModel"),
+}
+
+
+def _check_architecture(
+    hf: dict[str, Any], family: str, sd: dict[str, Tensor], cfg: ViTConfig
+) -> None:
+    """A class named in ``architectures`` that the weights are not (a head missing) is an
+    error rather than a model read without its head."""
+    named = (hf.get("architectures") or [None])[0]
+    headed, bare = _CLASSES[family]
+    if family == "deit" and cfg.dist_token:
+        found = "DeiTForImageClassificationWithTeacher"
+    elif family == "vit_mae":
+        found = headed if any(k.startswith("decoder.") for k in sd) else bare
+    else:
+        found = headed if cfg.num_classes else bare
+    known = {headed, bare, "DeiTForImageClassificationWithTeacher"}
+    if named in known and named != found:
+        raise VitkitError(f"config.json names {named} but the weights are a {found}'s")
 
 
 def family_to_state_dict(
@@ -421,6 +455,13 @@ def _dinov2_ratio(cfg: ViTConfig) -> float | int:
     # transformers 5 types mlp_ratio as an int: an integer that gives the same size first
     for r in (round(ratio), ratio):
         if r > 0 and _dinov2_mlp_dim(cfg.width, r, swiglu) == cfg.mlp_dim:
+            if r != round(ratio):
+                warnings.warn(
+                    f"Dinov2's mlp_ratio for an MLP of {cfg.mlp_dim} at width {cfg.width} is "
+                    f"{r:g}; transformers 5 types it as an integer and refuses this config "
+                    "(transformers 4 loads it)",
+                    stacklevel=4,
+                )
             return r
     raise VitkitError(f"no Dinov2 mlp_ratio gives an MLP of {cfg.mlp_dim} at width {cfg.width}")
 
