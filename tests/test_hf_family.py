@@ -364,3 +364,18 @@ def test_a_class_whose_head_is_missing_from_the_weights_is_refused(tmp_path):
     )
     with pytest.raises(VitkitError, match="names DeiTForImageClassificationWithTeacher but the"):
         read_checkpoint(path)
+
+
+def test_timm_dinov2_with_registers_to_hugging_face_via_vitkit(tmp_path, caplog):
+    """timm's DINOv2-reg (E_pos on the patches only) -> vitkit -> Dinov2WithRegistersModel."""
+    timm = import_reference("timm")
+    transformers = import_reference("transformers")
+    small = dict(img_size=56, embed_dim=64, depth=2, num_heads=4, num_classes=0)
+    ref = perturbed(timm.create_model("vit_small_patch14_reg4_dinov2", **small))
+    torch.save(ref.state_dict(), tmp_path / "dinov2_reg.pth")
+    ckpt = read_checkpoint(tmp_path / "dinov2_reg.pth", num_heads=4)
+    write_checkpoint(ckpt, tmp_path / "hf", "hf")
+    again = _hf_load_quietly(transformers.Dinov2WithRegistersModel, tmp_path / "hf", caplog)
+    x = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert diff(again(x).pooler_output, ref(x)) <= TOL
