@@ -140,14 +140,16 @@ def test_registers_stay_out_of_the_grid_and_resampling():
 
 @pytest.mark.parametrize("fmt", ["npz", "hf"])
 def test_formats_that_cannot_hold_a_switch_refuse_it(tmp_path, fmt):
-    cfg = tiny(**SWITCHES["clip"])
+    # (Hugging Face holds CLIP's switches in CLIPVisionModel, not q/k norm)
+    switch = "qk_norm" if fmt == "hf" else "norm_pre"
+    cfg = tiny(**SWITCHES["qk-norm" if fmt == "hf" else "clip"])
     ckpt = Checkpoint(
         Path("mem"),
         cfg,
         PreprocessConfig.for_model(cfg),
         dict(vitkit.create_model(cfg).state_dict()),
     )
-    with pytest.raises(VitkitError, match="norm_pre"):
+    with pytest.raises(VitkitError, match=switch):
         write_checkpoint(ckpt, tmp_path / ("out.npz" if fmt == "npz" else "out"), fmt)
 
 

@@ -19,9 +19,10 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
 
-Pool = Literal["token", "gap", "avgmax", "max", "map"]
+Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
+ResNetEps = Literal["vit_jax", "timm"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -48,6 +49,7 @@ class ViTConfig:
     )
     # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
     # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
+    # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -62,6 +64,8 @@ class ViTConfig:
     # root (() = root only), as vit_jax's ``resnet.num_layers``; see vitkit.resnet.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0  # ResNet width multiplier (root width 64 x factor)
+    resnet_eps: ResNetEps = "vit_jax"  # kernel standardisation / GroupNorm epsilons: vit_jax's
+    # (w - mean) / (std + 1e-5) and 1e-6, or timm's (w - mean) / sqrt(var + 1e-8) and 1e-5
     # The family's switches (timm's VisionTransformer arguments); the defaults are the paper's.
     class_token: bool | None = None  # None: a class token exactly when pool="token"; True with
     # pool="gap" averages the patch tokens only (timm's class_token=True, global_pool="avg")
@@ -96,6 +100,10 @@ class ViTConfig:
             raise VitkitError('pool="token" needs the class token; set class_token or pool="gap"')
         if self.mlp == "swiglu" and self.mlp_dim % 2:
             raise VitkitError(f"mlp='swiglu' needs an even mlp_dim, got {self.mlp_dim}")
+        if self.pool == "token_gap" and (self.representation_size or self.fc_norm):
+            raise VitkitError('pool="token_gap" has no representation_size or fc_norm')
+        if self.pool == "token_gap" and self.class_token is False:
+            raise VitkitError('pool="token_gap" needs the class token')
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
         if self.pool == "map" and self.mlp == "swiglu":
@@ -108,7 +116,8 @@ class ViTConfig:
 
     @property
     def has_class_token(self) -> bool:
-        return self.pool == "token" if self.class_token is None else self.class_token
+        default = self.pool in ("token", "token_gap")
+        return default if self.class_token is None else self.class_token
 
     @property
     def is_hybrid(self) -> bool:
@@ -170,7 +179,7 @@ class ViTConfig:
     @property
     def feature_dim(self) -> int:
         """Width of the features the head sees (pre-logits size if there is one)."""
-        return self.representation_size or self.width
+        return self.representation_size or self.width * (2 if self.pool == "token_gap" else 1)
 
     @property
     def short_name(self) -> str:

@@ -88,7 +88,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max", "map")),
+        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max", "map", "token_gap")),
         "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
         "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
         "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
@@ -100,6 +100,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "final_norm": choice("final_norm", cfg.final_norm, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
+        "resnet_eps": choice("resnet_eps", cfg.resnet_eps, ("vit_jax", "timm")),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
@@ -132,11 +133,11 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     default = {f.name: f.default for f in dataclasses.fields(cfg)}
     out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp", "final_norm")}
     out = {k: v for k, v in out.items() if v != default[k]}
-    if cfg.pool in ("avgmax", "max", "map"):
+    if cfg.pool in ("avgmax", "max", "map", "token_gap"):
         out["pool"] = cfg.pool
     if cfg.gelu == "quick":
         out["gelu"] = "quick"
-    if cfg.has_class_token != (cfg.pool == "token"):
+    if cfg.has_class_token != (cfg.pool in ("token", "token_gap")):
         out["class_token"] = cfg.has_class_token
     if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
         out["pos_embed_prefix"] = False

@@ -380,6 +380,8 @@ class VisionTransformer(nn.Module):
         patches = tokens[:, self.cfg.num_prefix_tokens :]
         if self.attn_pool is not None:
             return self.fc_norm(self.attn_pool(patches))
+        if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)
+            return torch.cat([tokens[:, 0], patches.mean(dim=1)], dim=-1)
         if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
             return self.fc_norm(patches.amax(dim=1))
         if self.cfg.pool == "avgmax":

@@ -9,6 +9,10 @@ with two BiT ingredients:
   ``(w - mean) / (std + 1e-5)`` (population std, as ``jnp.std``; BiT uses ``sqrt(var + eps)``);
 - GroupNorm with 32 groups (flax's epsilon 1e-6) in place of BatchNorm.
 
+timm's copy of these hybrids standardises as ``(w - mean) / sqrt(var + 1e-8)`` and uses
+GroupNorm epsilon 1e-5; ``ViTConfig.resnet_eps="timm"`` runs those numerics, so that a timm
+hybrid file computes what timm computes (``.npz`` files keep the official ones).
+
 Layout (vit_jax ``VisionTransformer`` with ``resnet`` set): a 7x7 stride-2 root conv of width
 ``64 * width_factor``, GroupNorm, ReLU, 3x3 stride-2 max-pool, then stages of bottleneck units
 (stage ``i`` has bottleneck width ``width * 2**i``, output ``4x`` that, stride 2 in the first unit
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig
+from vitkit.config import ResNetEps, ViTConfig
 
 
 def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -43,23 +47,29 @@ def pad_same(x: Tensor, kernel: int, stride: int, value: float = 0.0) -> Tensor:
 class StdConv2d(nn.Conv2d):
     """A bias-free convolution with a weight-standardised kernel and "SAME" padding."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, eps: float = 1e-5):
+    def __init__(
+        self, cin: int, cout: int, kernel: int, stride: int = 1, eps: ResNetEps = "vit_jax"
+    ) -> None:
         super().__init__(cin, cout, kernel, stride=stride, padding=0, bias=False)
-        self.eps = eps
+        self.timm_eps = eps == "timm"
 
     def standardized_weight(self) -> Tensor:
         w = self.weight
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
+        if self.timm_eps:  # timm's StdConv2dSame(eps=1e-8)
+            var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
+            return (w - mean) / torch.sqrt(var + 1e-8)
         std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
-        return (w - mean) / (std + self.eps)
+        return (w - mean) / (std + 1e-5)
 
     def forward(self, x: Tensor) -> Tensor:
         x = pad_same(x, self.kernel_size[0], self.stride[0])
         return F.conv2d(x, self.standardized_weight(), None, self.stride)
 
 
-def group_norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32 if channels % 32 == 0 else _largest_divisor(channels), channels, 1e-6)
+def group_norm(channels: int, eps: ResNetEps = "vit_jax") -> nn.GroupNorm:
+    groups = 32 if channels % 32 == 0 else _largest_divisor(channels)
+    return nn.GroupNorm(groups, channels, 1e-5 if eps == "timm" else 1e-6)
 
 
 def _largest_divisor(channels: int, at_most: int = 32) -> int:
@@ -72,14 +82,15 @@ class Bottleneck(nn.Module):
     conv_proj: StdConv2d | None  # the projection shortcut: both or neither
     gn_proj: nn.GroupNorm | None
 
-    def __init__(self, cin: int, width: int, stride: int) -> None:
+    def __init__(self, cin: int, width: int, stride: int, eps: ResNetEps = "vit_jax") -> None:
         super().__init__()
         cout = 4 * width
-        self.conv1, self.gn1 = StdConv2d(cin, width, 1), group_norm(width)
-        self.conv2, self.gn2 = StdConv2d(width, width, 3, stride), group_norm(width)
-        self.conv3, self.gn3 = StdConv2d(width, cout, 1), group_norm(cout)
+        self.conv1, self.gn1 = StdConv2d(cin, width, 1, 1, eps), group_norm(width, eps)
+        self.conv2, self.gn2 = StdConv2d(width, width, 3, stride, eps), group_norm(width, eps)
+        self.conv3, self.gn3 = StdConv2d(width, cout, 1, 1, eps), group_norm(cout, eps)
         if cin != cout or stride != 1:
-            self.conv_proj, self.gn_proj = StdConv2d(cin, cout, 1, stride), group_norm(cout)
+            self.conv_proj = StdConv2d(cin, cout, 1, stride, eps)
+            self.gn_proj = group_norm(cout, eps)
         else:
             self.conv_proj, self.gn_proj = None, None
 
@@ -100,14 +111,15 @@ class ResNetStem(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        width = cfg.resnet_width
-        self.conv_root = StdConv2d(cfg.in_chans, width, 7, stride=2)
-        self.gn_root = group_norm(width)
+        width, eps = cfg.resnet_width, cfg.resnet_eps
+        self.conv_root = StdConv2d(cfg.in_chans, width, 7, stride=2, eps=eps)
+        self.gn_root = group_norm(width, eps)
         stages, cin = [], width
         for i, n in enumerate(cfg.resnet_layers or ()):
             units = []
             for u in range(n):
-                units.append(Bottleneck(cin, width * 2**i, 2 if (i > 0 and u == 0) else 1))
+                stride = 2 if (i > 0 and u == 0) else 1
+                units.append(Bottleneck(cin, width * 2**i, stride, eps))
                 cin = 4 * width * 2**i
             stages.append(nn.Sequential(*units))
         self.stages = nn.Sequential(*stages)

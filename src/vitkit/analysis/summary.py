@@ -152,6 +152,7 @@ _POOLING = {
     "avgmax": "(mean + max) / 2 of the patches",
     "max": "max over the patches",
     "map": "attention pooling (MAP head)",
+    "token_gap": "class token and mean patch token, concatenated",
 }
 
 

@@ -1,8 +1,8 @@
 """Reading and writing checkpoints.
 
 - :mod:`.io`: vitkit's own format (safetensors + JSON, atomic writes, strict loading);
-- :mod:`.npz`, :mod:`.timm`, :mod:`.hf`: explicit pure converters for Google's ``.npz``, timm
-  and Hugging Face weights;
+- :mod:`.npz`, :mod:`.timm`, :mod:`.hf`, :mod:`.hf_family`: explicit pure converters for
+  Google's ``.npz``, timm and Hugging Face weights (ViT; DeiT, Dinov2, ViTMAE, CLIP vision);
 - :mod:`.adapt`: position-embedding resampling and head replacement (fine-tuning at another
   resolution or label set);
 - :mod:`.formats`: format detection, reading any format (``load_model`` / ``load``) and writing

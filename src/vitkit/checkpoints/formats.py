@@ -17,6 +17,7 @@ names them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -34,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_siglip
+from vitkit.checkpoints import hf_family, hf_siglip
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
@@ -124,7 +125,9 @@ def _torch_load(p: Path) -> dict[str, Tensor]:
     try:
         with warnings.catch_warnings():  # (a plain pickle's protocol: not the user's concern)
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(p, map_location="cpu", weights_only=True)
+            # (the MAE and DeiT authors' files hold their argparse options: plain data)
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # PyTorch's message advises weights_only=False, i.e. running the file's code: not quoted.
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
@@ -301,8 +304,13 @@ def _read_hf(p: Path) -> Checkpoint:
     hf = _read_json(p / CONFIG)
     if isinstance(hf, dict) and hf_siglip.is_siglip(hf):  # SigLIP's image tower
         return _read_hf_siglip(p, hf)
-    cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
-    cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
+    if isinstance(hf, dict) and hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
+        weights = _weights_in(p)
+        cfg = _wrap(lambda: hf_family.family_config(hf, weights), p / CONFIG)
+        sd = _wrap(lambda: hf_family.family_to_state_dict(hf, weights, cfg), p)
+    else:
+        cfg = hf_conv.hf_to_vit_config(hf, str(p / CONFIG))
+        cfg, sd = _wrap(lambda: hf_conv.hf_to_state_dict(_weights_in(p), cfg, hf), p)
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
@@ -403,11 +411,13 @@ def write_checkpoint(
         )
     if to == "npz":
         arrays = npz_conv.state_dict_to_npz(sd, cfg)  # refuses what the naming cannot hold
-        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh":
+        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh" or cfg.resnet_eps != "vit_jax":
+            eps = ", timm's ResNet epsilons" if cfg.is_hybrid and cfg.resnet_eps == "timm" else ""
             warnings.warn(
                 f".npz files carry no settings: readers assume the official LayerNorm epsilon "
                 f"1e-6 and tanh GELU, but this model uses {cfg.layer_norm_eps:g} and "
-                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU; outputs will differ slightly",
+                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU{eps}; outputs will differ "
+                "slightly",
                 stacklevel=2,
             )
         if dst.suffix != ".npz":
@@ -418,6 +428,7 @@ def write_checkpoint(
     if to == "timm":
         tsd = timm_conv.state_dict_to_timm(sd, cfg)
         if dst.suffix in (".safetensors", ".pth", ".bin"):
+            timm_conv.warn_hybrid_eps(cfg)
             tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
             if dst.suffix == ".safetensors":
                 save_file(tsd, str(tmp))
@@ -434,9 +445,15 @@ def write_checkpoint(
         }
         return _write_dir(dst, tower, siglip)
     if to == "hf":
-        arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+        if cfg.family_switches:  # DeiT, Dinov2, CLIP (always the 4.x naming)
+            arch, hub, hsd = hf_family.state_dict_to_family(sd, cfg)
+            if not arch.startswith("CLIP"):  # (CLIP's "head" is its projection)
+                hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))
+        else:
+            arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+            hub = hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names)
         files: dict[str, Any] = {
-            CONFIG: hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names),
+            CONFIG: hub,
             "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
         }
         return _write_dir(dst, files, hsd)

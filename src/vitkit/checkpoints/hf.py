@@ -29,7 +29,7 @@ from vitkit.config import GeluApprox, PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 HfNaming = Literal["4", "5"]
-_ACT: dict[str, GeluApprox] = {
+ACTIVATIONS: dict[str, GeluApprox] = {
     "gelu": "none",
     "gelu_pytorch_tanh": "tanh",
     "gelu_new": "tanh",
@@ -38,14 +38,14 @@ _ACT: dict[str, GeluApprox] = {
 _PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic", 1: "lanczos"}
 
 # vitkit name inside block i → (4.x name, 5.x name), without the weight/bias suffix.
-_BLOCK = {
+BLOCK = {
     "norm1": ("layernorm_before", "layernorm_before"),
     "norm2": ("layernorm_after", "layernorm_after"),
     "attn.proj": ("attention.output.dense", "attention.o_proj"),
     "mlp.fc1": ("intermediate.dense", "mlp.fc1"),
     "mlp.fc2": ("output.dense", "mlp.fc2"),
 }
-_QKV = {
+QKV = {
     "4": ("attention.attention.query", "attention.attention.key", "attention.attention.value"),
     "5": ("attention.q_proj", "attention.k_proj", "attention.v_proj"),
 }
@@ -66,9 +66,9 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
     if hf.get("model_type", "vit") != "vit":
         raise VitkitError(f"{source}: model_type {hf.get('model_type')!r} is not 'vit'")
     act = hf.get("hidden_act", "gelu")
-    if act not in _ACT:
+    if act not in ACTIVATIONS:
         raise VitkitError(
-            f"{source}: hidden_act {act!r} is not a GELU vitkit knows ({sorted(_ACT)})"
+            f"{source}: hidden_act {act!r} is not a GELU vitkit knows ({sorted(ACTIVATIONS)})"
         )
     try:
         return ViTConfig(
@@ -84,15 +84,15 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
             dropout=float(hf.get("hidden_dropout_prob", 0.0)),
             attn_dropout=float(hf.get("attention_probs_dropout_prob", 0.0)),
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            gelu=_ACT[act],
+            gelu=ACTIVATIONS[act],
             qkv_bias=bool(hf.get("qkv_bias", True)),
         )
     except (TypeError, ValueError, VitkitError) as e:
-        raise VitkitError(f"{source}: malformed ViT config ({_hf_field_names(str(e))})") from None
+        raise VitkitError(f"{source}: malformed ViT config ({hf_field_names(str(e))})") from None
 
 
 # vitkit's name of a config field -> Hugging Face's (for errors that name the file's field)
-_HF_FIELDS = {
+HF_FIELDS = {
     "width": "hidden_size",
     "depth": "num_hidden_layers",
     "num_heads": "num_attention_heads",
@@ -103,9 +103,9 @@ _HF_FIELDS = {
 }
 
 
-def _hf_field_names(message: str) -> str:
+def hf_field_names(message: str) -> str:
     first = message.split(" ", 1)[0]
-    return f"{_HF_FIELDS[first]}: {message}" if first in _HF_FIELDS else message
+    return f"{HF_FIELDS[first]}: {message}" if first in HF_FIELDS else message
 
 
 def hf_to_state_dict(
@@ -139,11 +139,11 @@ def hf_to_state_dict(
 
     for i in range(cfg.depth):
         b = f"{layer}.{i}"
-        for ours, names in _BLOCK.items():
+        for ours, names in BLOCK.items():
             theirs = names[0 if naming == "4" else 1]
             for leaf in ("weight", "bias"):
                 out[f"blocks.{i}.{ours}.{leaf}"] = take(f"{b}.{theirs}.{leaf}")
-        q, k, v = _QKV[naming]
+        q, k, v = QKV[naming]
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([take(f"{b}.{n}.weight") for n in (q, k, v)])
         if cfg.qkv_bias:
             out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([take(f"{b}.{n}.bias") for n in (q, k, v)])
@@ -184,7 +184,10 @@ def state_dict_to_hf(
             "Hugging Face's ViT has no global-average pooling; cannot write a GAP model"
         )
     if cfg.is_hybrid:
-        raise VitkitError("Hugging Face's ViT has no ResNet stem; cannot write a hybrid model")
+        raise VitkitError(
+            "Hugging Face's ViT has no ResNet stem and transformers 5 removed ViTHybrid; "
+            "write the hybrid as timm or npz"
+        )
     if cfg.family_switches:
         raise VitkitError(
             f"Hugging Face's ViT cannot hold {', '.join(cfg.family_switches)}; write timm instead"
@@ -209,11 +212,11 @@ def state_dict_to_hf(
     }
     for i in range(cfg.depth):
         b = f"{layer}.{i}"
-        for ours, names in _BLOCK.items():
+        for ours, names in BLOCK.items():
             theirs = names[0 if naming == "4" else 1]
             for leaf in ("weight", "bias"):
                 out[f"{b}.{theirs}.{leaf}"] = sd[f"blocks.{i}.{ours}.{leaf}"]
-        for j, n in enumerate(_QKV[naming]):
+        for j, n in enumerate(QKV[naming]):
             out[f"{b}.{n}.weight"] = sd[f"blocks.{i}.attn.qkv.weight"][j * d : (j + 1) * d]
             if cfg.qkv_bias:
                 out[f"{b}.{n}.bias"] = sd[f"blocks.{i}.attn.qkv.bias"][j * d : (j + 1) * d]
@@ -237,7 +240,6 @@ def vit_to_hf_config(
         patch_size: Any = list(cfg.patch_size)
     else:
         image_size, patch_size = cfg.image_size[0], cfg.patch_size[0]
-    names = class_names or tuple(f"LABEL_{i}" for i in range(cfg.num_classes))
     out: dict[str, Any] = {
         "architectures": [arch],
         "model_type": "vit",
@@ -256,35 +258,68 @@ def vit_to_hf_config(
         "encoder_stride": cfg.patch_size[0],
         "pooler_act": "tanh",
         "pooler_output_size": cfg.representation_size or cfg.width,
-        "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)},
+        **hf_labels(cfg.num_classes, class_names),
     }
     return out
 
 
+def hf_labels(num_classes: int, class_names: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``id2label`` / ``label2id`` of a written ``config.json`` (``LABEL_i`` without names)."""
+    names = class_names or tuple(f"LABEL_{i}" for i in range(num_classes))
+    return {
+        "id2label": {str(i): n for i, n in enumerate(names)},
+        "label2id": {n: i for i, n in enumerate(names)},
+    }
+
+
 def hf_preprocess(pp: dict[str, Any] | None, cfg: ViTConfig) -> PreprocessConfig:
-    """``preprocessor_config.json`` (ViTImageProcessor) → :class:`PreprocessConfig`."""
+    """``preprocessor_config.json`` → :class:`PreprocessConfig`. ViTImageProcessor resizes to
+    the model's size; CLIP's and DINOv2's processors resize the shorter side and centre-crop
+    (``size.shortest_edge``, ``crop_size``): that crop is the size fed to the model (DINOv2's
+    224 px on a 518 px model: the model interpolates E_pos, as transformers does)."""
     c = cfg.in_chans
     if not pp:
         return PreprocessConfig.for_model(cfg)
     mean = tuple(pp.get("image_mean", (0.5,) * c))
     std = tuple(pp.get("image_std", (0.5,) * c))
+    size, crop = pp.get("size"), pp.get("crop_size")
+    image_size, crop_pct = cfg.image_size, 1.0
+    if (
+        pp.get("do_center_crop")
+        and isinstance(size, dict)
+        and "shortest_edge" in size
+        and isinstance(crop, dict)
+        and {"height", "width"} <= crop.keys()
+    ):
+        image_size = (int(crop["height"]), int(crop["width"]))
+        crop_pct = min(image_size) / float(size["shortest_edge"])
     return PreprocessConfig(
-        image_size=cfg.image_size,
+        image_size=image_size,
         channels=c,
         mean=mean[:c],
         std=std[:c],
         interpolation=_PIL_RESAMPLE.get(int(pp.get("resample", 2)), "bilinear"),
-        crop_pct=1.0,
+        crop_pct=crop_pct,
     )
 
 
 def vit_to_hf_preprocess(p: PreprocessConfig) -> dict[str, Any]:
+    """ViTImageProcessor's settings; with a centre crop (``crop_pct`` < 1) the resize of the
+    shorter side and the crop of CLIP's and DINOv2's processors (BitImageProcessor)."""
     resample = {v: k for k, v in _PIL_RESAMPLE.items()}.get(p.interpolation, 2)
+    h, w = p.image_size
+    if p.crop_pct != 1.0:
+        resize: dict[str, Any] = {
+            "image_processor_type": "BitImageProcessor",
+            "size": {"shortest_edge": round(min(h, w) / p.crop_pct)},
+            "do_center_crop": True,
+            "crop_size": {"height": h, "width": w},
+        }
+    else:
+        resize = {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}}
     return {
-        "image_processor_type": "ViTImageProcessor",
+        **resize,
         "do_resize": True,
-        "size": {"height": p.image_size[0], "width": p.image_size[1]},
         "resample": resample,
         "do_rescale": True,
         "rescale_factor": 1 / 255,

@@ -27,16 +27,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitkit.config import GeluApprox, PreprocessConfig, ViTConfig
+from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 
 MODEL_TYPES = ("siglip_vision_model", "siglip")
-_ACT: dict[str, GeluApprox] = {
-    "gelu": "none",
-    "gelu_pytorch_tanh": "tanh",
-    "gelu_new": "tanh",
-    "gelu_fast": "tanh",
-}
 _TOWER = "vision_model."
 _NOT_THE_IMAGE_TOWER = ("text_model.", "logit_scale", "logit_bias")
 # vitkit name inside block i → SigLIP's, without the weight/bias suffix.
@@ -67,8 +62,9 @@ def siglip_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViT
         hf = hf.get("vision_config") or {}
         source = f"{source} (vision_config)"
     act = hf.get("hidden_act", "gelu_pytorch_tanh")
-    if act not in _ACT:
-        raise VitkitError(f"{source}: hidden_act {act!r} is not a GELU vitkit has ({sorted(_ACT)})")
+    if act not in ACTIVATIONS:
+        known = sorted(ACTIVATIONS)
+        raise VitkitError(f"{source}: hidden_act {act!r} is not a GELU vitkit has ({known})")
     try:
         return ViTConfig(
             image_size=hf.get("image_size", 224),
@@ -82,7 +78,7 @@ def siglip_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViT
             pool="map" if hf.get("vision_use_head", True) else "gap",
             attn_dropout=float(hf.get("attention_dropout", 0.0)),
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-6)),
-            gelu=_ACT[act],
+            gelu=ACTIVATIONS[act],
         )
     except (TypeError, ValueError, VitkitError) as e:
         raise VitkitError(f"{source}: malformed SigLIP vision config ({e})") from None

@@ -32,11 +32,13 @@ Hybrids (timm's ``vit_base_r50_s16_224``, ``vit_small_r26_s32_224``, ``vit_tiny_
 (:mod:`vitkit.resnet`); keys ``patch_embed.backbone.stem.conv`` / ``.stem.norm`` (``.conv`` /
 ``.norm`` for a root-only stem), ``stages.{i}.blocks.{j}.{conv,norm}{1,2,3}`` and
 ``downsample.{conv,norm}`` become ``patch_embed.stem.conv_root`` / ``gn_root`` /
-``stages.{i}.{j}.{conv,gn}{1,2,3}`` / ``{conv,gn}_proj``. Two epsilons differ from the official
-numerics that vitkit runs: timm standardises kernels as ``(w - mean) / sqrt(var + 1e-8)`` (vit_jax:
-``/ (std + 1e-5)``) and its GroupNorm epsilon is 1e-5 (flax: 1e-6), so a converted hybrid's
-logits match timm's to about 1e-4, not bit for bit. timm's other hybrids (``resnet26d`` /
-``resnet50d`` backbones with BatchNorm) are other architectures and are refused.
+``stages.{i}.{j}.{conv,gn}{1,2,3}`` / ``{conv,gn}_proj``, and back. Two epsilons differ from the
+official numerics: timm standardises kernels as ``(w - mean) / sqrt(var + 1e-8)`` (vit_jax:
+``/ (std + 1e-5)``) and its GroupNorm epsilon is 1e-5 (flax: 1e-6), so a timm hybrid is read with
+``resnet_eps="timm"`` and computes what timm computes (writing a ``"vit_jax"`` hybrid to timm
+warns). A timm folder names a registered hybrid whose backbone has the same stages
+(:data:`TIMM_HYBRIDS`; width factor 1). timm's other hybrids (``resnet26d`` / ``resnet50d``
+backbones with BatchNorm) are other architectures and are refused.
 
 BiT ResNets (timm's ``resnetv2_50x1_bit``: ``stem.conv``, ``stages.{i}.blocks.{j}.norm1`` ...,
 ``norm``, ``head.fc``) convert with :func:`timm_bit_config` / :func:`timm_bit_to_state_dict`.
@@ -63,13 +65,17 @@ _MAP_KEYS = {"attn_pool.latent"} | {
     f"attn_pool.{m}.{p}" for m in _MAP_PARTS for p in ("weight", "bias")
 }
 _BACKBONE = "patch_embed.backbone."
+# The MAE authors' pre-training checkpoints hold the decoder next to the encoder's timm keys.
+_MAE_DECODER = re.compile(r"^(decoder_(embed|pos_embed|blocks|norm|pred)\b|mask_token$)")
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, Tensor]:
     """The model weights inside what ``torch.load`` returned: a state dict, or a training
-    checkpoint holding one under ``state_dict`` / ``model`` (``module.`` prefixes stripped)."""
+    checkpoint holding one under ``state_dict`` / ``model`` (the MAE and DeiT authors' files,
+    which may also hold ``model_ema``, ``optimizer``, ``args``: the model is taken) / ``module``
+    / ``model_ema`` alone (``module.`` prefixes stripped)."""
     if isinstance(obj, dict):
-        for key in ("state_dict", "model", "module"):
+        for key in ("state_dict", "model", "module", "model_ema"):
             if key in obj and isinstance(obj[key], dict):
                 obj = obj[key]
                 break
@@ -131,6 +137,7 @@ def timm_config(
         in_chans=in_chans,
         resnet_layers=resnet_layers,
         resnet_width_factor=resnet_wf,
+        resnet_eps="timm" if resnet_layers is not None else "vit_jax",
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         width=width,
         depth=depth,
@@ -234,10 +241,13 @@ def _timm_backbone_key(k: str) -> str:
 
 def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
     """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; a hybrid's
-    ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; everything else equal)."""
+    ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; an MAE pre-training file's decoder,
+    ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
     del cfg  # the layouts agree; the argument keeps every converter's signature alike
     out = {}
     for k, v in sd.items():
+        if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
+            continue
         if k.startswith(_BACKBONE):
             out[_timm_backbone_key(k)] = v
         else:
@@ -304,8 +314,16 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
             "timm's VisionTransformer has no pre-logits layer; drop it first "
             "(convert with --drop-pre-logits, which puts in a new zero head)"
         )
-    if cfg.is_hybrid:
-        raise VitkitError("writing hybrid models in timm's layout is not supported; use npz")
+    if cfg.is_hybrid and cfg.resnet_width % 32:
+        raise VitkitError(
+            f"timm's hybrid ResNet has GroupNorm with 32 groups; this one's root is "
+            f"{cfg.resnet_width} channels wide"
+        )
+    if cfg.pool == "token_gap":
+        raise VitkitError(
+            "timm's ViT has no pooling that concatenates the class token and the mean patch "
+            "token (pool='token_gap', Hugging Face's Dinov2ForImageClassification)"
+        )
     if cfg.patch_bias == cfg.norm_pre:
         raise VitkitError(
             "timm's ViT has a patch-embedding bias exactly when it has no norm_pre; this model "
@@ -313,14 +331,59 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
         )
     if cfg.dist_token and not cfg.pos_embed_prefix:
         raise VitkitError("timm's distilled DeiT has position embeddings for its prefix tokens")
-    return {k: v.contiguous() for k, v in sd.items()}
+    root_only = cfg.resnet_layers == ()
+    return {
+        (_to_timm_backbone_key(k, root_only) if k.startswith(_STEM) else k): v.contiguous()
+        for k, v in sd.items()
+    }
+
+
+_STEM = "patch_embed.stem."
+# timm's registered hybrids by ResNet stages (their backbone is fixed by the name; width 1x).
+TIMM_HYBRIDS: dict[tuple[int, ...], str] = {
+    (): "vit_tiny_r_s16_p8_224",
+    (2, 2, 2, 2): "vit_small_r26_s32_224",
+    (3, 4, 9): "vit_base_r50_s16_224",
+    (3, 4, 6, 3): "vit_large_r50_s32_224",
+}
+
+
+def _to_timm_backbone_key(k: str, root_only: bool) -> str:
+    """The inverse of :func:`_timm_backbone_key`."""
+    k = k[len(_STEM) :]
+    root = "" if root_only else "stem."
+    k = re.sub(r"^conv_root\.", f"{root}conv.", k)
+    k = re.sub(r"^gn_root\.", f"{root}norm.", k)
+    k = re.sub(r"^stages\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2.", k)
+    k = k.replace("conv_proj.", "downsample.conv.").replace("gn_proj.", "downsample.norm.")
+    return _BACKBONE + re.sub(r"\.gn([123])\.", r".norm\1.", k)
 
 
 def timm_architecture(cfg: ViTConfig) -> str:
     """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    if cfg.resnet_layers is not None:
+        if cfg.resnet_layers not in TIMM_HYBRIDS or cfg.resnet_width_factor != 1:
+            stages = ", ".join(str(s) for s in TIMM_HYBRIDS)
+            raise VitkitError(
+                f"timm registers hybrids with the ResNet stages {stages} at width factor 1; "
+                f"this one has {cfg.resnet_layers} x{cfg.resnet_width_factor:g} (write the "
+                "state dict alone: a .safetensors or .pth file)"
+            )
+        return TIMM_HYBRIDS[cfg.resnet_layers]
     if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
         return "vit_giant_patch14_dinov2"
     return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
+
+
+def warn_hybrid_eps(cfg: ViTConfig) -> None:
+    """Warn that timm will run a hybrid made with the official epsilons with its own."""
+    if cfg.is_hybrid and cfg.resnet_eps != "timm":
+        warnings.warn(
+            "timm's hybrid ResNet standardises kernels as (w - mean) / sqrt(var + 1e-8) with "
+            "GroupNorm epsilon 1e-5; this model uses vit_jax's (std + 1e-5) and 1e-6, so timm's "
+            "outputs will differ slightly (about 1e-5 relative)",
+            stacklevel=3,
+        )
 
 
 def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
@@ -362,6 +425,7 @@ def timm_hub_config(
             f"{cfg.layer_norm_eps:g}, so timm's outputs will differ slightly",
             stacklevel=2,
         )
+    warn_hybrid_eps(cfg)
     out: dict[str, Any] = {
         "architecture": timm_architecture(cfg),
         "num_classes": cfg.num_classes,
