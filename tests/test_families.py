@@ -1,0 +1,64 @@
+"""The family's named models (vitkit.families): every row's parameter count equals the same
+timm model's (built on the meta device: no memory, no time), the names resolve wherever a model
+name is taken, and ``vitkit models`` lists them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from references import import_reference
+
+from vitkit.cli import main
+from vitkit.config import ViTConfig, count_params, model_config
+from vitkit.errors import VitkitError
+from vitkit.families import FAMILIES, family_of
+
+# one of each family and switch (every row was checked once; these keep it checked, fast)
+CHECKED = (
+    "deit_tiny_patch16_224",
+    "deit_small_distilled_patch16_224",
+    "deit3_medium_patch16_224",
+    "vit_small_patch14_reg4_dinov2",
+    "vit_giant_patch14_dinov2",
+    "vit_base_patch32_clip_quickgelu_224",
+    "vit_base_patch16_224.mae",
+)
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_count_equals_timm(name):
+    timm = import_reference("timm")
+    with torch.device("meta"):
+        reference = timm.create_model(name)
+    cfg = model_config(name)
+    assert isinstance(cfg, ViTConfig)
+    assert count_params(cfg) == sum(p.numel() for p in reference.parameters())
+    assert cfg.num_classes == reference.num_classes
+    assert cfg.image_size == tuple(reference.patch_embed.img_size)
+
+
+def test_built_model_has_the_counted_parameters():
+    from vitkit.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_config("vit_small_patch14_reg4_dinov2"))
+    assert sum(p.numel() for p in model.parameters()) == 22_057_344  # timm's
+
+
+def test_overrides_and_families():
+    cfg = model_config("deit3_small_patch16_224", num_classes=10, image_size=32)
+    assert (cfg.num_classes, cfg.image_size, cfg.layer_scale_init) == (10, (32, 32), 1e-6)
+    assert not cfg.pos_embed_prefix and cfg.gelu == "none"
+    assert model_config("vit_base_patch16_clip_quickgelu_224").gelu == "quick"
+    assert model_config("deit_tiny_distilled_patch16_224").dist_token
+    assert {family_of(n) for n in FAMILIES} == {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE"}
+    with pytest.raises(VitkitError, match="unknown model 'deit3_tiny_patch16_224'"):
+        model_config("deit3_tiny_patch16_224")
+
+
+def test_models_command_lists_the_family(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "deit3_small_patch16_224" in out and "22,059,496" in out  # timm's count
+    assert "vit_small_patch14_reg4_dinov2" in out and "22,057,344" in out
+    assert "vit_base_patch16_224.mae" in out
