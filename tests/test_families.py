@@ -4,10 +4,13 @@ name is taken, and ``vitkit models`` lists them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from references import import_reference
 
+from vitkit.checkpoints.description import family_name
 from vitkit.cli import main
 from vitkit.config import ViTConfig, count_params, model_config
 from vitkit.errors import VitkitError
@@ -62,3 +65,46 @@ def test_models_command_lists_the_family(capsys):
     assert "deit3_small_patch16_224" in out and "22,059,496" in out  # timm's count
     assert "vit_small_patch14_reg4_dinov2" in out and "22,057,344" in out
     assert "vit_base_patch16_224.mae" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("deit3_small_patch16_224", "DeiT-III S/16, layer scale 1e-06, 224 px"),
+        ("deit3_huge_patch14_224", "DeiT-III H/14, layer scale 1e-06, 224 px"),
+        ("deit_tiny_distilled_patch16_224", "DeiT (distilled) Ti/16, 224 px"),
+        ("vit_small_patch14_dinov2", "DINOv2 S/14, layer scale 1e-05, 518 px"),
+        (
+            "vit_giant_patch14_reg4_dinov2",
+            "DINOv2 ViT-w1536-d40-h24/14, 4 registers, SwiGLU MLP, layer scale 1e-05, 518 px",
+        ),
+        ("vit_base_patch16_clip_quickgelu_224", "CLIP tower B/16, quick GELU, 224 px"),
+        ("vit_base_patch16_224.mae", "ViT-B/16 (the paper's), 224 px"),
+        ("B/32", "ViT-B/32 (the paper's), 224 px"),
+        ("r50_vit_b16", "R(3,4,9)x1+ViT-B/16 (the paper's), 224 px"),
+    ],
+)
+def test_family_name_from_the_switches(name, family):
+    cfg = model_config(name)
+    assert isinstance(cfg, ViTConfig)
+    assert family_name(cfg) == family
+
+
+def test_family_name_of_timm_gap_and_non_square():
+    cfg = model_config("S/16", pool="gap", class_token=True, fc_norm=True, image_size=(224, 160))
+    assert family_name(cfg) == "timm GAP ViT (fc_norm) S/16, gap pool + fc_norm, 224x160 px"
+
+
+def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):
+    from vitkit.checkpoints import Checkpoint, write_checkpoint
+    from vitkit.config import PreprocessConfig
+    from vitkit.model import build_model
+
+    cfg = model_config("deit3_small_patch16_224", image_size=32, depth=1, num_classes=3)
+    sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}  # no zero head
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    write_checkpoint(ckpt, tmp_path / "f", "timm")
+    assert main(["inspect", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert "family:      DeiT-III ViT-w384-d1-h6/16, layer scale 1e-06, 32 px" in out
+    assert "switches:    layer_scale_init=1e-06, pos_embed_prefix=False" in out

@@ -36,6 +36,7 @@ from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
+from vitkit.checkpoints.description import family_name
 from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
 from vitkit.checkpoints.io import (
     CONFIG,
@@ -483,6 +484,7 @@ def describe(ckpt: Checkpoint) -> dict[str, Any]:
         "path": str(ckpt.path),
         "format": ckpt.format,
         "model": cfg.short_name,
+        "family": cfg.short_name if isinstance(cfg, ResNetConfig) else family_name(cfg),
         "architecture": cfg.to_dict(),
         "parameters": count_params(cfg),
         "resolution": list(cfg.image_size),
