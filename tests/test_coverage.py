@@ -52,3 +52,61 @@ def test_hf_class(coverage, tmp_path):
     transformers = import_reference("transformers")
     r = coverage.check_hf(transformers, "ViTForImageClassification", tmp_path)
     assert r["status"] == "exact", r
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "says"),
+    [
+        ("vit_base_patch32_siglip_gap_256", "exact", ""),  # SigLIP 2: tanh GELU from the name
+        ("vit_little_patch16_reg1_gap_256", "exact", ""),  # 320 wide, 5 heads from the name
+        ("vit_base_patch16_rpn_224", "refused", "post-norm residual blocks"),  # was: differs
+        ("aimv2_large_patch14_224", "refused", "an MLP vitkit does not have"),  # was: KeyError
+    ],
+)
+def test_what_the_coverage_run_found(coverage, tmp_path, name, status, says):
+    r = coverage.check_timm(import_reference("timm"), name, tmp_path)
+    assert r["status"] == status, r
+    assert says in r.get("reason", "")
+
+
+# one name per pattern of timm._NAME_HEADS / _TANH_GELU, and their neighbours that must not match
+HINTED = (
+    "vit_base_patch16_gap_224",
+    "vit_base_patch16_224",
+    "vit_giant_patch14_reg4_dinov2",
+    "vit_giant_patch14_clip_224",
+    "vit_wee_patch16_reg1_gap_256",
+    "vit_xsmall_patch16_clip_224",
+    "vit_dlittle_patch16_reg1_gap_256",
+    "vit_mediumd_patch16_reg4_gap_256",
+    "vit_betwixt_patch16_reg4_gap_256",
+    "vit_so150m2_patch16_reg1_gap_256",
+    "vit_so150m_patch16_reg4_gap_256",
+    "vit_base_patch16_plus_240",
+    "vit_so400m_patch14_siglip_gap_224",
+    "vit_so400m_patch16_siglip_gap_256",
+    "vit_large_patch16_siglip_gap_512",
+    "vit_large_patch16_siglip_gap_384",
+    "vit_giantopt_patch16_siglip_gap_256",
+    "vit_gigantic_patch14_clip_quickgelu_224",
+)
+
+
+@pytest.mark.parametrize("name", HINTED)
+def test_name_hints_agree_with_timm(name):
+    import torch
+
+    from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings
+
+    timm = import_reference("timm")
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    hints = _name_settings(name)
+    assert hints.get("num_heads", HEADS_BY_WIDTH.get(model.embed_dim)) == (
+        model.blocks[0].attn.num_heads
+    )
+    act = model.blocks[0].mlp.act
+    want = {"QuickGELU": "quick_gelu", "GELUTanh": "gelu_tanh"}.get(type(act).__name__, "gelu")
+    if getattr(act, "approximate", "none") == "tanh":
+        want = "gelu_tanh"
+    assert hints.get("act_layer", "gelu") == want

@@ -108,3 +108,38 @@ def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "family:      DeiT-III ViT-w384-d1-h6/16, layer scale 1e-06, 32 px" in out
     assert "switches:    layer_scale_init=1e-06, pos_embed_prefix=False" in out
+
+
+def _timm_folder(tmp_path: Path, cfg: ViTConfig) -> Path:
+    from vitkit.checkpoints import Checkpoint, write_checkpoint
+    from vitkit.config import PreprocessConfig
+    from vitkit.model import build_model
+
+    sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    return write_checkpoint(ckpt, tmp_path / "f", "timm")
+
+
+def test_timm_folder_grid_comes_from_its_img_size(tmp_path):
+    # 3x3 patches + 4 registers without E_pos rows: 9 rows, and 9 - 5 = 4 is a square too
+    cfg = model_config(
+        "vit_small_patch14_reg4_dinov2", image_size=42, depth=1, width=32, num_heads=2, mlp_dim=64
+    )
+    from vitkit.checkpoints import read_checkpoint
+
+    assert read_checkpoint(_timm_folder(tmp_path, cfg)).model_config == cfg
+
+
+def test_a_refusal_names_the_folder_once(tmp_path):
+    import json
+
+    from vitkit.checkpoints import read_checkpoint
+
+    cfg = model_config("B/16", depth=1, width=32, num_heads=2, mlp_dim=64)
+    folder = _timm_folder(tmp_path, cfg)
+    hub = json.loads((folder / "config.json").read_text())
+    hub["architecture"] = "vit_base_patch16_rpn_224"
+    (folder / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(VitkitError) as e:
+        read_checkpoint(folder)
+    assert str(e.value).count(str(folder)) == 1 and "ResPostBlock" in str(e.value)

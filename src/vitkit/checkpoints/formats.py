@@ -257,7 +257,8 @@ def _wrap(fn: Any, p: Path) -> Any:
     try:
         return fn()
     except (VitkitError, TypeError, ValueError) as e:  # a malformed field of a file's config
-        raise VitkitError(f"{p}: {e}") from None
+        said = str(e)  # (a converter's message that names the file already is kept as it is)
+        raise VitkitError(said if said.startswith(f"{p}: ") else f"{p}: {said}") from None
 
 
 def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
