@@ -50,6 +50,7 @@ from references import import_reference  # noqa: E402
 import vitkit  # noqa: E402
 from vitkit.checkpoints import read_checkpoint  # noqa: E402
 from vitkit.checkpoints.io import load_state_dict_strict  # noqa: E402
+from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings  # noqa: E402
 from vitkit.errors import VitkitError  # noqa: E402
 from vitkit.model import build_model  # noqa: E402
 
@@ -81,9 +82,17 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def heads_hint_ok(name: str, width: int, heads: int | None) -> bool:
+    """Whether a hub folder of ``name`` at its native width, without ``num_heads`` in its
+    ``model_args`` (as timm's Hub folders are), gets timm's number of heads from vitkit."""
+    hint = _name_settings(name).get("num_heads", HEADS_BY_WIDTH.get(width))
+    return heads is None or hint == heads
+
+
 def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
     """timm.create_model keyword arguments for a small copy of ``name``: depth 2, a 2x2 grid,
-    10 classes, and a narrower width (32 per head) where the entry's is above NATIVE_WIDTH."""
+    10 classes, and a narrower width (32 per head) where the entry's is above NATIVE_WIDTH.
+    ``_heads_hint_ok``: :func:`heads_hint_ok` at the native width (not a timm argument)."""
     with torch.device("meta"):
         probe = timm.create_model(name, depth=1)
     width = probe.embed_dim
@@ -93,6 +102,7 @@ def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
     img = pe.img_size
     stride = (img[0] // grid[0], img[1] // grid[1])
     args: dict[str, Any] = {
+        "_heads_hint_ok": heads_hint_ok(name, width, heads),
         "depth": 2,
         "img_size": (GRID * stride[0], GRID * stride[1]),
         "num_classes": NUM_CLASSES,
@@ -170,6 +180,7 @@ def check_timm(timm: Any, name: str, work: Path, seed: int = 0) -> dict[str, Any
 
     try:
         args = small_timm_args(timm, name)
+        hint_ok = args.pop("_heads_hint_ok")
         torch.manual_seed(seed)
         model = randomise(timm.create_model(name, **args).double(), seed)
         folder = work / name
@@ -181,7 +192,10 @@ def check_timm(timm: Any, name: str, work: Path, seed: int = 0) -> dict[str, Any
     except Exception as e:  # noqa: BLE001 - the reference itself failed: not vitkit's doing
         return {"status": "harness", "reason": _first_line(e)}
     got = vitkit_side(folder, x64, x64.float())
-    out = {"args": {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}}
+    out = {
+        "args": {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()},
+        "heads_hint_ok": hint_ok,
+    }
     out.update(_score(ref64, ref32, got))
     return out
 
@@ -270,7 +284,10 @@ def reason_counts(results: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
     """Refusals grouped by reason (the file path and model-specific numbers taken out)."""
 
     def key(reason: str) -> str:
-        reason = re.sub(r"\(blocks\.\d+\.", "(blocks.N.", reason)
+        reason = re.sub(r"^\S+ has ", "has ", reason)  # the model's name
+        reason = re.sub(r" \([^()]*\.[^()]*\)", "", reason)  # the key that showed it
+        if "keys: " in reason:
+            reason = reason.split(", ")[0]  # the first key of a list
         return re.sub(r"\b\d+\b", "N", reason)
 
     c = collections.Counter(key(r["reason"]) for r in results.values() if r["status"] == "refused")
@@ -289,10 +306,13 @@ def _row(name: str, r: dict[str, Any]) -> str:
 
 
 def markdown(timm_res: dict, hf_res: dict, meta: dict[str, Any]) -> str:
+    refused = "; ".join(f"{n} {r}" for r, n in reason_counts(timm_res))
     lines = [
         "# Checkpoint coverage (`python bench/coverage.py`)",
         "",
         f"**timm: {summary(timm_res)}.** **Hugging Face classes: {summary(hf_res)}.**",
+        "",
+        f"timm refused, by reason: {refused or 'none'}.",
         "",
         f"timm {meta['timm']}, transformers {meta['transformers']}, torch {meta['torch']}; "
         f"float64, {meta['threads']} thread, {meta['seconds']:.0f} s. Each model: depth 2, "
@@ -314,6 +334,26 @@ def markdown(timm_res: dict, hf_res: dict, meta: dict[str, Any]) -> str:
             lines += [f"## {title}: crashed (bugs)", ""]
             lines += [f"- {k}: {v['reason']} (in `{v.get('where')}`)" for k, v in crashed.items()]
             lines.append("")
+    wrong_heads = [
+        k
+        for k, v in timm_res.items()
+        if v.get("heads_hint_ok") is False and v["status"] in ("exact", "differs")
+    ]
+    if wrong_heads:
+        lines += [
+            "## timm: heads a Hub folder without model_args would get wrong",
+            "",
+            "These load above because the small copy's config.json records num_heads; timm's "
+            "own Hub folders do not, and vitkit's width table / name hints give other heads: "
+            + ", ".join(wrong_heads),
+            "",
+        ]
+    if not wrong_heads:
+        lines += [
+            "Heads: every model that loads gets timm's number of heads from vitkit's width table "
+            "or the name hints also where its config.json has no num_heads (timm's Hub folders).",
+            "",
+        ]
     for title, res in (("timm models", timm_res), ("Hugging Face classes", hf_res)):
         lines += [
             f"## {title}",

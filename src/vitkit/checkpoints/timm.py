@@ -94,6 +94,12 @@ def timm_config(
     missing = [k for k in need if k not in sd]
     if missing:
         raise VitkitError(f"{source}: not a timm ViT state dict (missing {', '.join(missing)})")
+    if "blocks.0.mlp.fc1.weight" not in sd or "blocks.0.mlp.fc2.weight" not in sd:
+        has = sorted(k[len("blocks.0.mlp.") :] for k in sd if k.startswith("blocks.0.mlp."))
+        raise VitkitError(
+            f"{source}: an MLP vitkit does not have (blocks.0.mlp has {', '.join(has) or 'nothing'}"
+            "; vitkit reads fc1 and fc2, SwiGLU packed in fc1)"
+        )
     width, in_chans, ph, pw = sd["patch_embed.proj.weight"].shape
     depth = 1 + max(int(m[1]) for k in sd if (m := re.match(r"^blocks\.(\d+)\.", k)))
     if num_heads is None:
@@ -104,12 +110,6 @@ def timm_config(
             )
         num_heads = HEADS_BY_WIDTH[width]
     class_token = "cls_token" in sd
-    if "blocks.0.mlp.fc1.weight" not in sd or "blocks.0.mlp.fc2.weight" not in sd:
-        has = sorted(k[len("blocks.0.mlp.") :] for k in sd if k.startswith("blocks.0.mlp."))
-        raise VitkitError(
-            f"{source}: an MLP vitkit does not have (blocks.0.mlp has {', '.join(has) or 'nothing'}"
-            "; vitkit reads fc1 and fc2, SwiGLU packed in fc1)"
-        )
     mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
     pool: Pool = "token" if class_token and not fc_norm else "gap"
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
