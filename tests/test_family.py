@@ -101,7 +101,7 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     back = read_checkpoint(tmp_path / "folder")
     assert back.model_config == cfg
     shown = format_description(describe(back))
-    assert "family:" in shown and next(iter(cfg.family_switches)) in shown
+    assert "switches:" in shown and next(iter(cfg.family_switches)) in shown
     again = timm.create_model(f"local-dir:{tmp_path / 'folder'}", pretrained=True).eval()
     with torch.no_grad():
         diff = (again(x.float()) - model(x.float())).abs().max().item()

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
 from vitkit.errors import VitkitError
+from vitkit.families import FAMILIES
 
 Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
@@ -336,8 +337,8 @@ def parse_resnet_name(name: str) -> tuple[tuple[int, ...], float] | None:
 def model_config(name: str, **overrides: Any) -> ModelConfig:
     """A named variant's config with any field overridden (``depth=6``, ``image_size=384``).
 
-    ViTs (``"B/16"``, ``"vit_s16"``) and the paper's hybrids (``"r50_vit_b16"``) give a
-    :class:`ViTConfig`, BiT ResNets (``"bit_r50x1"``) a :class:`ResNetConfig`.
+    ViTs (``"B/16"``), the paper's hybrids (``"r50_vit_b16"``) and the family's named models
+    (``"deit3_small_patch16_224"``) give a ViTConfig, BiT ResNets (``"bit_r50x1"``) a ResNetConfig.
     """
     resnet = parse_resnet_name(name)
     if resnet is not None:
@@ -349,6 +350,8 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
         size, patch, layers = HYBRIDS[hybrid]
         base: dict[str, Any] = dataclasses.asdict(SIZES[size])
         base.update(patch_size=patch, resnet_layers=layers)
+    elif name.strip() in FAMILIES:  # the family's named models (vitkit.families)
+        base = dict(FAMILIES[name.strip()])
     else:
         size, patch = parse_name(name)
         base = dataclasses.asdict(SIZES[size])

@@ -9,6 +9,50 @@ from vitkit.config import ViTConfig
 _GELU = {"tanh": "tanh approximation", "none": "exact (erf)", "quick": "quick x*sigmoid(1.702x)"}
 
 
+def family_name(cfg: ViTConfig) -> str:
+    """The family a config belongs to, read from its switches, with what sets it apart:
+    ``"DeiT-III S/16, layer scale 1e-06, 224 px"``, ``"DINOv2 S/14, 4 registers, layer scale
+    1e-05, 518 px"``, ``"CLIP tower B/16, quick GELU, 224 px"``, ``"ViT-B/16 (the paper's),
+    224 px"``. The switches, not a name, decide: two checkpoints with the same switches get the
+    same family."""
+    details: list[str] = []
+    size = cfg.short_name
+    if cfg.dist_token:
+        family = "DeiT (distilled)"
+    elif cfg.norm_pre and not cfg.patch_bias:
+        family = "CLIP tower"
+        details += ["quick GELU"] if cfg.gelu == "quick" else []
+    elif cfg.layer_scale_init is not None and not cfg.pos_embed_prefix and not cfg.num_reg_tokens:
+        family = "DeiT-III"  # E_pos for the patches only
+    elif cfg.layer_scale_init is not None and (cfg.patch_size == (14, 14) or cfg.num_reg_tokens):
+        family = "DINOv2"
+    elif cfg.layer_scale_init is not None:
+        family = "ViT with layer scale"
+    elif cfg.num_reg_tokens:
+        family = "ViT with registers"
+    elif cfg.fc_norm:
+        family = "timm GAP ViT (fc_norm)"
+    elif cfg.family_switches:
+        family = "ViT variant"
+    else:
+        family, size = "", f"{size} (the paper's)"
+    if not family:  # the paper's: "ViT-B/16", "R(3,4,9)x1+ViT-B/16"
+        size = size.replace("+", "+ViT-") if cfg.is_hybrid else f"ViT-{size}"
+    if cfg.num_reg_tokens:
+        details.append(f"{cfg.num_reg_tokens} registers")
+    if cfg.mlp == "swiglu":
+        details.append("SwiGLU MLP")
+    if cfg.layer_scale_init is not None:
+        details.append(f"layer scale {cfg.layer_scale_init:g}")
+    if cfg.qk_norm:
+        details.append("q/k norm")
+    if cfg.pool != "token":
+        details.append(f"{cfg.pool} pool" + (" + fc_norm" if cfg.fc_norm else ""))
+    h, w = cfg.image_size
+    details.append(f"{h} px" if h == w else f"{h}x{w} px")
+    return f"{family + ' ' if family else ''}{size}, {', '.join(details)}"
+
+
 def format_description(info: dict[str, Any]) -> str:
     """A checkpoint's description (``describe(read_checkpoint(...))``), one field a line."""
     arch = info["architecture"]
@@ -36,10 +80,11 @@ def format_description(info: dict[str, Any]) -> str:
         lines.append(
             f"numerics:    LayerNorm eps {arch['layer_norm_eps']:g}, GELU {_GELU[arch['gelu']]}"
         )
-        switches = ViTConfig.from_dict(arch).family_switches
-        if switches:
-            family = ", ".join(f"{k}={v}" for k, v in switches.items())
-            lines.append(f"family:      {family}  (not the paper's ViT)")
+        cfg = ViTConfig.from_dict(arch)
+        lines.append(f"family:      {family_name(cfg)}")
+        if cfg.family_switches:
+            switches = ", ".join(f"{k}={v}" for k, v in cfg.family_switches.items())
+            lines.append(f"switches:    {switches}  (not the paper's ViT)")
         if arch.get("resnet_layers") is not None:
             lines.append(
                 f"hybrid:      ResNet stages {arch['resnet_layers']}, "

@@ -39,6 +39,7 @@ from vitkit.checkpoints import hf_family, hf_siglip
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt, is_zero_head
+from vitkit.checkpoints.description import family_name
 from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
 from vitkit.checkpoints.io import (
     CONFIG,
@@ -262,7 +263,8 @@ def _wrap(fn: Any, p: Path) -> Any:
     try:
         return fn()
     except (VitkitError, TypeError, ValueError) as e:  # a malformed field of a file's config
-        raise VitkitError(f"{p}: {e}") from None
+        said = str(e)  # (a converter's message that names the file already is kept as it is)
+        raise VitkitError(said if said.startswith(f"{p}: ") else f"{p}: {said}") from None
 
 
 def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
@@ -521,6 +523,7 @@ def describe(ckpt: Checkpoint) -> dict[str, Any]:
         "path": str(ckpt.path),
         "format": ckpt.format,
         "model": cfg.short_name,
+        "family": cfg.short_name if isinstance(cfg, ResNetConfig) else family_name(cfg),
         "architecture": cfg.to_dict(),
         "parameters": count_params(cfg),
         "resolution": list(cfg.image_size),

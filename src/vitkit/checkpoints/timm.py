@@ -100,6 +100,12 @@ def timm_config(
     missing = [k for k in need if k not in sd]
     if missing:
         raise VitkitError(f"{source}: not a timm ViT state dict (missing {', '.join(missing)})")
+    if "blocks.0.mlp.fc1.weight" not in sd or "blocks.0.mlp.fc2.weight" not in sd:
+        has = sorted(k[len("blocks.0.mlp.") :] for k in sd if k.startswith("blocks.0.mlp."))
+        raise VitkitError(
+            f"{source}: an MLP vitkit does not have (blocks.0.mlp has {', '.join(has) or 'nothing'}"
+            "; vitkit reads fc1 and fc2, SwiGLU packed in fc1)"
+        )
     width, in_chans, ph, pw = sd["patch_embed.proj.weight"].shape
     depth = 1 + max(int(m[1]) for k in sd if (m := re.match(r"^blocks\.(\d+)\.", k)))
     if num_heads is None:
@@ -449,14 +455,43 @@ def timm_hub_config(
     return out
 
 
+# timm's registered sizes outside the paper's table (name pattern → heads), first match wins;
+# checked against every registered name by bench/coverage.py and tests/test_coverage.py
+_NAME_HEADS: tuple[tuple[str, int], ...] = (
+    (r"^vit_base_patch16_gap_224$", 16),  # B width with 16 heads
+    (r"^vit_giant_patch\d+_(reg\d_)?(dinov2|tipsv2|radio_v\d)$", 24),
+    (r"_(d?p?wee|xsmall)_", 4),
+    (r"_d?little_", 5),
+    (r"_mediumd?_", 8),
+    (r"_betwixt_", 10),
+    (r"_so150m2_", 13),
+    (r"_so150m_|^vit_base_patch\d+_plus_", 14),
+    (r"_(so400m|giant|giantopt|gigantic)_", 16),
+)
+# SigLIP 2 towers (and timm's SigLIP-GAP copies of them) use the tanh GELU; SigLIP 1's exact
+_TANH_GELU = re.compile(
+    r"^vit_(base_patch32_siglip_|large_patch16_siglip_(gap_)?512|so400m_patch16_siglip_|"
+    r"giantopt_patch16_siglip_)"
+)
+# timm names whose blocks compute something their weights cannot show
+_NAME_REFUSED = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
+
+
 def _name_settings(arch: str) -> dict[str, Any]:
     """What a timm model name fixes that its weights do not (timm's vision_transformer.py and
-    deit.py): CLIP towers' LayerNorm epsilon and quick GELU, the layer-scale init."""
+    deit.py): CLIP towers' LayerNorm epsilon and quick GELU, SigLIP 2's tanh GELU, the
+    layer-scale init, the heads of timm's sizes outside the paper's table."""
     out: dict[str, Any] = {"layer_norm_eps": 1e-5} if "_clip_" in arch else {}
     if "quickgelu" in arch:
         out["act_layer"] = "quick_gelu"
+    if _TANH_GELU.match(arch):
+        out["act_layer"] = "gelu_tanh"
     if arch.startswith("deit3_") or "dinov2" in arch:
         out["init_values"] = 1e-6 if arch.startswith("deit3_") else 1e-5
+    for pattern, heads in _NAME_HEADS:
+        if re.search(pattern, arch):
+            out["num_heads"] = heads
+            break
     return out
 
 
@@ -465,8 +500,17 @@ def timm_hub_to_config(
 ) -> ViTConfig:
     """Architecture of a timm model folder: its ``model_args`` where given, then what its
     ``architecture`` name fixes, else the weights (``num_heads`` where no table size)."""
-    args = {**_name_settings(str(hub.get("architecture", ""))), **(hub.get("model_args") or {})}
-    cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), source=source)
+    arch = str(hub.get("architecture", ""))
+    for pattern, what in _NAME_REFUSED.items():
+        if pattern in arch:
+            raise VitkitError(f"{source}: {arch} has {what}; vitkit's blocks are the paper's")
+    args = {**_name_settings(arch), **(hub.get("model_args") or {})}
+    grid = None  # the input size, where given, says which E_pos rows are the patch grid
+    size, proj = args.get("img_size"), sd.get("patch_embed.proj.weight")
+    if size is not None and proj is not None and not any(k.startswith(_BACKBONE) for k in sd):
+        h, w = (size, size) if isinstance(size, int) else size
+        grid = (int(h) // proj.shape[2], int(w) // proj.shape[3])
+    cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), grid=grid, source=source)
     act = args.get("act_layer", "gelu")
     gelus = {v: k for k, v in _TIMM_ACT.items()}
     if act not in gelus:

@@ -24,7 +24,7 @@ def add_commands(sub: Any) -> None:
     p = add_command(
         sub,
         "models",
-        "the variant tables (ViTs, hybrids, BiT ResNets) with parameters and GFLOPs",
+        "the variant tables (ViTs, hybrids, BiT, the ViT family) with parameters and GFLOPs",
     )
     p.add_argument("--image-size", type=positive_int, default=224, help="input resolution")
     p.add_argument(
@@ -231,7 +231,24 @@ def cmd_models(args: argparse.Namespace) -> int:
     for name in STANDARD_RESNETS:
         cfg = model_config(name, **size_px)
         print(f"{name:<14}{cfg.short_name:<22}{cfg.feature_dim:>8}{_cost(cfg)}")
+    _print_families()
     return 0
+
+
+def _print_families() -> None:
+    """The family's named models (vitkit.families) at their own size and head, as timm's."""
+    from vitkit.config import ViTConfig, model_config
+    from vitkit.families import FAMILIES, family_of
+
+    print("\nthe ViT family (timm's names, each at its own size and head: counts equal timm's)")
+    print(f"{'name':<38}{'family':<9}{'size':<21}{'px':>4}{'tokens':>7}{'params':>14}{'GFLOPs':>9}")
+    for name in FAMILIES:
+        cfg = model_config(name)
+        assert isinstance(cfg, ViTConfig)
+        print(
+            f"{name:<38}{family_of(name):<9}{cfg.short_name:<21}{cfg.image_size[0]:>4}"
+            f"{cfg.seq_len:>7}{_cost(cfg)}"
+        )
 
 
 def _cost(cfg: Any) -> str:

@@ -1,0 +1,145 @@
+"""The family's named models (vitkit.families): every row's parameter count equals the same
+timm model's (built on the meta device: no memory, no time), the names resolve wherever a model
+name is taken, and ``vitkit models`` lists them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from references import import_reference
+
+from vitkit.checkpoints.description import family_name
+from vitkit.cli import main
+from vitkit.config import ViTConfig, count_params, model_config
+from vitkit.errors import VitkitError
+from vitkit.families import FAMILIES, family_of
+
+# one of each family and switch (every row was checked once; these keep it checked, fast)
+CHECKED = (
+    "deit_tiny_patch16_224",
+    "deit_small_distilled_patch16_224",
+    "deit3_medium_patch16_224",
+    "vit_small_patch14_reg4_dinov2",
+    "vit_giant_patch14_dinov2",
+    "vit_base_patch32_clip_quickgelu_224",
+    "vit_base_patch16_224.mae",
+)
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_count_equals_timm(name):
+    timm = import_reference("timm")
+    with torch.device("meta"):
+        reference = timm.create_model(name)
+    cfg = model_config(name)
+    assert isinstance(cfg, ViTConfig)
+    assert count_params(cfg) == sum(p.numel() for p in reference.parameters())
+    assert cfg.num_classes == reference.num_classes
+    assert cfg.image_size == tuple(reference.patch_embed.img_size)
+
+
+def test_built_model_has_the_counted_parameters():
+    from vitkit.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_config("vit_small_patch14_reg4_dinov2"))
+    assert sum(p.numel() for p in model.parameters()) == 22_057_344  # timm's
+
+
+def test_overrides_and_families():
+    cfg = model_config("deit3_small_patch16_224", num_classes=10, image_size=32)
+    assert (cfg.num_classes, cfg.image_size, cfg.layer_scale_init) == (10, (32, 32), 1e-6)
+    assert not cfg.pos_embed_prefix and cfg.gelu == "none"
+    assert model_config("vit_base_patch16_clip_quickgelu_224").gelu == "quick"
+    assert model_config("deit_tiny_distilled_patch16_224").dist_token
+    assert {family_of(n) for n in FAMILIES} == {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE"}
+    with pytest.raises(VitkitError, match="unknown model 'deit3_tiny_patch16_224'"):
+        model_config("deit3_tiny_patch16_224")
+
+
+def test_models_command_lists_the_family(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "deit3_small_patch16_224" in out and "22,059,496" in out  # timm's count
+    assert "vit_small_patch14_reg4_dinov2" in out and "22,057,344" in out
+    assert "vit_base_patch16_224.mae" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("deit3_small_patch16_224", "DeiT-III S/16, layer scale 1e-06, 224 px"),
+        ("deit3_huge_patch14_224", "DeiT-III H/14, layer scale 1e-06, 224 px"),
+        ("deit_tiny_distilled_patch16_224", "DeiT (distilled) Ti/16, 224 px"),
+        ("vit_small_patch14_dinov2", "DINOv2 S/14, layer scale 1e-05, 518 px"),
+        (
+            "vit_giant_patch14_reg4_dinov2",
+            "DINOv2 ViT-w1536-d40-h24/14, 4 registers, SwiGLU MLP, layer scale 1e-05, 518 px",
+        ),
+        ("vit_base_patch16_clip_quickgelu_224", "CLIP tower B/16, quick GELU, 224 px"),
+        ("vit_base_patch16_224.mae", "ViT-B/16 (the paper's), 224 px"),
+        ("B/32", "ViT-B/32 (the paper's), 224 px"),
+        ("r50_vit_b16", "R(3,4,9)x1+ViT-B/16 (the paper's), 224 px"),
+    ],
+)
+def test_family_name_from_the_switches(name, family):
+    cfg = model_config(name)
+    assert isinstance(cfg, ViTConfig)
+    assert family_name(cfg) == family
+
+
+def test_family_name_of_timm_gap_and_non_square():
+    cfg = model_config("S/16", pool="gap", class_token=True, fc_norm=True, image_size=(224, 160))
+    assert family_name(cfg) == "timm GAP ViT (fc_norm) S/16, gap pool + fc_norm, 224x160 px"
+
+
+def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):
+    from vitkit.checkpoints import Checkpoint, write_checkpoint
+    from vitkit.config import PreprocessConfig
+    from vitkit.model import build_model
+
+    cfg = model_config("deit3_small_patch16_224", image_size=32, depth=1, num_classes=3)
+    sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}  # no zero head
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    write_checkpoint(ckpt, tmp_path / "f", "timm")
+    assert main(["inspect", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert "family:      DeiT-III ViT-w384-d1-h6/16, layer scale 1e-06, 32 px" in out
+    assert "switches:    layer_scale_init=1e-06, pos_embed_prefix=False" in out
+
+
+def _timm_folder(tmp_path: Path, cfg: ViTConfig) -> Path:
+    from vitkit.checkpoints import Checkpoint, write_checkpoint
+    from vitkit.config import PreprocessConfig
+    from vitkit.model import build_model
+
+    sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    return write_checkpoint(ckpt, tmp_path / "f", "timm")
+
+
+def test_timm_folder_grid_comes_from_its_img_size(tmp_path):
+    # 3x3 patches + 4 registers without E_pos rows: 9 rows, and 9 - 5 = 4 is a square too
+    cfg = model_config(
+        "vit_small_patch14_reg4_dinov2", image_size=42, depth=1, width=32, num_heads=2, mlp_dim=64
+    )
+    from vitkit.checkpoints import read_checkpoint
+
+    assert read_checkpoint(_timm_folder(tmp_path, cfg)).model_config == cfg
+
+
+def test_a_refusal_names_the_folder_once(tmp_path):
+    import json
+
+    from vitkit.checkpoints import read_checkpoint
+
+    cfg = model_config("B/16", depth=1, width=32, num_heads=2, mlp_dim=64)
+    folder = _timm_folder(tmp_path, cfg)
+    hub = json.loads((folder / "config.json").read_text())
+    hub["architecture"] = "vit_base_patch16_rpn_224"
+    (folder / "config.json").write_text(json.dumps(hub))
+    with pytest.raises(VitkitError) as e:
+        read_checkpoint(folder)
+    assert str(e.value).count(str(folder)) == 1 and "ResPostBlock" in str(e.value)
