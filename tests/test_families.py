@@ -12,7 +12,8 @@ from references import import_reference
 
 from vitkit.checkpoints.description import family_name
 from vitkit.cli import main
-from vitkit.config import ViTConfig, count_params, model_config
+from vitkit.config import ViTConfig, model_config
+from vitkit.counts import count_params
 from vitkit.errors import VitkitError
 from vitkit.families import FAMILIES, family_of
 
