@@ -1,0 +1,141 @@
+"""The paper's data-scale finding in miniature (Sec. 4.2, Figures 3 and 4).
+
+"When pre-trained on the smallest dataset, ImageNet, ViT-Large models underperform compared to
+ViT-Base models ... with JFT-300M, we see the full benefit of larger models" and, on random JFT
+subsets, "ResNets perform better with smaller pre-training datasets but plateau sooner than ViT".
+:func:`run_data_scale` trains every model on class-stratified training subsets of growing size,
+with several seeds, and evaluates each run on the full test split; :func:`write_study` turns the
+runs into mean ± std per (model, size), a plot of accuracy against size and, per size, the
+training-loss curves of every run (to see that they flattened).
+
+Each run lives in ``OUT/runs/<model>/n<size>/seed<k>`` and is reused once its ``report.json``
+exists (:mod:`vitkit.studies.common`). Small subsets get the same number of epochs, but at
+least ``min_steps`` optimizer steps (more epochs), so that a 1,000-image run is not judged after
+a handful of updates; with early stopping (``TrainConfig.early_stop``) the budget is an upper
+bound and each run stops when its validation loss stops improving. The subset of seed ``k`` is
+drawn with seed ``k``; with one seed the subsets are nested up to rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vitkit.errors import VitkitError
+from vitkit.studies.common import (
+    ModelSpec,
+    RunResult,
+    RunSpec,
+    check_labels,
+    epochs_for,
+    markdown_table,
+    run_all,
+    summarize,
+    write_summary,
+)
+from vitkit.train.config import TrainConfig
+
+
+def data_scale_specs(
+    base: TrainConfig,
+    models: Sequence[ModelSpec],
+    sizes: Sequence[int],
+    seeds: int,
+    *,
+    min_steps: int = 0,
+) -> list[RunSpec]:
+    """Every (seed, size, model) run, seed-major: an interrupted study has every model at
+    every size for its first seeds."""
+    if not models or not sizes or seeds < 1:
+        raise VitkitError("a data-scale study needs at least one model, one size and one seed")
+    if sorted(set(sizes)) != sorted(sizes):
+        raise VitkitError(f"sizes must be distinct, got {list(sizes)}")
+    check_labels(models)
+    specs = []
+    for seed in range(seeds):
+        for size in sorted(sizes):
+            cfg = dataclasses.replace(
+                base,
+                train_size=size,
+                epochs=epochs_for(size, base.batch_size, base.epochs, min_steps),
+            )
+            for spec in models:
+                specs.append(RunSpec(cfg, spec, f"n{size}", seed, info={"size": size}))
+    return specs
+
+
+def run_data_scale(
+    base: TrainConfig,
+    models: Sequence[ModelSpec],
+    sizes: Sequence[int],
+    seeds: int,
+    out_dir: str | Path,
+    *,
+    min_steps: int = 0,
+) -> list[RunResult]:
+    """Train every model on every subset size with seeds ``0..seeds-1``; one result per run.
+
+    ``base`` gives the data and the optimisation settings (its ``model``, ``train_size``,
+    ``seed`` and ``out_dir`` are set per run). Runs that already have a report are reused.
+    """
+    specs = data_scale_specs(base, models, sizes, seeds, min_steps=min_steps)
+    return run_all(specs, out_dir)
+
+
+def data_scale_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Mean ± std per (model, size), each row with its ``size``."""
+    return summarize(results, keep=("size",))
+
+
+def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -> dict[str, Path]:
+    """``results.json`` (every run), ``table.md``, ``data_scale.png`` and ``loss_curves.png``
+    (training loss against steps, one panel per size) in ``out_dir``."""
+    from vitkit.plotting import plot_data_scale
+    from vitkit.studies.plots import plot_loss_curves
+
+    rows = data_scale_rows(results)
+    sizes = sorted({r["size"] for r in rows})
+    table = markdown_table(rows, [f"n{s}" for s in sizes], lambda g: f"n={int(g[1:]):,}")
+    table += "\n\n" + convergence_table(results)
+    paths = write_summary(results, rows, table, out_dir, title)
+    runs = [r.to_dict() for r in results]
+    paths["plot"] = plot_data_scale(rows, runs, Path(out_dir) / "data_scale.png", title=title)
+    paths["curves"] = plot_loss_curves(
+        results, Path(out_dir) / "loss_curves.png", panel_key="size", title=title
+    )
+    return paths
+
+
+def convergence_table(results: Sequence[RunResult]) -> str:
+    """Per run group: how far the training loss still moved over the last 20 % of training,
+    and where early stopping stopped (from each run's report)."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.model, r.group), []).append(r)
+    lines = [
+        "| model | size | steps | train-loss change, last 20 % | best / stopped epoch |",
+        "|---|---|---|---|---|",
+    ]
+    for (model, group), runs in groups.items():
+        changes = [
+            r.info["convergence"]["rel_change_last_20pct"]
+            for r in runs
+            if r.info.get("convergence", {}).get("rel_change_last_20pct") is not None
+        ]
+        change = ", ".join(f"{100 * c:+.1f} %" for c in changes) or "n/a"
+        epochs = ", ".join(
+            f"{r.info['best_epoch']}/{r.info['stopped_epoch']}"
+            if "best_epoch" in r.info
+            else f"-/{r.epochs}"
+            for r in runs
+        )
+        steps = ", ".join(str(r.steps) for r in runs)
+        lines.append(f"| {model} | {group[1:]} | {steps} | {change} | {epochs} |")
+    lines.append("")
+    lines.append(
+        "Train-loss change: (mean loss of the last 10 % of logged steps − that of the 10 % "
+        "before) / the latter, per seed; near 0 means the curve flattened."
+    )
+    return "\n".join(lines)
