@@ -86,6 +86,7 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between metrics.jsonl records
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     progress: bool = True
+    analysis_report: bool = True  # report.html (attention analysis) and confusion_*.png at the end
     device: str = "cpu"
     # PyTorch's intra-op threads: they change how sums are split, so the weights (not the
     # accuracy) differ in the last bits. None: PyTorch's choice; a run records what it used
@@ -177,6 +178,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "progress",
+        "analysis_report",
         "ckpt_every",
         "keep_checkpoints",
         "num_workers",

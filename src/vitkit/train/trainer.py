@@ -448,7 +448,7 @@ class Trainer(TrainingRun):
         metrics["per_class_accuracy"] = [
             None if math.isnan(a) else a for a in res.per_class_accuracy
         ]
-        if self.dist.is_main:
+        if self.dist.is_main and self.cfg.analysis_report:
             run_report.plot_final_confusion(
                 self.out,
                 res,
@@ -474,8 +474,10 @@ class Trainer(TrainingRun):
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """Rank 0: curves.png, report.json and report.html (hook)."""
+        """Rank 0: curves.png, report.json and (``analysis_report``) report.html (hook)."""
         run_report.write_curves_and_json(self.out, report, self.metrics.records())
+        if not self.cfg.analysis_report:
+            return
         run_report.write_run_report(
             self.out,
             self.model,
