@@ -149,3 +149,11 @@ def test_small_subsets_get_more_epochs_and_more_patience() -> None:
     assert patience_for(600, 256, 10, 4000) == 500
     assert patience_for(59_000, 256, 10, 4000) == 10  # 230 steps an epoch: as given
     assert patience_for(600, 256, None, 4000) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without")
+def test_the_device_reaches_every_run(tmp_path: Path, capsys) -> None:
+    """--device cuda goes through to the runs' TrainConfig (here: refused, no GPU)."""
+    args = ["study", "compute", "--smoke", *FAST, "--out-dir", str(tmp_path), "--device", "cuda"]
+    assert main(args) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err

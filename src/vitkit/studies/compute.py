@@ -125,7 +125,7 @@ def compute_table(rows: Sequence[dict[str, Any]]) -> str:
             pm = f" ± {100 * r['std']:.2f}" if r["seeds"] > 1 else ""
             lines.append(
                 f"| {family} | {r['model']} ({r['short_name']}) | {r['params']:,} | "
-                f"{r['gflops']:.4f} | {r['mean_steps']:.0f} | {r['train_exaflops']:.3g} | "
+                f"{r['gflops']:.3g} | {r['mean_steps']:.0f} | {r['train_exaflops']:.3g} | "
                 f"{100 * r['mean']:.2f}{pm} |"
             )
     seeds = sorted({r["seeds"] for r in rows})

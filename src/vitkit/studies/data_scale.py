@@ -113,7 +113,8 @@ def data_scale_specs(
                 early_stop=patience_for(size, base.batch_size, base.early_stop, min_steps),
             )
             for spec in models:
-                specs.append(RunSpec(cfg, spec, f"n{size}", seed, info={"size": size}))
+                info = {"size": size, "data": base.data}
+                specs.append(RunSpec(cfg, spec, f"n{size}", seed, info=info))
     return specs
 
 
@@ -164,8 +165,9 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     paths = write_summary(results, rows, table, out_dir, title)
     runs = [r.to_dict() for r in results]
     paths["plot"] = plot_data_scale(rows, runs, Path(out_dir) / "data_scale.png", title=title)
+    curves_title = f"{results[0].info.get('data', '?')}: training loss of every run"
     paths["curves"] = plot_loss_curves(
-        results, Path(out_dir) / "loss_curves.png", panel_key="size", title=title
+        results, Path(out_dir) / "loss_curves.png", panel_key="size", title=curves_title
     )
     return paths
 

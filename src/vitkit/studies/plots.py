@@ -27,8 +27,11 @@ def plot_loss_curves(
     """One panel per value of ``info[panel_key]`` (e.g. the training-set size), one colour per
     model, one line per seed: training loss against optimizer steps (log y); a marker where the
     run's best validation epoch ended, when it early-stopped."""
+    from matplotlib.ticker import FuncFormatter
+
     if not results:
         raise VitkitError(f"{path}: nothing to plot (no runs)")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     panels = sorted({r.info[panel_key] for r in results})
     models = list(dict.fromkeys(r.model for r in results))
     cols = min(len(panels), 3)
@@ -48,6 +51,8 @@ def plot_loss_curves(
             if r.info.get("early_stopped"):
                 ax.plot(steps[-1], loss[-1], "x", color=f"C{j % 10}", markersize=5)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_title(
             f"{panel_key} = {value:,}" if isinstance(value, int) else str(value), fontsize=9
         )
@@ -58,7 +63,7 @@ def plot_loss_curves(
         if i == 0:
             ax.legend(fontsize=7)
     if title:
-        fig.suptitle(title + " — training loss (x: early-stopped)", fontsize=10)
+        fig.suptitle(title + " (x: early-stopped)", fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
 
