@@ -90,7 +90,7 @@ def study_models(args: argparse.Namespace, default: str, smoke: str) -> list[Any
 
 def study_out_dir(args: argparse.Namespace, name: str, base: Any) -> Path:
     smoke = "-smoke" if args.smoke else ""
-    return Path(args.out_dir or f"runs/study-{name}-{base.data}{smoke}")
+    return Path(args.out_dir or f"runs/{name}-{base.data}{smoke}")  # (data-scale: as before)
 
 
 # ----- data-scale -----------------------------------------------------------------------------

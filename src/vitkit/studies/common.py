@@ -80,6 +80,7 @@ class RunSpec:
     seed: int
     info: dict[str, Any] = field(default_factory=dict)  # copied into the result (``size``)
     fit: FitFn | None = None  # how to train it; None: an ordinary Trainer run
+    plots: bool = False  # the run's own curves.png and report.html (the study draws its own)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._=+-]+", self.group):
@@ -97,7 +98,7 @@ class RunSpec:
             seed=self.seed,
             out_dir=str(self.run_dir(out)),
             resume=False,
-            run_plots=False,  # per-run plots: seconds each; the study draws every run's curves
+            run_plots=self.plots,  # per-run plots: seconds each; off unless asked
         )
 
 

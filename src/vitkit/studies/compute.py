@@ -17,7 +17,7 @@ reused as in every study (:mod:`vitkit.studies.common`). The full-size command (
 3 seeds, the same 10 epochs of 100,000 images each; a GPU):
 
     vitkit study compute --data shapes-hard --train-size 100000 --seeds 3 --epochs 10 \
-        --warmup-steps 200 --device cuda --out-dir runs/study-compute-shapes-hard
+        --warmup-steps 200 --device cuda --out-dir runs/compute-shapes-hard
 
 ``--smoke`` runs it in seconds.
 """
@@ -71,7 +71,7 @@ SMOKE_MODELS = (
 )
 FULL_COMMAND = (
     "vitkit study compute --data shapes-hard --train-size 100000 --seeds 3 --epochs 10 "
-    "--warmup-steps 200 --device cuda --out-dir runs/study-compute-shapes-hard"
+    "--warmup-steps 200 --device cuda --out-dir runs/compute-shapes-hard"
 )
 FULL_TRAIN_SIZE = {"mnist": 59_000, "shapes-hard": 100_000}
 BACKWARD_FACTOR = 3  # forward + backward ~ 3 forwards (the usual count; the paper's too)

@@ -24,10 +24,10 @@ and evaluates its best weights; each run's report says how far its training loss
 
     vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 \
         --min-steps 4000 --warmup-steps 200 --early-stop 10 --device cuda \
-        --out-dir runs/study-data-scale-mnist
+        --out-dir runs/data-scale-mnist
     vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 \
         --min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda \
-        --out-dir runs/study-data-scale-shapes-hard
+        --out-dir runs/data-scale-shapes-hard
 
 (MNIST: sizes 600 ... 59,000 = all 60,000 training images but the 1,000 held out for early
 stopping; shapes-hard: 1,000 ... 1,000,000.) ``--smoke`` runs the study in seconds.
@@ -57,10 +57,10 @@ from vitkit.train.config import TrainConfig
 
 FULL_COMMANDS = (
     "vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 --min-steps 4000 "
-    "--warmup-steps 200 --early-stop 10 --device cuda --out-dir runs/study-data-scale-mnist",
+    "--warmup-steps 200 --early-stop 10 --device cuda --out-dir runs/data-scale-mnist",
     "vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 "
     "--min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda "
-    "--out-dir runs/study-data-scale-shapes-hard",
+    "--out-dir runs/data-scale-shapes-hard",
 )
 
 # Three models of similar size and cost at 28-32 px (49-64 tokens): a ViT with 4x4 patches, a
