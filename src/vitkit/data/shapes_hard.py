@@ -22,6 +22,7 @@ directly rather than carved from a pool.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -60,6 +61,21 @@ def make_shapes_hard(
         raise VitkitError(f"shapes-hard: the number of images must be 1..{MAX_IMAGES:,}, not {n}")
     if image_size < 32:
         raise VitkitError(f"shapes-hard: image_size must be at least 32 px, not {image_size}")
+    images, labels, boxes = _generate(split, n, image_size, seed)
+    info = DataInfo(
+        name="shapes-hard",
+        num_classes=len(HARD_CLASSES),
+        class_names=HARD_CLASSES,
+        channels=3,
+        image_size=(image_size, image_size),
+        allow_flip=False,  # a flip swaps left and right
+    )
+    return ArrayDataset(images, labels, info, boxes=boxes)
+
+
+@functools.lru_cache(maxsize=3)  # a study's consecutive runs share their train, val and test
+def _generate(split: str, n: int, image_size: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """The images, labels and boxes of a set, chunk by chunk (read-only: shared by callers)."""
     images = torch.empty((n, 3, image_size, image_size), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
     boxes = torch.empty((n, 4), dtype=torch.float32)
@@ -77,15 +93,7 @@ def make_shapes_hard(
     # its own generator, so the result does not depend on the number of threads.
     with ThreadPoolExecutor(max(1, min(torch.get_num_threads(), len(chunks)))) as pool:
         list(pool.map(fill, chunks))
-    info = DataInfo(
-        name="shapes-hard",
-        num_classes=len(HARD_CLASSES),
-        class_names=HARD_CLASSES,
-        channels=3,
-        image_size=(image_size, image_size),
-        allow_flip=False,  # a flip swaps left and right
-    )
-    return ArrayDataset(images, labels, info, boxes=boxes)
+    return images, labels, boxes
 
 
 def _chunk(rng: np.random.Generator, image_size: int) -> tuple[np.ndarray, ...]:
