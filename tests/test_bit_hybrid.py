@@ -30,7 +30,7 @@ from vitkit.counts import count_flops, count_params
 from vitkit.data import load_dataset
 from vitkit.errors import VitkitError
 from vitkit.model import create_model
-from vitkit.train.study import parse_model_specs
+from vitkit.studies.common import parse_model_specs
 
 # At 224 px with a 1000-class head. Equal to timm 1.0.31's models of the same name
 # (vit_tiny_r_s16_p8_224, vit_small_r26_s32_224, vit_base_r26_s32_224, vit_base_r50_s16_224,
@@ -352,7 +352,10 @@ def test_study_data_scale_end_to_end(tmp_path, capsys):
     assert (out / "data_scale.png").stat().st_size > 10_000
     assert "n=160" in captured.out
     # A second call reuses every finished run and trains nothing.
+    assert captured.err.count("seed 0: ") >= 4
+    mtimes = {p: p.stat().st_mtime_ns for p in Path(out, "runs").glob("*/n*/seed*/report.json")}
     assert main(args) == 0
-    assert captured.err.count("seed 0,") >= 4
     assert "(done before)" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text())["trained_runs"] == 0
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
     assert len(list(Path(out, "runs").glob("*/n*/seed*/report.json"))) == 8

@@ -305,7 +305,7 @@ def test_load_dataset_errors():
     with pytest.raises(VitkitError, match="shapes"):
         load_dataset("shapes", "train", val_size=1.5)
     assert len(load_dataset("shapes", "train", val_size=0)) == 10_000
-    assert set(BUILTIN_DATASETS) == {"mnist", "digits", "shapes"}
+    assert set(BUILTIN_DATASETS) == {"mnist", "digits", "shapes", "shapes-hard"}
 
 
 # --- image folders ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from vitkit.cli import checkpoint, data, evaluate, explain, train
+from vitkit.cli import checkpoint, data, evaluate, explain, study, train
 from vitkit.cli.options import Parser
 from vitkit.errors import VitkitError
 
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    train.add_commands(sub)  # train, finetune, pretrain, study
+    train.add_commands(sub)  # train, finetune, pretrain
+    study.add_commands(sub)  # study data-scale, ...
     evaluate.add_commands(sub)  # eval, fewshot, predict
     explain.add_commands(sub)  # explain, analyze
     checkpoint.add_commands(sub)  # models, convert, inspect, export, consolidate

@@ -1,4 +1,4 @@
-"""``vitkit train``, ``finetune``, ``pretrain`` and ``study``: options → TrainConfig → Trainer."""
+"""``vitkit train``, ``finetune`` and ``pretrain``: options → TrainConfig → Trainer."""
 
 from __future__ import annotations
 
@@ -12,12 +12,9 @@ from typing import Any
 from vitkit.cli.options import (
     add_command,
     count,
-    non_negative_int,
     path,
     positive_float,
     positive_fraction_or_count,
-    positive_int,
-    positive_int_list,
     threads,
 )
 from vitkit.cli.train_options import add_train_options, train_config_from_args
@@ -110,52 +107,6 @@ def add_commands(sub: Any) -> None:
     )
     add_train_options(p, "mnist-mpp", shown="mnist-OBJECTIVE, i.e. mnist-mpp or mnist-mae")
     p.set_defaults(func=cmd_pretrain, recipe=None)
-
-    p = add_command(sub, "study", "experiments made of many training runs (data-scale)")
-    studies = p.add_subparsers(dest="study", metavar="STUDY")
-    q = add_command(
-        studies,
-        "data-scale",
-        "test accuracy vs training-set size for several models (paper Fig. 3/4)",
-        "Train every model of --models on class-stratified subsets of the training set of "
-        "every size in --sizes, with --seeds seeds each, evaluate on the full test split and "
-        "write OUT/data_scale.png (accuracy vs size), OUT/table.md (mean ± std) and "
-        "OUT/results.json. Each run lives in OUT/runs/MODEL/nSIZE/seedK; runs that finished "
-        "before are reused, so a study can be resumed or extended. Any training option sets "
-        "all runs (default: the mnist recipe's).",
-    )
-    add_train_options(q, "mnist")
-    g = q.add_argument_group("study")
-    g.add_argument(
-        "--models",
-        required=True,
-        help="comma-separated model names, each with optional overrides in brackets, e.g. "
-        "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
-        "label=NAME in the brackets names the model in the table and plot",
-    )
-    g.add_argument(
-        "--sizes",
-        type=positive_int_list,
-        required=True,
-        help="comma-separated training-set sizes, e.g. 1000,3000,10000",
-    )
-    g.add_argument(
-        "--seeds", type=positive_int, default=1, help="runs per (model, size): seeds 0..N-1"
-    )
-    g.add_argument(
-        "--min-steps",
-        type=non_negative_int,
-        default=0,
-        help="small subsets train for more epochs so that every run takes at least this many "
-        "optimizer steps",
-    )
-    q.set_defaults(func=cmd_study_data_scale)
-
-    def show_studies(args: argparse.Namespace) -> int:
-        p.print_help()
-        return 0
-
-    p.set_defaults(func=show_studies)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,29 +204,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     print(f"encoder checkpoint: {out}/checkpoints (LATEST)   report: {out}/report.json")
     print(f"plots: {out}/curves.png  {out}/preview.png")
     print(f"next: vitkit finetune --from {out} --data D  or  vitkit fewshot --from {out} --data D")
-    return 0
-
-
-def cmd_study_data_scale(args: argparse.Namespace) -> int:
-    if args.list_recipes:
-        return list_recipes()
-    for flag, value in (("--model", args.model), ("--nproc-per-node", args.nproc_per_node)):
-        if value is not None:
-            raise VitkitError(f"study data-scale takes --models, not {flag}")
-    if args.resume:
-        raise VitkitError("study data-scale always reuses finished runs; drop --resume")
-    from vitkit.train.study import parse_model_specs, run_data_scale, write_study
-
-    specs = parse_model_specs(args.models)  # checks names and options now, not after an hour
-    sizes = args.sizes
-    base = train_config_from_args(args)
-    out = Path(args.out_dir or f"runs/data-scale-{base.data}")
-    base = dataclasses.replace(base, val_size=0)  # all of each subset trains
-    results = run_data_scale(base, specs, sizes, args.seeds, out, min_steps=args.min_steps)
-    title = f"{base.data}: test top-1 vs training images ({args.seeds} seed(s) per point)"
-    paths = write_study(results, out, title)
-    print(paths["table"].read_text())
-    print(f"plot: {paths['plot']}   table: {paths['table']}   runs: {paths['results']}")
     return 0
 
 

@@ -55,6 +55,7 @@ class Pretrainer(Trainer):
             "mixup_alpha": cfg.mixup_alpha or None,
             "cutmix_alpha": cfg.cutmix_alpha or None,
             "compile": cfg.compile,
+            "early_stop": cfg.early_stop,
         }
         given = [k for k, v in unsupported.items() if v is not None]
         if given:

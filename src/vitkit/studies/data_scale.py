@@ -1,0 +1,205 @@
+"""The paper's data-scale finding in miniature (Sec. 4.2, Figures 3 and 4).
+
+"When pre-trained on the smallest dataset, ImageNet, ViT-Large models underperform compared to
+ViT-Base models ... with JFT-300M, we see the full benefit of larger models" and, on random JFT
+subsets, "ResNets perform better with smaller pre-training datasets but plateau sooner than ViT".
+:func:`run_data_scale` trains every model on class-stratified training subsets of growing size,
+with several seeds, and evaluates each run on the full test split; :func:`write_study` turns the
+runs into mean ± std per (model, size), a plot of accuracy against size and, per size, the
+training-loss curves of every run (to see that they flattened).
+
+Each run lives in ``OUT/runs/<model>/n<size>/seed<k>`` and is reused once its ``report.json``
+exists (:mod:`vitkit.studies.common`). Small subsets get the same number of epochs, but at
+least ``min_steps`` optimizer steps (more epochs), so that a 1,000-image run is not judged after
+a handful of updates; with early stopping (``TrainConfig.early_stop``) the budget is an upper
+bound and each run stops when its validation loss stops improving. The subset of seed ``k`` is
+drawn with seed ``k``; with one seed the subsets are nested up to rounding.
+
+To convergence (the paper's Fig. 4 protocol: "we use early-stopping, and report the best
+validation accuracy achieved during training"): ``--early-stop P`` stops a run once its
+validation loss has not improved for P epochs (more for small subsets: :func:`patience_for`)
+and evaluates its best weights; each run's report says how far its training loss still moved
+(``convergence``) and ``loss_curves.png`` shows every curve. The full-size commands (3 models x
+5 or 4 sizes x 3 seeds; a GPU, see docs/paper.md for the times):
+
+    vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 \
+        --min-steps 4000 --warmup-steps 200 --early-stop 10 --device cuda \
+        --out-dir runs/data-scale-mnist
+    vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 \
+        --min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda \
+        --out-dir runs/data-scale-shapes-hard
+
+(MNIST: sizes 600 ... 59,000 = all 60,000 training images but the 1,000 held out for early
+stopping; shapes-hard: 1,000 ... 1,000,000.) ``--smoke`` runs the study in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vitkit.errors import VitkitError
+from vitkit.studies.common import (
+    ModelSpec,
+    RunResult,
+    RunSpec,
+    check_labels,
+    epochs_for,
+    markdown_table,
+    run_all,
+    summarize,
+    write_summary,
+)
+from vitkit.train.config import TrainConfig
+
+FULL_COMMANDS = (
+    "vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 --min-steps 4000 "
+    "--warmup-steps 200 --early-stop 10 --device cuda --out-dir runs/data-scale-mnist",
+    "vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 "
+    "--min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda "
+    "--out-dir runs/data-scale-shapes-hard",
+)
+
+# Three models of similar size and cost at 28-32 px (49-64 tokens): a ViT with 4x4 patches, a
+# BiT ResNet-v2 with stages (1, 1, 1) at width x0.25 and the small 3x3 root, and a hybrid whose
+# one-stage ResNet (4x downsampling) feeds 1x1 patches to the same ViT.
+DEFAULT_MODELS = (
+    "Ti/4[width=64,depth=6,num_heads=4,mlp_dim=128,label=ViT],"
+    "bit_r26x1[layers=1,1,1,width_factor=0.25,root=small,label=BiT-ResNet],"
+    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.25,width=64,depth=6,"
+    "num_heads=4,mlp_dim=128,label=Hybrid]"
+)
+# The full-size study's subset sizes per dataset (MNIST: 59,000 + the 1,000 held out for
+# early stopping = all 60,000 training images).
+FULL_SIZES = {
+    "mnist": (600, 2_000, 6_000, 20_000, 59_000),
+    "shapes-hard": (1_000, 10_000, 100_000, 1_000_000),
+}
+# --smoke: seconds on the 8x8 digits.
+SMOKE_MODELS = (
+    "Ti/2[width=32,depth=1,num_heads=2,mlp_dim=64,label=vit],"
+    "bit_r26x1[layers=1,width_factor=0.125,root=small,label=bit],"
+    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=32,depth=1,"
+    "num_heads=2,mlp_dim=64,label=hybrid]"
+)
+SMOKE_SIZES = (100, 200)
+
+
+def data_scale_specs(
+    base: TrainConfig,
+    models: Sequence[ModelSpec],
+    sizes: Sequence[int],
+    seeds: int,
+    *,
+    min_steps: int = 0,
+) -> list[RunSpec]:
+    """Every (seed, size, model) run, seed-major: an interrupted study has every model at
+    every size for its first seeds."""
+    if not models or not sizes or seeds < 1:
+        raise VitkitError("a data-scale study needs at least one model, one size and one seed")
+    if sorted(set(sizes)) != sorted(sizes):
+        raise VitkitError(f"sizes must be distinct, got {list(sizes)}")
+    check_labels(models)
+    specs = []
+    for seed in range(seeds):
+        for size in sorted(sizes):
+            cfg = dataclasses.replace(
+                base,
+                train_size=size,
+                epochs=epochs_for(size, base.batch_size, base.epochs, min_steps),
+                early_stop=patience_for(size, base.batch_size, base.early_stop, min_steps),
+            )
+            for spec in models:
+                info = {"size": size, "data": base.data}
+                specs.append(RunSpec(cfg, spec, f"n{size}", seed, info=info))
+    return specs
+
+
+def patience_for(size: int, batch_size: int, patience: int | None, min_steps: int) -> int | None:
+    """Early-stopping patience (evaluations = epochs) of a run on ``size`` images: ``patience``,
+    or more where a small subset's epochs are so short that ``patience`` of them would be fewer
+    than a quarter of ``min_steps`` optimizer steps (a 600-image subset would otherwise stop
+    within a few dozen noisy steps)."""
+    if patience is None:
+        return None
+    steps_per_epoch = max(size // batch_size, 1)
+    return max(patience, math.ceil(min_steps / 4 / steps_per_epoch))
+
+
+def run_data_scale(
+    base: TrainConfig,
+    models: Sequence[ModelSpec],
+    sizes: Sequence[int],
+    seeds: int,
+    out_dir: str | Path,
+    *,
+    min_steps: int = 0,
+) -> list[RunResult]:
+    """Train every model on every subset size with seeds ``0..seeds-1``; one result per run.
+
+    ``base`` gives the data and the optimisation settings (its ``model``, ``train_size``,
+    ``seed`` and ``out_dir`` are set per run). Runs that already have a report are reused.
+    """
+    specs = data_scale_specs(base, models, sizes, seeds, min_steps=min_steps)
+    return run_all(specs, out_dir)
+
+
+def data_scale_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Mean ± std per (model, size), each row with its ``size``."""
+    return summarize(results, keep=("size",))
+
+
+def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -> dict[str, Path]:
+    """``results.json`` (every run), ``table.md``, ``data_scale.png`` and ``loss_curves.png``
+    (training loss against steps, one panel per size) in ``out_dir``."""
+    from vitkit.plotting import plot_data_scale
+    from vitkit.studies.plots import plot_loss_curves
+
+    rows = data_scale_rows(results)
+    sizes = sorted({r["size"] for r in rows})
+    table = markdown_table(rows, [f"n{s}" for s in sizes], lambda g: f"n={int(g[1:]):,}")
+    table += "\n\n" + convergence_table(results)
+    paths = write_summary(results, rows, table, out_dir, title)
+    runs = [r.to_dict() for r in results]
+    paths["plot"] = plot_data_scale(rows, runs, Path(out_dir) / "data_scale.png", title=title)
+    curves_title = f"{results[0].info.get('data', '?')}: training loss of every run"
+    paths["curves"] = plot_loss_curves(
+        results, Path(out_dir) / "loss_curves.png", panel_key="size", title=curves_title
+    )
+    return paths
+
+
+def convergence_table(results: Sequence[RunResult]) -> str:
+    """Per run group: how far the training loss still moved over the last 20 % of training,
+    and where early stopping stopped (from each run's report)."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.model, r.group), []).append(r)
+    lines = [
+        "| model | size | steps | train-loss change, last 20 % | best / stopped epoch |",
+        "|---|---|---|---|---|",
+    ]
+    for (model, group), runs in groups.items():
+        changes = [
+            r.info["convergence"]["rel_change_last_20pct"]
+            for r in runs
+            if r.info.get("convergence", {}).get("rel_change_last_20pct") is not None
+        ]
+        change = ", ".join(f"{100 * c:+.1f} %" for c in changes) or "n/a"
+        epochs = ", ".join(
+            f"{r.info['best_epoch']}/{r.info['stopped_epoch']}"
+            if "best_epoch" in r.info
+            else f"-/{r.epochs}"
+            for r in runs
+        )
+        steps = ", ".join(str(r.steps) for r in runs)
+        lines.append(f"| {model} | {group[1:]} | {steps} | {change} | {epochs} |")
+    lines.append("")
+    lines.append(
+        "Train-loss change: (mean loss of the last 10 % of logged steps − that of the 10 % "
+        "before) / the latter, per seed; near 0 means the curve flattened."
+    )
+    return "\n".join(lines)
