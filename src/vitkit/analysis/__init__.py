@@ -22,8 +22,10 @@ from vitkit.analysis.attention import (
 from vitkit.analysis.filters import FilterComponents, embedding_filter_pca
 from vitkit.analysis.posemb import (
     PositionSimilarityStats,
+    RowColumnStats,
     patch_position_embeddings,
     position_embedding_similarity,
+    row_column_structure,
     similarity_by_distance,
 )
 from vitkit.analysis.report import Figure, Section, Table, render_html, write_html
@@ -53,6 +55,7 @@ __all__ = [
     "FilterComponents",
     "Figure",
     "PositionSimilarityStats",
+    "RowColumnStats",
     "Section",
     "Table",
     "analyze_model",
@@ -78,6 +81,7 @@ __all__ = [
     "position_embedding_similarity",
     "render_html",
     "rollout_by_layer",
+    "row_column_structure",
     "sample_dataset",
     "similarity_by_distance",
     "token_pixels",

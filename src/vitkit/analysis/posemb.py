@@ -89,3 +89,54 @@ def similarity_by_distance(sim: Tensor) -> PositionSimilarityStats:
         far_distance=far_distance,
         by_distance=by_distance,
     )
+
+
+@dataclass(frozen=True)
+class RowColumnStats:
+    """Row/column structure of a position-embedding similarity (the paper's Figure 7, centre:
+    "patches in the same row/column have similar embeddings"), as mean cosine similarities."""
+
+    same_row: float  # distinct patches in the same row
+    same_column: float  # distinct patches in the same column
+    other: float  # pairs in neither the same row nor the same column
+    line_excess: float  # mean over rows and columns minus `other`
+    # The same comparison at equal distance, so that locality alone does not count as
+    # row/column structure: for every whole distance k, the pairs on a line k patches apart
+    # minus the off-line pairs whose distance rounds to k; the mean over k where both exist.
+    line_excess_at_distance: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def row_column_structure(sim: Tensor) -> RowColumnStats:
+    """Summarise a [gh, gw, gh, gw] similarity (:func:`position_embedding_similarity`) by
+    whether patches in the same row or column are more alike than other pairs."""
+    if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
+        raise VitkitError(f"expected a [gh, gw, gh, gw] similarity, got {tuple(sim.shape)}")
+    gh, gw = sim.shape[:2]
+    if gh < 2 or gw < 2:
+        raise VitkitError(f"a {gh} x {gw} grid has no pairs off its rows and columns to compare")
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    ys, xs = ys.reshape(-1).double(), xs.reshape(-1).double()
+    dy, dx = (ys[:, None] - ys[None, :]).abs(), (xs[:, None] - xs[None, :]).abs()
+    dist = torch.sqrt(dy**2 + dx**2)
+    s = sim.reshape(gh * gw, gh * gw).double()
+    row, column = (dy == 0) & (dx > 0), (dx == 0) & (dy > 0)
+    line, off = row | column, (dy > 0) & (dx > 0)
+
+    def mean(mask: Tensor) -> float:
+        return float(s[mask].mean()) if bool(mask.any()) else math.nan
+
+    diffs = []
+    for k in range(1, max(gh, gw)):
+        on_line, off_line = line & (dist == k), off & (torch.round(dist) == k)
+        if bool(on_line.any()) and bool(off_line.any()):
+            diffs.append(mean(on_line) - mean(off_line))
+    return RowColumnStats(
+        same_row=mean(row),
+        same_column=mean(column),
+        other=mean(off),
+        line_excess=mean(line) - mean(off),
+        line_excess_at_distance=sum(diffs) / len(diffs) if diffs else math.nan,
+    )

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vitkit.cli import study_paper  # inside, selfsup, resolution
 from vitkit.cli.options import add_command, non_negative_int, positive_int, positive_int_list
 from vitkit.cli.train_options import add_train_options, train_config_from_args
 from vitkit.errors import VitkitError
@@ -121,4 +122,4 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
 
 
 # One line per study: ``add_<study>(studies)`` adds its subcommand.
-STUDIES: list[Callable[[Any], None]] = [add_data_scale]
+STUDIES: list[Callable[[Any], None]] = [add_data_scale, study_paper.add_commands]
