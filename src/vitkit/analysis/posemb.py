@@ -102,7 +102,8 @@ class RowColumnStats:
     line_excess: float  # mean over rows and columns minus `other`
     # The same comparison at equal distance, so that locality alone does not count as
     # row/column structure: for every whole distance k, the pairs on a line k patches apart
-    # minus the off-line pairs whose distance rounds to k; the mean over k where both exist.
+    # minus the off-line pairs' similarity at distance k (linearly interpolated between the
+    # off-line distances that occur, sqrt(2), sqrt(5), ...); the mean over k inside that range.
     line_excess_at_distance: float
 
     def to_dict(self) -> dict[str, float]:
@@ -128,11 +129,17 @@ def row_column_structure(sim: Tensor) -> RowColumnStats:
     def mean(mask: Tensor) -> float:
         return float(s[mask].mean()) if bool(mask.any()) else math.nan
 
+    off_d = torch.unique(dist[off])
+    off_s = torch.stack([s[off & ((dist - d).abs() < 1e-9)].mean() for d in off_d])
     diffs = []
     for k in range(1, max(gh, gw)):
-        on_line, off_line = line & (dist == k), off & (torch.round(dist) == k)
-        if bool(on_line.any()) and bool(off_line.any()):
-            diffs.append(mean(on_line) - mean(off_line))
+        if not off_d[0] <= k <= off_d[-1]:
+            continue
+        j = int(torch.searchsorted(off_d, torch.tensor(float(k), dtype=off_d.dtype)))
+        j = min(max(j, 1), len(off_d) - 1)
+        d0, d1, s0, s1 = off_d[j - 1], off_d[j], off_s[j - 1], off_s[j]
+        expected = float(s0 + (s1 - s0) * (k - d0) / (d1 - d0))
+        diffs.append(mean(line & (dist == k)) - expected)
     return RowColumnStats(
         same_row=mean(row),
         same_column=mean(column),
