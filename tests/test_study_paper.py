@@ -17,7 +17,7 @@ from vitkit.analysis import position_embedding_similarity, row_column_structure
 from vitkit.cli import main
 from vitkit.studies.common import RunResult
 from vitkit.studies.inside import depth_spearman, head_shares
-from vitkit.studies.measures import loss_plateau, ranks, spearman
+from vitkit.studies.measures import ranks, spearman
 from vitkit.studies.resolution import summarize_resolution
 from vitkit.studies.selfsup import summarize_selfsup
 
@@ -74,16 +74,6 @@ def test_spearman_on_known_inputs():
     # With a tie, by hand: ranks y = 1, 2, 3.5, 5, 3.5; cov 8, var 10 and 9.5.
     assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
     assert math.isnan(spearman([1, 2, 3], [4, 4, 4]))
-
-
-def test_loss_plateau_of_a_falling_and_a_flat_curve():
-    falling = [{"step": i, "train_loss": 10.0 - i} for i in range(10)]
-    # fourth fifth: losses 4 and 3 (mean 3.5); last fifth: 2 and 1 (mean 1.5).
-    assert loss_plateau(falling)["relative_drop"] == pytest.approx(2 / 3.5)
-    flat = [{"step": i, "train_loss": 0.25} for i in range(20)] + [{"step": 3, "val_top1": 1}]
-    out = loss_plateau(flat)
-    assert out["relative_drop"] == 0.0 and out["records"] == 20
-    assert math.isnan(loss_plateau(falling[:4])["relative_drop"])
 
 
 def test_head_shares_and_depth_correlation():

@@ -41,30 +41,51 @@ def add_commands(sub: Any) -> None:
 
 
 def add_study_options(
-    q: argparse.ArgumentParser, recipe: str = "mnist", *, models_required: bool = True
+    q: argparse.ArgumentParser, recipe: str = "mnist", *, models_default: str = ""
 ) -> argparse._ArgumentGroup:
-    """The training options (every run's recipe) and the study group: --models, --seeds."""
+    """The training options (every run's recipe) and the study group: --models, --seeds.
+    Without ``models_default`` --models is required."""
     add_train_options(q, recipe)
     g = q.add_argument_group("study")
     g.add_argument(
         "--models",
-        required=models_required,
+        required=not models_default,
         help="comma-separated model names, each with optional overrides in brackets, e.g. "
         "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
-        "label=NAME in the brackets names the model in the table and plot",
+        "label=NAME in the brackets names the model in the table and plot, family=NAME its "
+        "family (default: ViT, ResNet or Hybrid from the config)"
+        + (f"; default (--smoke: tiny ones): {models_default}" if models_default else ""),
     )
     g.add_argument("--seeds", type=positive_int, default=1, help="runs per point: seeds 0..N-1")
     return g
 
 
 def study_base_config(args: argparse.Namespace, name: str) -> Any:
-    """The training config every run starts from; refuses the options a study sets itself."""
+    """The training config every run starts from; refuses the options a study sets itself.
+    --smoke: on the 8x8 digits unless --data says otherwise. Without --early-stop no
+    validation split is held out (all of each training set trains)."""
     for flag, value in (("--model", args.model), ("--nproc-per-node", args.nproc_per_node)):
         if value is not None:
             raise VitkitError(f"study {name} takes --models, not {flag}")
     if args.resume:
         raise VitkitError(f"study {name} always reuses finished runs; drop --resume")
-    return train_config_from_args(args)
+    base = train_config_from_args(args)
+    if args.smoke and args.data is None:
+        base = dataclasses.replace(base, data="digits")
+    if base.early_stop is None and args.val_size is None:
+        base = dataclasses.replace(base, val_size=0)
+    return base
+
+
+def study_models(args: argparse.Namespace, default: str, smoke: str) -> list[Any]:
+    from vitkit.studies.common import parse_model_specs
+
+    return parse_model_specs(args.models or (smoke if args.smoke else default))
+
+
+def study_out_dir(args: argparse.Namespace, name: str, base: Any) -> Path:
+    smoke = "-smoke" if args.smoke else ""
+    return Path(args.out_dir or f"runs/study-{name}-{base.data}{smoke}")
 
 
 # ----- data-scale -----------------------------------------------------------------------------
@@ -81,14 +102,19 @@ def add_data_scale(studies: Any) -> None:
         "training loss, one panel per size), OUT/table.md (mean ± std) and OUT/results.json. "
         "Each run lives in OUT/runs/MODEL/nSIZE/seedK; runs that finished before are reused, "
         "so a study can be resumed or extended. Any training option sets all runs (default: "
-        "the mnist recipe's).",
+        "the mnist recipe's). To convergence: --early-stop PATIENCE stops each run when its "
+        "validation loss stops improving and reports its best weights (the paper's Fig. 4 "
+        "protocol), --min-steps gives small subsets enough steps to get there. Full size "
+        "(GPU): " + _DATA_SCALE_FULL,
     )
-    g = add_study_options(q)
+    from vitkit.studies.data_scale import DEFAULT_MODELS
+
+    g = add_study_options(q, models_default=DEFAULT_MODELS)
     g.add_argument(
         "--sizes",
         type=positive_int_list,
-        required=True,
-        help="comma-separated training-set sizes, e.g. 1000,3000,10000",
+        help="comma-separated training-set sizes, e.g. 1000,3000,10000 (default: mnist "
+        "600..59,000, shapes-hard 1,000..1,000,000; --smoke: 100,200)",
     )
     g.add_argument(
         "--min-steps",
@@ -105,21 +131,77 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
         from vitkit.cli.train import list_recipes
 
         return list_recipes()
-    from vitkit.studies.common import parse_model_specs
-    from vitkit.studies.data_scale import run_data_scale, write_study
+    from vitkit.studies import data_scale as ds
 
-    specs = parse_model_specs(args.models)  # checks names and options now, not after an hour
+    specs = study_models(args, ds.DEFAULT_MODELS, ds.SMOKE_MODELS)  # checked now, not later
     base = study_base_config(args, "data-scale")
-    out = Path(args.out_dir or f"runs/data-scale-{base.data}")
-    base = dataclasses.replace(base, val_size=0)  # all of each subset trains
-    results = run_data_scale(base, specs, args.sizes, args.seeds, out, min_steps=args.min_steps)
+    sizes = args.sizes or (ds.SMOKE_SIZES if args.smoke else ds.FULL_SIZES.get(base.data))
+    if not sizes:
+        raise VitkitError(f"study data-scale: give --sizes for dataset '{base.data}'")
+    out = study_out_dir(args, "data-scale", base)
+    results = ds.run_data_scale(base, specs, sizes, args.seeds, out, min_steps=args.min_steps)
     title = f"{base.data}: test top-1 vs training images ({args.seeds} seed(s) per point)"
-    paths = write_study(results, out, title)
+    paths = ds.write_study(results, out, title)
     print(paths["table"].read_text())
     print(f"plot: {paths['plot']}   loss curves: {paths['curves']}   table: {paths['table']}")
     print(f"runs: {paths['results']}   trained now: {sum(r.trained for r in results)}")
     return 0
 
 
+# ----- compute --------------------------------------------------------------------------------
+
+
+def add_compute(studies: Any) -> None:
+    q = add_command(
+        studies,
+        "compute",
+        "test accuracy vs training compute for ViT, ResNet and hybrid families (paper Fig. 5)",
+        "Train every model of --models (default: four sizes each of ViT, BiT ResNet and "
+        "hybrid) on the same training set (--train-size images of --data) for the same "
+        "budget, with --seeds seeds each; count each run's training compute analytically (3 x "
+        "forward FLOPs x images seen) and write OUT/compute.png (test top-1 against total "
+        "training exaFLOPs, log x, one line per family), OUT/table.md and OUT/results.json. "
+        "Runs in OUT/runs/MODEL/nSIZE/seedK are reused. Full size (GPU): " + _COMPUTE_FULL,
+    )
+    from vitkit.studies.compute import DEFAULT_MODELS
+
+    add_study_options(q, models_default=DEFAULT_MODELS)
+    q.set_defaults(func=cmd_study_compute)
+
+
+def cmd_study_compute(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        from vitkit.cli.train import list_recipes
+
+        return list_recipes()
+    from vitkit.studies import compute
+
+    specs = study_models(args, compute.DEFAULT_MODELS, compute.SMOKE_MODELS)
+    base = study_base_config(args, "compute")
+    if base.train_size is None and not args.smoke:
+        size = compute.FULL_TRAIN_SIZE.get(base.data)
+        base = dataclasses.replace(base, train_size=size)
+    out = study_out_dir(args, "compute", base)
+    results = compute.run_compute(base, specs, args.seeds, out)
+    n = f"{base.train_size:,} training images" if base.train_size else "all training images"
+    title = f"{base.data}, {n}: test top-1 vs training compute ({args.seeds} seed(s))"
+    paths = compute.write_compute(results, out, title, base.batch_size)
+    print(paths["table"].read_text())
+    print(f"plot: {paths['plot']}   table: {paths['table']}   runs: {paths['results']}")
+    print(f"trained now: {sum(r.trained for r in results)}")
+    return 0
+
+
+# The full-size commands (a GPU: minutes to hours; see docs/paper.md). --device cpu works too.
+_DATA_SCALE_FULL = (
+    "'vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 "
+    "--min-steps 4000 --early-stop 10 --device cuda' and 'vitkit study data-scale --data "
+    "shapes-hard --seeds 3 --epochs 10 --min-steps 4000 --early-stop 5 --device cuda'."
+)
+_COMPUTE_FULL = (
+    "'vitkit study compute --data shapes-hard --train-size 100000 --epochs 10 --seeds 3 "
+    "--device cuda'."
+)
+
 # One line per study: ``add_<study>(studies)`` adds its subcommand.
-STUDIES: list[Callable[[Any], None]] = [add_data_scale, study_paper.add_commands]
+STUDIES: list[Callable[[Any], None]] = [add_data_scale, add_compute, study_paper.add_commands]

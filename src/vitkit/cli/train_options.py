@@ -157,6 +157,13 @@ def _add_run(g: Any) -> None:
     g.add_argument("--ckpt-every", type=positive_int, help="also checkpoint every N steps")
     g.add_argument("--keep-checkpoints", type=positive_int, help="how many checkpoints to keep")
     g.add_argument("--max-steps", type=positive_int, help="stop after N optimizer steps")
+    g.add_argument(
+        "--early-stop",
+        type=positive_int,
+        metavar="PATIENCE",
+        help="stop when the validation loss has not reached a new minimum for PATIENCE "
+        "evaluations (epochs); the test accuracy is then the best evaluation's weights (OUT/best)",
+    )
     add_threads_device(g, device=None)
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--smoke", action="store_true", help="shrink the recipe to a seconds-long run")
@@ -196,7 +203,7 @@ _TRAIN_FIELDS = (
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
-    "cutmix_alpha compile threads"
+    "cutmix_alpha compile threads early_stop"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 

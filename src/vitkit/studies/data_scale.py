@@ -37,6 +37,30 @@ from vitkit.studies.common import (
 )
 from vitkit.train.config import TrainConfig
 
+# Three models of similar size and cost at 28-32 px (49-64 tokens): a ViT with 4x4 patches, a
+# BiT ResNet-v2 with stages (1, 1, 1) at width x0.25 and the small 3x3 root, and a hybrid whose
+# one-stage ResNet (4x downsampling) feeds 1x1 patches to the same ViT.
+DEFAULT_MODELS = (
+    "Ti/4[width=64,depth=6,num_heads=4,mlp_dim=128,label=ViT],"
+    "bit_r26x1[layers=1,1,1,width_factor=0.25,root=small,label=BiT-ResNet],"
+    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.25,width=64,depth=6,"
+    "num_heads=4,mlp_dim=128,label=Hybrid]"
+)
+# The full-size study's subset sizes per dataset (MNIST: 59,000 + the 1,000 held out for
+# early stopping = all 60,000 training images).
+FULL_SIZES = {
+    "mnist": (600, 2_000, 6_000, 20_000, 59_000),
+    "shapes-hard": (1_000, 10_000, 100_000, 1_000_000),
+}
+# --smoke: seconds on the 8x8 digits.
+SMOKE_MODELS = (
+    "Ti/2[width=32,depth=1,num_heads=2,mlp_dim=64,label=vit],"
+    "bit_r26x1[layers=1,width_factor=0.125,root=small,label=bit],"
+    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=32,depth=1,"
+    "num_heads=2,mlp_dim=64,label=hybrid]"
+)
+SMOKE_SIZES = (100, 200)
+
 
 def data_scale_specs(
     base: TrainConfig,

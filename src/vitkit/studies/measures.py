@@ -1,5 +1,5 @@
-"""Small statistics the paper-finding studies rest on: Spearman's rank correlation, and whether a
-training-loss curve has flattened.
+"""Spearman's rank correlation, which the paper-finding studies rest on (does a cheap probe rank
+models as fine-tuning does; does attention distance grow with depth).
 
 Pure functions on plain numbers, so that a test can check them against values worked out by
 hand.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from vitkit.errors import VitkitError
 
@@ -45,28 +44,3 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     if vx == 0 or vy == 0:
         return math.nan
     return cov / math.sqrt(vx * vy)
-
-
-def loss_plateau(records: Sequence[dict[str, Any]], key: str = "train_loss") -> dict[str, Any]:
-    """How much the training loss still fell at the end of a run, from its metrics records.
-
-    The records carrying ``key`` are split into fifths by step; ``relative_drop`` is the fall of
-    the mean loss from the fourth fifth to the last, relative to the fourth fifth's mean: about 0
-    when the curve has flattened, 0.1 when the last fifth is still 10 % lower. NaN with fewer than
-    5 records."""
-    points = [(float(r["step"]), float(r[key])) for r in records if key in r and "step" in r]
-    points.sort()
-    out: dict[str, Any] = {"records": len(points), "relative_drop": math.nan}
-    if len(points) < 5:
-        return out
-    n = len(points)
-    fourth = [v for _, v in points[(3 * n) // 5 : (4 * n) // 5]]
-    last = [v for _, v in points[(4 * n) // 5 :]]
-    a, b = sum(fourth) / len(fourth), sum(last) / len(last)
-    out.update(
-        relative_drop=(a - b) / a if a else math.nan,
-        last_fifth_loss=b,
-        final_loss=points[-1][1],
-        final_step=points[-1][0],
-    )
-    return out

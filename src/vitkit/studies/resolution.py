@@ -43,7 +43,6 @@ from typing import Any, Literal
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, mean_std, run_all
-from vitkit.studies.lean import lean_fit
 from vitkit.studies.measures import spearman
 from vitkit.studies.selfsup import pretrain
 from vitkit.train.config import TrainConfig
@@ -155,7 +154,7 @@ def run_resolution(
                 cfg = dataclasses.replace(base, init_from=str(pre_dir), image_size=res)
                 spec = ModelSpec(model.name, {}, model.label)
                 info = {"resolution": res, "arm": "low" if res == low else "high"}
-                specs.append(RunSpec(cfg, spec, f"res{res}", seed, info=info, fit=lean_fit))
+                specs.append(RunSpec(cfg, spec, f"res{res}", seed, info=info))
             path = out / "runs" / model.label / "fewshot" / f"seed{seed}" / "fewshot.json"
             wanted = {"shots_asked": list(shots), "probe_seeds": probe_seeds}
             record = json.loads(path.read_text()) if path.is_file() else {}

@@ -45,8 +45,6 @@ from typing import Any
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, mean_std, run_all
-from vitkit.studies.lean import lean_fit, lean_pretrain
-from vitkit.studies.measures import loss_plateau
 from vitkit.train.config import TrainConfig
 
 STARTS = ("scratch", "supervised", "mpp", "mae")
@@ -94,7 +92,14 @@ def pretrain(cfg: TrainConfig, model: ModelSpec, run_dir: Path) -> tuple[dict[st
         resume=(run_dir / "checkpoints").is_dir(),
     )
     print(f"pre-training {cfg.objective} -> {run_dir}", file=sys.stderr)
-    return (lean_fit(cfg) if cfg.objective == "classify" else lean_pretrain(cfg)), True
+    cfg = dataclasses.replace(cfg, analysis_report=False)  # as every run of a study
+    if cfg.objective == "classify":
+        from vitkit.train.trainer import Trainer
+
+        return Trainer(cfg).fit(), True
+    from vitkit.train.pretrain import Pretrainer
+
+    return Pretrainer(cfg).fit(), True
 
 
 def group_name(fraction: float) -> str:
@@ -172,7 +177,6 @@ def run_selfsup(
                         group_name(fraction),
                         seed,
                         info={"start": start, "fraction": fraction},
-                        fit=lean_fit,
                     )
                 )
         results += run_all(specs, out)
@@ -187,8 +191,8 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for (start, fraction), runs in by.items():
         mean, std = mean_std([r.test_top1 for r in runs.values()])
-        drops = [_drop(r) for r in runs.values()]
-        drops = [d for d in drops if not math.isnan(d)]
+        changes = [_loss_change(r) for r in runs.values()]
+        changes = [c for c in changes if not math.isnan(c)]
         rows.append(
             {
                 "start": start,
@@ -198,7 +202,9 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
                 "mean": mean,
                 "std": std,
                 "mean_steps": sum(r.steps for r in runs.values()) / len(runs),
-                "max_final_loss_relative_drop": max(drops) if drops else math.nan,
+                # the training loss's change over a run's last 20 % of steps, the most
+                # negative (still falling) of the seeds
+                "train_loss_rel_change_worst": min(changes) if changes else math.nan,
             }
         )
     fractions = sorted({f for _, f in by})
@@ -219,9 +225,9 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
                 }
 
     def worst(starts: set[str]) -> float:
-        drops = [r["max_final_loss_relative_drop"] for r in rows if r["start"] in starts]
-        drops = [d for d in drops if not math.isnan(d)]
-        return max(drops) if drops else math.nan
+        changes = [r["train_loss_rel_change_worst"] for r in rows if r["start"] in starts]
+        changes = [c for c in changes if not math.isnan(c)]
+        return min(changes) if changes else math.nan
 
     verdict = {
         "fractions": fractions,
@@ -234,18 +240,17 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
             for r in rows
         },
         "gain_over_scratch": gains,
-        # How much the training loss still fell over the last fifth of a run (about 0: flat).
-        "scratch_max_final_loss_relative_drop": worst({"scratch"}),
-        "all_max_final_loss_relative_drop": worst({r["start"] for r in rows}),
+        # The training loss's relative change over the last 20 % of a run's steps, the most
+        # negative (still falling) over runs: about 0 when every run had flattened.
+        "scratch_train_loss_rel_change_worst": worst({"scratch"}),
+        "all_train_loss_rel_change_worst": worst({r["start"] for r in rows}),
     }
     return {"rows": rows, "verdict_inputs": verdict}
 
 
-def _drop(r: RunResult) -> float:
-    from vitkit.plotting import read_jsonl
-
-    path = Path(r.out_dir) / "metrics.jsonl"
-    return loss_plateau(read_jsonl(path))["relative_drop"] if path.is_file() else math.nan
+def _loss_change(r: RunResult) -> float:
+    change = (r.info.get("convergence") or {}).get("rel_change_last_20pct")
+    return math.nan if change is None else float(change)
 
 
 def reading(verdict: dict[str, Any]) -> str:
@@ -256,11 +261,12 @@ def reading(verdict: dict[str, Any]) -> str:
             for f, g in by_fraction.items()
         )
         parts.append(f"{start} {cells}")
-    drop = verdict["scratch_max_final_loss_relative_drop"]
+    change = verdict["scratch_train_loss_rel_change_worst"]
     return (
         "Gain over scratch (points, by labelled fraction): "
         + "; ".join(parts)
-        + f". Scratch runs' training loss fell at most {100 * drop:.1f} % over their last fifth."
+        + f". Scratch runs' training loss changed by at most {100 * change:+.1f} % over their "
+        "last 20 % of steps."
     )
 
 

@@ -69,6 +69,9 @@ class TrainConfig:
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
     precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
+    # stop after this many evaluations (epochs) without a new lowest validation loss, and report
+    # the best evaluation's weights (train.convergence); None: off, train the whole budget
+    early_stop: int | None = None
     # scale (used when a process group is initialised, e.g. under torchrun)
     strategy: D.Strategy = "auto"  # ddp, fsdp (FSDP2), or auto: fsdp for ViT-L and bigger
     activation_checkpointing: bool = False  # recompute block activations in the backward pass
@@ -83,6 +86,7 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between metrics.jsonl records
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     progress: bool = True
+    analysis_report: bool = True  # report.html (attention analysis) and confusion_*.png at the end
     device: str = "cpu"
     # PyTorch's intra-op threads: they change how sums are split, so the weights (not the
     # accuracy) differ in the last bits. None: PyTorch's choice; a run records what it used
@@ -93,6 +97,10 @@ class TrainConfig:
         for name in ("batch_size", "accum_steps", "epochs", "keep_checkpoints", "log_every"):
             if getattr(self, name) < 1:
                 raise VitkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.early_stop is not None and self.early_stop < 1:
+            raise VitkitError(f"early_stop (patience) must be at least 1, got {self.early_stop}")
+        if self.early_stop is not None and self.val_size == 0:
+            raise VitkitError("early_stop watches the validation loss: it needs val_size > 0")
         if self.threads is not None and self.threads < 1:
             raise VitkitError(f"threads must be at least 1, got {self.threads}")
         if self.val_size is not None and (
@@ -170,6 +178,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "progress",
+        "analysis_report",
         "ckpt_every",
         "keep_checkpoints",
         "num_workers",

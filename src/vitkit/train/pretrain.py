@@ -55,6 +55,7 @@ class Pretrainer(Trainer):
             "mixup_alpha": cfg.mixup_alpha or None,
             "cutmix_alpha": cfg.cutmix_alpha or None,
             "compile": cfg.compile,
+            "early_stop": cfg.early_stop,
         }
         given = [k for k, v in unsupported.items() if v is not None]
         if given:
@@ -180,10 +181,12 @@ class Pretrainer(Trainer):
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """curves.png, report.json and report.html."""
+        """curves.png, report.json and (``analysis_report``) report.html."""
         from vitkit.train.report import write_curves_and_json, write_pretrain_report
 
         write_curves_and_json(self.out, report, self.metrics.records())
+        if not self.cfg.analysis_report:
+            return
         title = f"{self.cfg.objective} pre-training of {self.model_cfg.short_name}"
         write_pretrain_report(self.out, f"{title} on {self.info.name}")
 

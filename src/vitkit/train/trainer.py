@@ -36,13 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitkit.checkpoints import atomic_write_text, save_checkpoint
+from vitkit.checkpoints import atomic_write_text, load_checkpoint, save_checkpoint
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.train import distributed as D
 from vitkit.train import report as run_report
 from vitkit.train.augment import mix
 from vitkit.train.config import RESUMABLE_CHANGES, TrainConfig
+from vitkit.train.convergence import EARLY_STOP_METRIC, EarlyStopping, train_loss_convergence
 from vitkit.train.metrics import RunningMeans
 from vitkit.train.run import TrainingRun, _epoch_seed, _step_seed
 
@@ -53,6 +54,19 @@ class Trainer(TrainingRun):
     """Builds everything a :class:`TrainConfig` describes and runs it: ``Trainer(cfg).fit()``."""
 
     last_finite_loss: tuple[int, float] | None = None  # (step, loss) of the last update made
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__(cfg)
+        self.early_stopping: EarlyStopping | None = None
+        if self.cfg.early_stop is not None:
+            if self.val_set is None:
+                raise VitkitError(
+                    f"{self.out}: early_stop watches the validation loss, and this run has no "
+                    "validation split (give --val-size)"
+                )
+            if self.dist.enabled:
+                raise VitkitError("early_stop runs in one process for now (no torchrun)")
+            self.early_stopping = EarlyStopping(self.cfg.early_stop)
 
     # ----- one optimizer step ------------------------------------------------------------
 
@@ -259,7 +273,7 @@ class Trainer(TrainingRun):
         start = time.perf_counter()
         images_seen = 0
         train_time = 0.0
-        while self.epoch < cfg.epochs and self.step < self.total_steps:
+        while self.epoch < cfg.epochs and self.step < self.total_steps and not self.stopped_early:
             if self.batch_in_epoch == 0:
                 self.aug_generator.manual_seed(_epoch_seed(cfg.seed, self.epoch, 1))
             self.model.train()
@@ -314,6 +328,8 @@ class Trainer(TrainingRun):
                 record["skipped_images"] = skipped
             if self.val_set is not None:
                 record.update(self.validate())
+            if self.early_stopping is not None:
+                self._watch(record)
             self.metrics.write(record)
             self.save()
             if cfg.progress and main:
@@ -337,6 +353,53 @@ class Trainer(TrainingRun):
             del record["train_acc"]
         self.metrics.write(record)
         means.reset()
+
+    # ----- early stopping ----------------------------------------------------------------
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stopping is not None and self.early_stopping.stopped
+
+    def _watch(self, record: dict[str, Any]) -> None:
+        """One evaluation for early stopping: a new best's weights go to ``OUT/best``."""
+        assert self.early_stopping is not None
+        if self.early_stopping.update(record[EARLY_STOP_METRIC], self.epoch):
+            save_checkpoint(
+                self.out / "best",
+                self.model,
+                preprocess=self.preprocess,
+                class_names=self._class_names(),
+                meta={**self._meta(), f"best_{EARLY_STOP_METRIC}": record[EARLY_STOP_METRIC]},
+            )
+            record["best"] = True
+        if self.early_stopping.stopped:
+            record["early_stopped"] = True
+
+    def _restore_best(self) -> dict[str, Any]:
+        """Load the best evaluation's weights for the final evaluation; what the report says."""
+        es = self.early_stopping
+        assert es is not None
+        if (self.out / "best").is_dir():
+            best = load_checkpoint(self.out / "best")
+            self.model.load_state_dict(best.state_dict)
+        return {
+            "early_stop": {"metric": EARLY_STOP_METRIC, "patience": es.patience},
+            "early_stopped": es.stopped,  # False: the budget ended first
+            "stopped_epoch": self.epoch,  # epochs trained
+            "best_epoch": es.best_epoch,  # the final metrics are of the weights after it
+            f"best_{EARLY_STOP_METRIC}": es.best if math.isfinite(es.best) else None,
+        }
+
+    def train_state(self) -> dict[str, Any]:
+        state = super().train_state()
+        if self.early_stopping is not None:
+            state["early_stop"] = self.early_stopping.state_dict()
+        return state
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        super().load_train_state(state)
+        if self.early_stopping is not None:
+            self.early_stopping.load_state_dict(state["early_stop"])
 
     # ----- the end -----------------------------------------------------------------------
 
@@ -362,6 +425,10 @@ class Trainer(TrainingRun):
     def finish(self, wall_s: float, images_seen: int, train_time: float) -> dict[str, Any]:
         """The final evaluation (test split, else val), the run's files, and its report."""
         report = self.report_header(wall_s, images_seen, train_time)
+        if self.dist.is_main:
+            report["convergence"] = train_loss_convergence(self.metrics.records())
+        if self.early_stopping is not None:
+            report.update(self._restore_best())
         split = "test" if self.test_set is not None else "val"
         eval_set = self.test_set if self.test_set is not None else self.val_set
         if eval_set is not None:
@@ -381,7 +448,7 @@ class Trainer(TrainingRun):
         metrics["per_class_accuracy"] = [
             None if math.isnan(a) else a for a in res.per_class_accuracy
         ]
-        if self.dist.is_main:
+        if self.dist.is_main and self.cfg.analysis_report:
             run_report.plot_final_confusion(
                 self.out,
                 res,
@@ -407,8 +474,10 @@ class Trainer(TrainingRun):
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """Rank 0: curves.png, report.json and report.html (hook)."""
+        """Rank 0: curves.png, report.json and (``analysis_report``) report.html (hook)."""
         run_report.write_curves_and_json(self.out, report, self.metrics.records())
+        if not self.cfg.analysis_report:
+            return
         run_report.write_run_report(
             self.out,
             self.model,
