@@ -183,6 +183,7 @@ def test_study_selfsup_smoke_end_to_end_and_reused(tmp_path, capsys):
     )
     assert ft["init_from"] == str(pre) and ft["train_size"] == 0.1
     assert json.loads((pre / "report.json").read_text())["objective"] == "mpp"
+    assert not list(out.rglob("report.html"))  # no per-run HTML report in a study
     assert "mpp" in body["verdict_inputs"]["gain_over_scratch"]
     assert "Reading: Gain over scratch" in (out / "selfsup.md").read_text()
     assert (out / "selfsup.png").stat().st_size > 5_000
@@ -190,6 +191,23 @@ def test_study_selfsup_smoke_end_to_end_and_reused(tmp_path, capsys):
     before = mtimes(out, "report.json")
     assert run_cli(args, capsys)["trained_runs"] == 0
     assert mtimes(out, "report.json") == before
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["selfsup", "--train-size", "0.5"], "sets --train-size per run"),
+        (["resolution", "--image-size", "32"], "sets --image-size per run"),
+        (["selfsup", "--starts", "mpp,byol"], "--starts: expected some of supervised, mpp"),
+        (["inside", "--models", "Ti/4,Ti/4[depth=2]"], "trains one model, got 2"),
+        (["selfsup", "--fractions", "0.1,1.5"], "expected fractions in (0, 1]"),
+    ],
+)
+def test_study_options_a_study_sets_itself_are_refused(argv, message, tmp_path, capsys):
+    args = ["study", argv[0], "--smoke", *argv[1:], "--out-dir", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_study_selfsup_refuses_a_fraction_smaller_than_a_batch(tmp_path, capsys):

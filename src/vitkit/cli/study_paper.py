@@ -58,12 +58,17 @@ def _study_group(q: argparse.ArgumentParser, recipe: str, models_help: str) -> A
     return g
 
 
-def _base(args: argparse.Namespace, name: str, smoke_data: str | None = None) -> Any:
+def _base(
+    args: argparse.Namespace, name: str, smoke_data: str | None = None, sets: str = ""
+) -> Any:
     """Every main run's training config (the recipe with the options given), after the
-    dataset has been checked, so that a wrong --data stops before any training."""
+    dataset has been checked, so that a wrong --data stops before any training. ``sets``: the
+    option the study sets per run itself ("--train-size"), refused when given."""
     for flag, value in (("--model", args.model), ("--nproc-per-node", args.nproc_per_node)):
         if value is not None:
             raise VitkitError(f"study {name} takes --models, not {flag}")
+    if sets and getattr(args, sets[2:].replace("-", "_")) is not None:
+        raise VitkitError(f"study {name} sets {sets} per run itself; drop it")
     if args.resume:
         raise VitkitError(f"study {name} always reuses finished runs; drop --resume")
     base = train_config_from_args(args)
@@ -185,7 +190,7 @@ def cmd_selfsup(args: argparse.Namespace) -> int:
     from vitkit.data import load_dataset
     from vitkit.studies.selfsup import PRETRAINED, pretrain_configs, run_selfsup, write_selfsup
 
-    base = _base(args, "selfsup", smoke_data="digits")
+    base = _base(args, "selfsup", smoke_data="digits", sets="--train-size")
     starts = [s.strip() for s in args.starts.split(",") if s.strip()]
     if not starts or set(starts) - set(PRETRAINED):
         raise VitkitError(
@@ -270,7 +275,7 @@ def cmd_resolution(args: argparse.Namespace) -> int:
         write_resolution,
     )
 
-    base = _base(args, "resolution")
+    base = _base(args, "resolution", sets="--image-size")
     pretrain_data = args.pretrain_data or ("digits" if args.smoke else "mnist")
     if pretrain_data != base.data:
         _check_data(pretrain_data, None)

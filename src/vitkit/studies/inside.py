@@ -144,7 +144,8 @@ def run_inside(
     for r in results:
         path = Path(r.out_dir) / "inside.json"
         numbers = json.loads(path.read_text()) if path.is_file() else None
-        if numbers is None or numbers.get("requested_images") != num_images:
+        # Measured again when the run was (re)trained now or the sample size changed.
+        if r.trained or numbers is None or numbers.get("requested_images") != num_images:
             numbers = measure_model(r.out_dir, num_images, base.device)
             numbers["requested_images"] = num_images
             atomic_write_text(path, json.dumps(numbers, indent=1))

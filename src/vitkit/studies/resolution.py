@@ -158,7 +158,7 @@ def run_resolution(
             path = out / "runs" / model.label / "fewshot" / f"seed{seed}" / "fewshot.json"
             wanted = {"shots_asked": list(shots), "probe_seeds": probe_seeds}
             record = json.loads(path.read_text()) if path.is_file() else {}
-            if {k: record.get(k) for k in wanted} != wanted:
+            if trained or {k: record.get(k) for k in wanted} != wanted:
                 record = {**probe(pre_dir, base.data, shots, probe_seeds, base.device,
                                   base.data_root), **wanted}  # fmt: skip
                 path.parent.mkdir(parents=True, exist_ok=True)
