@@ -200,6 +200,7 @@ def test_study_selfsup_smoke_end_to_end_and_reused(tmp_path, capsys):
         (["resolution", "--image-size", "32"], "sets --image-size per run"),
         (["selfsup", "--starts", "mpp,byol"], "--starts: expected some of supervised, mpp"),
         (["inside", "--models", "Ti/4,Ti/4[depth=2]"], "trains one model, got 2"),
+        (["inside", "--models", "bit_r26x1[label=bit]"], "bit is not a Vision Transformer"),
         (["selfsup", "--fractions", "0.1,1.5"], "expected fractions in (0, 1]"),
     ],
 )

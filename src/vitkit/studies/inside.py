@@ -96,7 +96,8 @@ def measure_model(run_dir: str | Path, num_images: int, device: str = "cpu") -> 
     model.cpu()
     uniform = float(patch_distances(model.cfg).mean())
     sim = position_embedding_similarity(model)
-    pca = embedding_filter_pca(model, k=28)
+    # A hybrid's patch embedding filters ResNet features, not pixels: no filter picture.
+    pca = None if model.cfg.is_hybrid else embedding_filter_pca(model, k=28)
     return {
         "images": int(data.images.shape[0]),
         "uniform_distance_px": uniform,
@@ -105,7 +106,7 @@ def measure_model(run_dir: str | Path, num_images: int, device: str = "cpu") -> 
         "lowest_layer": head_shares(distance[0].tolist(), uniform),
         "posemb": similarity_by_distance(sim).to_dict(),
         "row_column": row_column_structure(sim).to_dict(),
-        "filters_explained_variance": [float(v) for v in pca.explained_variance_ratio],
+        "filters_explained_variance": [] if pca is None else pca.explained_variance_ratio.tolist(),
     }
 
 
@@ -139,6 +140,10 @@ def run_inside(
     num_images: int = 512,
 ) -> tuple[list[RunResult], list[dict[str, Any]]]:
     """Train (or reuse) one model per seed and measure each; (runs, measurements)."""
+    from vitkit.config import ViTConfig, model_config
+
+    if not isinstance(model_config(model.name, **model.overrides), ViTConfig):
+        raise VitkitError(f"{model.label} is not a Vision Transformer: it has no attention")
     results = run_all(inside_specs(base, model, seeds), out_dir)
     measured = []
     for r in results:
@@ -320,5 +325,8 @@ def write_inside(
         paths["posemb"],
         title=f"Position embedding similarity (seed {results[0].seed})",
     )
-    plot_embedding_filters(embedding_filter_pca(model, k=28), paths["filters"])
+    if model.cfg.is_hybrid:
+        del paths["filters"]
+    else:
+        plot_embedding_filters(embedding_filter_pca(model, k=28), paths["filters"])
     return paths
