@@ -17,7 +17,7 @@ from vitkit.analysis import position_embedding_similarity, row_column_structure
 from vitkit.cli import main
 from vitkit.studies.common import RunResult
 from vitkit.studies.inside import depth_spearman, head_shares
-from vitkit.studies.measures import ranks, spearman
+from vitkit.studies.measures import json_ready, percent, ranks, spearman
 from vitkit.studies.resolution import summarize_resolution
 from vitkit.studies.selfsup import summarize_selfsup
 
@@ -74,6 +74,15 @@ def test_spearman_on_known_inputs():
     # With a tie, by hand: ranks y = 1, 2, 3.5, 5, 3.5; cov 8, var 10 and 9.5.
     assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
     assert math.isnan(spearman([1, 2, 3], [4, 4, 4]))
+
+
+def test_json_ready_and_percent():
+    assert json_ready({"a": [1.0, math.nan, (math.inf, 2)], "b": "x"}) == {
+        "a": [1.0, None, [None, 2]],
+        "b": "x",
+    }
+    assert percent(0.1234) == "12.3 %" and percent(-0.01, signed=True) == "-1.0 %"
+    assert percent(math.nan) == "n/a"
 
 
 def test_head_shares_and_depth_correlation():
@@ -136,7 +145,8 @@ def test_resolution_rank_correlation_per_seed_and_of_means():
 def run_cli(args: list[str], capsys) -> dict:
     assert main(args) == 0, capsys.readouterr().err
     out = Path(args[args.index("--out-dir") + 1])
-    return json.loads((out / "results.json").read_text())
+    text = (out / "results.json").read_text()
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
 
 
 def mtimes(root: Path, name: str) -> dict[Path, int]:

@@ -50,7 +50,7 @@ from torch import Tensor
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, mean_std, run_all
-from vitkit.studies.measures import spearman
+from vitkit.studies.measures import json_ready, percent, spearman
 from vitkit.train.config import TrainConfig
 
 GLOBAL_SHARE = 0.5  # a head is "global" at >= this share of the uniform-attention distance
@@ -244,8 +244,9 @@ def markdown(summary: dict[str, Any], results: Sequence[RunResult]) -> str:
     lines = [
         f"Model: {results[0].short_name} ({results[0].params:,} parameters), {v['seeds']} "
         f"seed(s), test top-1 {100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} %; training loss "
-        f"over the last 20 % of steps: {100 * v['train_loss_rel_change_last_20pct']['mean']:+.1f} "
-        "% (about 0: flattened).",
+        f"over the last 20 % of steps: "
+        f"{percent(v['train_loss_rel_change_last_20pct']['mean'], signed=True)} "
+        "(about 0: flattened).",
         "",
         "| layer | mean distance (px), mean ± std over seeds | shortest head | longest head |",
         "| ---: | ---: | ---: | ---: |",
@@ -305,7 +306,7 @@ def write_inside(
         "trained_runs": sum(r.trained for r in results),
         **summary,
     }
-    atomic_write_text(paths["results"], json.dumps(body, indent=1))
+    atomic_write_text(paths["results"], json.dumps(json_ready(body), indent=1))
     title = "Inside the model (paper Fig. 7)"
     atomic_write_text(paths["table"], f"# {title}\n\n{markdown(summary, results)}\n")
     distances = [torch.tensor(m["distance_px"]) for m in measured]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from vitkit.errors import VitkitError
 
@@ -44,3 +45,22 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     if vx == 0 or vy == 0:
         return math.nan
     return cov / math.sqrt(vx * vy)
+
+
+def json_ready(x: Any) -> Any:
+    """``x`` with every NaN or infinite float replaced by None, so that ``json.dumps`` writes
+    standard JSON (``null``) instead of ``NaN``, which strict readers refuse."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_ready(v) for v in x]
+    return x
+
+
+def percent(x: float, signed: bool = False) -> str:
+    """``12.3 %`` (``+12.3 %`` signed) of a fraction, or ``n/a`` for NaN."""
+    if math.isnan(x):
+        return "n/a"
+    return f"{100 * x:+.1f} %" if signed else f"{100 * x:.1f} %"

@@ -43,7 +43,7 @@ from typing import Any, Literal
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, mean_std, run_all
-from vitkit.studies.measures import spearman
+from vitkit.studies.measures import json_ready, spearman
 from vitkit.studies.selfsup import pretrain
 from vitkit.train.config import TrainConfig
 
@@ -304,7 +304,7 @@ def write_resolution(
         + sum(bool(p.get("pretrained_now")) for p in probes),
         **summary,
     }
-    atomic_write_text(paths["results"], json.dumps(body, indent=1))
+    atomic_write_text(paths["results"], json.dumps(json_ready(body), indent=1))
     title = f"Fine-tuning resolution and few-shot vs fine-tuning ({data})"
     atomic_write_text(paths["table"], f"# {title}\n\n{markdown(summary, data, pretrain_data)}\n")
     v = summary["verdict_inputs"]

@@ -45,6 +45,7 @@ from typing import Any
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, mean_std, run_all
+from vitkit.studies.measures import json_ready, percent
 from vitkit.train.config import TrainConfig
 
 STARTS = ("scratch", "supervised", "mpp", "mae")
@@ -265,8 +266,8 @@ def reading(verdict: dict[str, Any]) -> str:
     return (
         "Gain over scratch (points, by labelled fraction): "
         + "; ".join(parts)
-        + f". Scratch runs' training loss changed by at most {100 * change:+.1f} % over their "
-        "last 20 % of steps."
+        + f". Scratch runs' training loss changed by at most {percent(change, signed=True)} "
+        "over their last 20 % of steps."
     )
 
 
@@ -330,7 +331,7 @@ def write_selfsup(
         "trained_runs": sum(r.trained for r in results) + sum(p["trained"] for p in pretrained),
         **summary,
     }
-    atomic_write_text(paths["results"], json.dumps(body, indent=1))
+    atomic_write_text(paths["results"], json.dumps(json_ready(body), indent=1))
     title = f"Self-supervised vs supervised pre-training vs scratch ({data})"
     atomic_write_text(paths["table"], f"# {title}\n\n{markdown(summary, pretrain_data, data)}\n")
     plot_label_fractions(summary["rows"], paths["plot"], title=title)
