@@ -92,7 +92,8 @@ def pretrain(cfg: TrainConfig, model: ModelSpec, run_dir: Path) -> tuple[dict[st
         out_dir=str(run_dir),
         resume=(run_dir / "checkpoints").is_dir(),
     )
-    print(f"pre-training {cfg.objective} -> {run_dir}", file=sys.stderr)
+    kind = "supervised" if cfg.objective == "classify" else cfg.objective
+    print(f"pre-training ({kind}) {model.label} on {cfg.data} -> {run_dir}", file=sys.stderr)
     cfg = dataclasses.replace(cfg, analysis_report=False)  # as every run of a study
     if cfg.objective == "classify":
         from vitkit.train.trainer import Trainer
