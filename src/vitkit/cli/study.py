@@ -53,7 +53,7 @@ def add_study_options(
         help="comma-separated model names, each with optional overrides in brackets, e.g. "
         "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
         "label=NAME in the brackets names the model in the table and plot, family=NAME its "
-        "family (default: ViT, ResNet or Hybrid from the config)"
+        "family (unless given: ViT, ResNet or Hybrid, from the config)"
         + (f"; default (--smoke: tiny ones): {models_default}" if models_default else ""),
     )
     g.add_argument("--seeds", type=positive_int, default=1, help="runs per point: seeds 0..N-1")

@@ -34,7 +34,7 @@ from vitkit.errors import VitkitError
 
 SIDES = ("left", "right")  # where the smallest object lies relative to the largest
 HARD_CLASSES = tuple(f"{shape}/{side}" for shape in SHAPE_CLASSES for side in SIDES)
-CHUNK = 4096  # images per generator chunk (part of the data's definition)
+CHUNK = 1024  # images per generator chunk (part of the data's definition)
 MAX_IMAGES = 4_000_000  # one set: 12 GB at 32 px
 STREAMS = {"train": 10, "val": 11, "test": 12}
 DEFAULT_N = {"train": 50_000, "val": 5_000, "test": 10_000}

@@ -97,7 +97,7 @@ class RunSpec:
             seed=self.seed,
             out_dir=str(self.run_dir(out)),
             resume=False,
-            analysis_report=False,  # per-run report.html: seconds of plotting per run, unread
+            run_plots=False,  # per-run plots: seconds each; the study draws every run's curves
         )
 
 

@@ -86,7 +86,7 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between metrics.jsonl records
     max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
     progress: bool = True
-    analysis_report: bool = True  # report.html (attention analysis) and confusion_*.png at the end
+    run_plots: bool = True  # curves.png, confusion_*.png, report.html at the end (studies: off)
     device: str = "cpu"
     # PyTorch's intra-op threads: they change how sums are split, so the weights (not the
     # accuracy) differ in the last bits. None: PyTorch's choice; a run records what it used
@@ -178,7 +178,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "resume",
         "progress",
-        "analysis_report",
+        "run_plots",
         "ckpt_every",
         "keep_checkpoints",
         "num_workers",

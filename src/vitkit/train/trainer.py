@@ -448,7 +448,7 @@ class Trainer(TrainingRun):
         metrics["per_class_accuracy"] = [
             None if math.isnan(a) else a for a in res.per_class_accuracy
         ]
-        if self.dist.is_main and self.cfg.analysis_report:
+        if self.dist.is_main and self.cfg.run_plots:
             run_report.plot_final_confusion(
                 self.out,
                 res,
@@ -474,9 +474,10 @@ class Trainer(TrainingRun):
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """Rank 0: curves.png, report.json and (``analysis_report``) report.html (hook)."""
-        run_report.write_curves_and_json(self.out, report, self.metrics.records())
-        if not self.cfg.analysis_report:
+        """Rank 0: report.json and (``run_plots``) curves.png and report.html (hook)."""
+        records = self.metrics.records() if self.cfg.run_plots else []
+        run_report.write_curves_and_json(self.out, report, records)
+        if not self.cfg.run_plots:
             return
         run_report.write_run_report(
             self.out,
