@@ -193,7 +193,8 @@ def test_study_selfsup_smoke_end_to_end_and_reused(tmp_path, capsys):
     )
     assert ft["init_from"] == str(pre) and ft["train_size"] == 0.1
     assert json.loads((pre / "report.json").read_text())["objective"] == "mpp"
-    assert not list(out.rglob("report.html"))  # no per-run HTML report in a study
+    for name in ("report.html", "curves.png", "preview.png"):  # no per-run plots in a study
+        assert not list(out.rglob(name)), name
     assert "mpp" in body["verdict_inputs"]["gain_over_scratch"]
     assert "Reading: Gain over scratch" in (out / "selfsup.md").read_text()
     assert (out / "selfsup.png").stat().st_size > 5_000

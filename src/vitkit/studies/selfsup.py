@@ -94,7 +94,7 @@ def pretrain(cfg: TrainConfig, model: ModelSpec, run_dir: Path) -> tuple[dict[st
     )
     kind = "supervised" if cfg.objective == "classify" else cfg.objective
     print(f"pre-training ({kind}) {model.label} on {cfg.data} -> {run_dir}", file=sys.stderr)
-    cfg = dataclasses.replace(cfg, analysis_report=False)  # as every run of a study
+    cfg = dataclasses.replace(cfg, run_plots=False)  # as every run of a study
     if cfg.objective == "classify":
         from vitkit.train.trainer import Trainer
 
