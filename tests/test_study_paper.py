@@ -19,6 +19,7 @@ from vitkit.studies.common import RunResult
 from vitkit.studies.inside import depth_spearman, head_shares
 from vitkit.studies.measures import json_ready, percent, ranks, spearman
 from vitkit.studies.resolution import summarize_resolution
+from vitkit.studies.runs import loss_change, weights_of
 from vitkit.studies.selfsup import summarize_selfsup
 
 
@@ -96,6 +97,15 @@ def test_head_shares_and_depth_correlation():
     growing = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     assert depth_spearman(growing) == pytest.approx(spearman([0, 0, 1, 1, 2, 2], range(6)))
     assert depth_spearman(growing.flip(0)) < 0
+
+
+def test_a_run_is_read_back_at_the_weights_its_accuracy_is_of(tmp_path):
+    assert weights_of(tmp_path) == tmp_path  # no early stopping: the last checkpoint
+    (tmp_path / "best").mkdir()
+    assert weights_of(tmp_path) == tmp_path / "best"
+    converged = result("m", 0, 0.5, convergence={"rel_change_last_20pct": -0.002})
+    assert loss_change(converged) == -0.002
+    assert math.isnan(loss_change(result("m", 0, 0.5, convergence={"rel_change_last_20pct": None})))
 
 
 # ----- summaries on hand-made runs ------------------------------------------------------------

@@ -51,6 +51,7 @@ from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, mean_std, run_all
 from vitkit.studies.measures import json_ready, percent, spearman
+from vitkit.studies.runs import loss_change, weights_of
 from vitkit.train.config import TrainConfig
 
 GLOBAL_SHARE = 0.5  # a head is "global" at >= this share of the uniform-attention distance
@@ -79,7 +80,7 @@ def measure_model(run_dir: str | Path, num_images: int, device: str = "cpu") -> 
     from vitkit.checkpoints import load_model
     from vitkit.data import load_dataset
 
-    loaded, ckpt = load_model(run_dir)
+    loaded, ckpt = load_model(weights_of(run_dir))
     model = require_attention(loaded)
     trained_on = (ckpt.meta or {}).get("train_config") or {}
     if not trained_on.get("data"):
@@ -187,7 +188,7 @@ def summarize_inside(results: Sequence[RunResult], measured: Sequence[dict]) -> 
     low = [m["lowest_layer"] for m in measured]
     rc = [m["row_column"] for m in measured]
     pe = [m["posemb"] for m in measured]
-    plateau = [_loss_change(r) for r in results]
+    plateau = [loss_change(r) for r in results]
     verdict = {
         "seeds": len(measured),
         "test_top1": _ms([r.test_top1 for r in results]),
@@ -212,13 +213,6 @@ def summarize_inside(results: Sequence[RunResult], measured: Sequence[dict]) -> 
         "filters_top3_variance": _ms([sum(m["filters_explained_variance"][:3]) for m in measured]),
     }
     return {"layers": layers, "verdict_inputs": verdict}
-
-
-def _loss_change(r: RunResult) -> float:
-    """The run's training-loss change over its last 20 % of steps (the trainer's convergence
-    diagnostic); NaN where the report has none."""
-    change = (r.info.get("convergence") or {}).get("rel_change_last_20pct")
-    return math.nan if change is None else float(change)
 
 
 def reading(verdict: dict[str, Any]) -> str:
@@ -320,7 +314,7 @@ def write_inside(
     )
     from vitkit.analysis.attention import require_attention
 
-    model = require_attention(load_model(results[0].out_dir)[0])
+    model = require_attention(load_model(weights_of(results[0].out_dir))[0])
     plot_position_similarity(
         position_embedding_similarity(model),
         paths["posemb"],

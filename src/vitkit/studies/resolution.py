@@ -44,7 +44,7 @@ from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, mean_std, run_all
 from vitkit.studies.measures import json_ready, spearman
-from vitkit.studies.selfsup import pretrain
+from vitkit.studies.runs import pretrain, weights_of
 from vitkit.train.config import TrainConfig
 
 DEFAULT_MODELS = (
@@ -97,7 +97,7 @@ def probe(
     from vitkit.data.arrays import ArrayDataset
     from vitkit.eval.fewshot import extract_features, fewshot_evaluate
 
-    model, ckpt = load_model(run_dir)
+    model, ckpt = load_model(weights_of(run_dir))
     model.to(device)
     size = ckpt.model_config.image_size
     pre = ckpt.preprocess
@@ -151,7 +151,7 @@ def run_resolution(
                     f"--high-res {high_res} is not above the pre-training resolution {low}"
                 )
             for res in (low, high_res):
-                cfg = dataclasses.replace(base, init_from=str(pre_dir), image_size=res)
+                cfg = dataclasses.replace(base, init_from=str(weights_of(pre_dir)), image_size=res)
                 spec = ModelSpec(model.name, {}, model.label)
                 info = {"resolution": res, "arm": "low" if res == low else "high"}
                 specs.append(RunSpec(cfg, spec, f"res{res}", seed, info=info))

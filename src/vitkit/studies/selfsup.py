@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, mean_std, run_all
 from vitkit.studies.measures import json_ready, percent
+from vitkit.studies.runs import loss_change, pretrain, weights_of
 from vitkit.train.config import TrainConfig
 
 STARTS = ("scratch", "supervised", "mpp", "mae")
@@ -78,30 +78,6 @@ def pretrain_configs(
             cfg = dataclasses.replace(cfg, epochs=epochs)
         out[name] = cfg
     return out
-
-
-def pretrain(cfg: TrainConfig, model: ModelSpec, run_dir: Path) -> tuple[dict[str, Any], bool]:
-    """Pre-train (or read back) one encoder in ``run_dir``; (its report, trained now)."""
-    report_path = run_dir / "report.json"
-    if report_path.is_file():
-        return json.loads(report_path.read_text()), False
-    cfg = dataclasses.replace(
-        cfg,
-        model=model.name,
-        model_overrides=dict(model.overrides),
-        out_dir=str(run_dir),
-        resume=(run_dir / "checkpoints").is_dir(),
-    )
-    kind = "supervised" if cfg.objective == "classify" else cfg.objective
-    print(f"pre-training ({kind}) {model.label} on {cfg.data} -> {run_dir}", file=sys.stderr)
-    cfg = dataclasses.replace(cfg, run_plots=False)  # as every run of a study
-    if cfg.objective == "classify":
-        from vitkit.train.trainer import Trainer
-
-        return Trainer(cfg).fit(), True
-    from vitkit.train.pretrain import Pretrainer
-
-    return Pretrainer(cfg).fit(), True
 
 
 def group_name(fraction: float) -> str:
@@ -144,7 +120,7 @@ def run_selfsup(
         for name, cfg in pretrain_cfgs.items():
             run_dir = out / "runs" / name / "pretrain" / f"seed{seed}"
             report, trained = pretrain(dataclasses.replace(cfg, seed=seed), model, run_dir)
-            init[name] = str(run_dir)
+            init[name] = str(weights_of(run_dir))
             pretrained.append(
                 {
                     "start": name,
@@ -193,7 +169,7 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for (start, fraction), runs in by.items():
         mean, std = mean_std([r.test_top1 for r in runs.values()])
-        changes = [_loss_change(r) for r in runs.values()]
+        changes = [loss_change(r) for r in runs.values()]
         changes = [c for c in changes if not math.isnan(c)]
         rows.append(
             {
@@ -248,11 +224,6 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
         "all_train_loss_rel_change_worst": worst({r["start"] for r in rows}),
     }
     return {"rows": rows, "verdict_inputs": verdict}
-
-
-def _loss_change(r: RunResult) -> float:
-    change = (r.info.get("convergence") or {}).get("rel_change_last_20pct")
-    return math.nan if change is None else float(change)
 
 
 def reading(verdict: dict[str, Any]) -> str:
