@@ -138,3 +138,14 @@ def test_shapes_hard_labels_match_the_scene() -> None:
     d = make_shapes_hard("test", 64)
     w = (d.boxes[:, 2] - d.boxes[:, 0]) / 32
     assert ((w >= 0.32) & (w <= 0.42)).all()
+
+
+def test_small_subsets_get_more_epochs_and_more_patience() -> None:
+    from vitkit.studies.data_scale import epochs_for, patience_for
+
+    # 600 images at batch 256: 2 steps an epoch; 4000 steps need 2000 epochs, and a patience
+    # of 10 epochs (20 steps) becomes a quarter of the minimum budget: 500 epochs.
+    assert epochs_for(600, 256, 30, 4000) == 2000
+    assert patience_for(600, 256, 10, 4000) == 500
+    assert patience_for(59_000, 256, 10, 4000) == 10  # 230 steps an epoch: as given
+    assert patience_for(600, 256, None, 4000) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,15 @@ def add_study_options(
         "'Ti/4[depth=4,width=96],bit_r26x1[layers=1,1,1,width_factor=0.25,root=small]'; "
         "label=NAME in the brackets names the model in the table and plot, family=NAME its "
         "family (unless given: ViT, ResNet or Hybrid, from the config)"
-        + (f"; default (--smoke: tiny ones): {models_default}" if models_default else ""),
+        + (f"; default (--smoke: tiny ones): {_labels(models_default)}" if models_default else ""),
     )
     g.add_argument("--seeds", type=positive_int, default=1, help="runs per point: seeds 0..N-1")
     return g
+
+
+def _labels(models: str) -> str:
+    """The labels of a model list, for help texts."""
+    return ", ".join(re.findall(r"label=([^,\]]+)", models))
 
 
 def study_base_config(args: argparse.Namespace, name: str) -> Any:
@@ -92,6 +98,8 @@ def study_out_dir(args: argparse.Namespace, name: str, base: Any) -> Path:
 
 
 def add_data_scale(studies: Any) -> None:
+    from vitkit.studies.data_scale import DEFAULT_MODELS, FULL_COMMANDS
+
     q = add_command(
         studies,
         "data-scale",
@@ -105,9 +113,8 @@ def add_data_scale(studies: Any) -> None:
         "the mnist recipe's). To convergence: --early-stop PATIENCE stops each run when its "
         "validation loss stops improving and reports its best weights (the paper's Fig. 4 "
         "protocol), --min-steps gives small subsets enough steps to get there. Full size "
-        "(GPU): " + _DATA_SCALE_FULL,
+        "(GPU): " + " and ".join(f"'{c}'" for c in FULL_COMMANDS) + ".",
     )
-    from vitkit.studies.data_scale import DEFAULT_MODELS
 
     g = add_study_options(q, models_default=DEFAULT_MODELS)
     g.add_argument(
@@ -152,6 +159,8 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
 
 
 def add_compute(studies: Any) -> None:
+    from vitkit.studies.compute import DEFAULT_MODELS, FULL_COMMAND
+
     q = add_command(
         studies,
         "compute",
@@ -161,9 +170,8 @@ def add_compute(studies: Any) -> None:
         "budget, with --seeds seeds each; count each run's training compute analytically (3 x "
         "forward FLOPs x images seen) and write OUT/compute.png (test top-1 against total "
         "training exaFLOPs, log x, one line per family), OUT/table.md and OUT/results.json. "
-        "Runs in OUT/runs/MODEL/nSIZE/seedK are reused. Full size (GPU): " + _COMPUTE_FULL,
+        f"Runs in OUT/runs/MODEL/nSIZE/seedK are reused. Full size (GPU): '{FULL_COMMAND}'.",
     )
-    from vitkit.studies.compute import DEFAULT_MODELS
 
     add_study_options(q, models_default=DEFAULT_MODELS)
     q.set_defaults(func=cmd_study_compute)
@@ -191,17 +199,6 @@ def cmd_study_compute(args: argparse.Namespace) -> int:
     print(f"trained now: {sum(r.trained for r in results)}")
     return 0
 
-
-# The full-size commands (a GPU: minutes to hours; see docs/paper.md). --device cpu works too.
-_DATA_SCALE_FULL = (
-    "'vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 "
-    "--min-steps 4000 --early-stop 10 --device cuda' and 'vitkit study data-scale --data "
-    "shapes-hard --seeds 3 --epochs 10 --min-steps 4000 --early-stop 5 --device cuda'."
-)
-_COMPUTE_FULL = (
-    "'vitkit study compute --data shapes-hard --train-size 100000 --epochs 10 --seeds 3 "
-    "--device cuda'."
-)
 
 # One line per study: ``add_<study>(studies)`` adds its subcommand.
 STUDIES: list[Callable[[Any], None]] = [add_data_scale, add_compute, study_paper.add_commands]

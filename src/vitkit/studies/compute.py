@@ -13,7 +13,13 @@ several seeds; each run's training compute is counted analytically,
 (the backward pass costs about twice the forward), and :func:`write_compute` writes the table,
 ``results.json`` and ``compute.png`` (test top-1 against total training exaFLOPs, log x, one
 line per family through its sizes). Runs live in ``OUT/runs/<model>/n<size>/seed<k>`` and are
-reused as in every study (:mod:`vitkit.studies.common`).
+reused as in every study (:mod:`vitkit.studies.common`). The full-size command (12 models x
+3 seeds, the same 10 epochs of 100,000 images each; a GPU):
+
+    vitkit study compute --data shapes-hard --train-size 100000 --seeds 3 --epochs 10 \
+        --warmup-steps 200 --device cuda --out-dir runs/study-compute-shapes-hard
+
+``--smoke`` runs it in seconds.
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ SMOKE_MODELS = (
     "bit_r26x1[layers=1,width_factor=0.125,root=small,label=bit],"
     "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=16,depth=1,"
     "num_heads=2,mlp_dim=32,label=hybrid]"
+)
+FULL_COMMAND = (
+    "vitkit study compute --data shapes-hard --train-size 100000 --seeds 3 --epochs 10 "
+    "--warmup-steps 200 --device cuda --out-dir runs/study-compute-shapes-hard"
 )
 FULL_TRAIN_SIZE = {"mnist": 59_000, "shapes-hard": 100_000}
 BACKWARD_FACTOR = 3  # forward + backward ~ 3 forwards (the usual count; the paper's too)

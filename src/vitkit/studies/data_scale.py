@@ -14,11 +14,29 @@ least ``min_steps`` optimizer steps (more epochs), so that a 1,000-image run is 
 a handful of updates; with early stopping (``TrainConfig.early_stop``) the budget is an upper
 bound and each run stops when its validation loss stops improving. The subset of seed ``k`` is
 drawn with seed ``k``; with one seed the subsets are nested up to rounding.
+
+To convergence (the paper's Fig. 4 protocol: "we use early-stopping, and report the best
+validation accuracy achieved during training"): ``--early-stop P`` stops a run once its
+validation loss has not improved for P epochs (more for small subsets: :func:`patience_for`)
+and evaluates its best weights; each run's report says how far its training loss still moved
+(``convergence``) and ``loss_curves.png`` shows every curve. The full-size commands (3 models x
+5 or 4 sizes x 3 seeds; a GPU, see docs/paper.md for the times):
+
+    vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 \
+        --min-steps 4000 --warmup-steps 200 --early-stop 10 --device cuda \
+        --out-dir runs/study-data-scale-mnist
+    vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 \
+        --min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda \
+        --out-dir runs/study-data-scale-shapes-hard
+
+(MNIST: sizes 600 ... 59,000 = all 60,000 training images but the 1,000 held out for early
+stopping; shapes-hard: 1,000 ... 1,000,000.) ``--smoke`` runs the study in seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +54,14 @@ from vitkit.studies.common import (
     write_summary,
 )
 from vitkit.train.config import TrainConfig
+
+FULL_COMMANDS = (
+    "vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 --min-steps 4000 "
+    "--warmup-steps 200 --early-stop 10 --device cuda --out-dir runs/study-data-scale-mnist",
+    "vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 "
+    "--min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda "
+    "--out-dir runs/study-data-scale-shapes-hard",
+)
 
 # Three models of similar size and cost at 28-32 px (49-64 tokens): a ViT with 4x4 patches, a
 # BiT ResNet-v2 with stages (1, 1, 1) at width x0.25 and the small 3x3 root, and a hybrid whose
@@ -84,10 +110,22 @@ def data_scale_specs(
                 base,
                 train_size=size,
                 epochs=epochs_for(size, base.batch_size, base.epochs, min_steps),
+                early_stop=patience_for(size, base.batch_size, base.early_stop, min_steps),
             )
             for spec in models:
                 specs.append(RunSpec(cfg, spec, f"n{size}", seed, info={"size": size}))
     return specs
+
+
+def patience_for(size: int, batch_size: int, patience: int | None, min_steps: int) -> int | None:
+    """Early-stopping patience (evaluations = epochs) of a run on ``size`` images: ``patience``,
+    or more where a small subset's epochs are so short that ``patience`` of them would be fewer
+    than a quarter of ``min_steps`` optimizer steps (a 600-image subset would otherwise stop
+    within a few dozen noisy steps)."""
+    if patience is None:
+        return None
+    steps_per_epoch = max(size // batch_size, 1)
+    return max(patience, math.ceil(min_steps / 4 / steps_per_epoch))
 
 
 def run_data_scale(
