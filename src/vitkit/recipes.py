@@ -216,6 +216,32 @@ MNIST_FEW_LABELS = dataclasses.replace(
     out_dir="runs/mnist-few-labels",
 )
 
+# --- The paper-finding studies (vitkit study inside | selfsup | resolution; docs/paper.md) -----
+# `inside` (Fig. 6-7): a ViT on 64 px shapes with 4x4 patches, a 16 x 16 grid of 256 tokens, so
+# that attention distance and position-embedding structure have room to show.
+STUDY_INSIDE = dataclasses.replace(
+    MNIST_V1,
+    data="shapes",
+    image_size=64,
+    model_overrides={"width": 128, "depth": 8, "num_heads": 8, "mlp_dim": 256},
+    epochs=100,
+    batch_size=128,
+    lr=1e-3,
+    warmup_epochs=3.0,
+    val_size=0.1,
+    out_dir="runs/study-inside",
+)
+# `selfsup` (Sec. 4.6): the fine-tuning runs, one recipe for every start (scratch, supervised,
+# MPP, MAE); the labelled fraction and the epochs (at least --min-steps steps) are set per run.
+STUDY_SELFSUP = dataclasses.replace(
+    MNIST_V1, val_size=0, batch_size=128, epochs=10, out_dir="runs/study-selfsup"
+)
+# `resolution` (Sec. 3.2, 4.1): fine-tuning the paper's way (SGD, zero head, interpolated
+# position embeddings) on digits at the pre-training resolution or twice it.
+STUDY_RESOLUTION = dataclasses.replace(
+    DIGITS_FINETUNE, image_size=None, epochs=30, out_dir="runs/study-resolution"
+)
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -376,6 +402,24 @@ RECIPES: dict[str, Recipe] = {
 
             Command: ``vitkit train --recipe mnist-few-labels [--init-from runs/mnist-mpp]``.""",
             MNIST_FEW_LABELS,
+        ),
+        Recipe(
+            "study-inside",
+            """The model of 'vitkit study inside' (paper Fig. 6-7): width 128, depth 8, 8 heads,
+            4x4 patches on 64 px shapes (256 tokens), AdamW lr 1e-3, 100 epochs, bf16.""",
+            STUDY_INSIDE,
+        ),
+        Recipe(
+            "study-selfsup",
+            """The fine-tuning runs of 'vitkit study selfsup' (paper Sec. 4.6): the first MNIST
+            recipe (patch 4, AdamW 3e-3, cosine) at batch 128; fraction and epochs per run.""",
+            STUDY_SELFSUP,
+        ),
+        Recipe(
+            "study-resolution",
+            """The fine-tuning runs of 'vitkit study resolution' (paper Sec. 3.2): digits-finetune
+            (SGD 0.01, zero head, 2-D interpolated position embeddings), 30 epochs.""",
+            STUDY_RESOLUTION,
         ),
     )
 }

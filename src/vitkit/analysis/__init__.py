@@ -27,8 +27,10 @@ from vitkit.analysis.attention import (
 from vitkit.analysis.filters import FilterComponents, embedding_filter_pca
 from vitkit.analysis.posemb import (
     PositionSimilarityStats,
+    RowColumnStats,
     patch_position_embeddings,
     position_embedding_similarity,
+    row_column_structure,
     similarity_by_distance,
 )
 from vitkit.analysis.report import Figure, Section, Table, render_html, write_html
@@ -58,6 +60,7 @@ __all__ = [
     "FilterComponents",
     "Figure",
     "PositionSimilarityStats",
+    "RowColumnStats",
     "Section",
     "Table",
     "analyze_model",
@@ -88,6 +91,7 @@ __all__ = [
     "prefix_rollout_share",
     "render_html",
     "rollout_by_layer",
+    "row_column_structure",
     "sample_dataset",
     "similarity_by_distance",
     "token_pixels",

@@ -89,3 +89,61 @@ def similarity_by_distance(sim: Tensor) -> PositionSimilarityStats:
         far_distance=far_distance,
         by_distance=by_distance,
     )
+
+
+@dataclass(frozen=True)
+class RowColumnStats:
+    """Row/column structure of a position-embedding similarity (the paper's Figure 7, centre:
+    "patches in the same row/column have similar embeddings"), as mean cosine similarities."""
+
+    same_row: float  # distinct patches in the same row
+    same_column: float  # distinct patches in the same column
+    other: float  # pairs in neither the same row nor the same column
+    line_excess: float  # mean over rows and columns minus `other`
+    # The same comparison at equal distance, so that locality alone does not count as
+    # row/column structure: for every whole distance k, the pairs on a line k patches apart
+    # minus the off-line pairs' similarity at distance k (linearly interpolated between the
+    # off-line distances that occur, sqrt(2), sqrt(5), ...); the mean over k inside that range.
+    line_excess_at_distance: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def row_column_structure(sim: Tensor) -> RowColumnStats:
+    """Summarise a [gh, gw, gh, gw] similarity (:func:`position_embedding_similarity`) by
+    whether patches in the same row or column are more alike than other pairs."""
+    if sim.ndim != 4 or sim.shape[:2] != sim.shape[2:]:
+        raise VitkitError(f"expected a [gh, gw, gh, gw] similarity, got {tuple(sim.shape)}")
+    gh, gw = sim.shape[:2]
+    if gh < 2 or gw < 2:
+        raise VitkitError(f"a {gh} x {gw} grid has no pairs off its rows and columns to compare")
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    ys, xs = ys.reshape(-1).double(), xs.reshape(-1).double()
+    dy, dx = (ys[:, None] - ys[None, :]).abs(), (xs[:, None] - xs[None, :]).abs()
+    dist = torch.sqrt(dy**2 + dx**2)
+    s = sim.reshape(gh * gw, gh * gw).double()
+    row, column = (dy == 0) & (dx > 0), (dx == 0) & (dy > 0)
+    line, off = row | column, (dy > 0) & (dx > 0)
+
+    def mean(mask: Tensor) -> float:
+        return float(s[mask].mean()) if bool(mask.any()) else math.nan
+
+    off_d = torch.unique(dist[off])
+    off_s = torch.stack([s[off & ((dist - d).abs() < 1e-9)].mean() for d in off_d])
+    diffs = []
+    for k in range(1, max(gh, gw)):
+        if not off_d[0] <= k <= off_d[-1]:
+            continue
+        j = int(torch.searchsorted(off_d, torch.tensor(float(k), dtype=off_d.dtype)))
+        j = min(max(j, 1), len(off_d) - 1)
+        d0, d1, s0, s1 = off_d[j - 1], off_d[j], off_s[j - 1], off_s[j]
+        expected = float(s0 + (s1 - s0) * (k - d0) / (d1 - d0))
+        diffs.append(mean(line & (dist == k)) - expected)
+    return RowColumnStats(
+        same_row=mean(row),
+        same_column=mean(column),
+        other=mean(off),
+        line_excess=mean(line) - mean(off),
+        line_excess_at_distance=sum(diffs) / len(diffs) if diffs else math.nan,
+    )

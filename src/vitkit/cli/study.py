@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vitkit.cli import study_paper  # inside, selfsup, resolution
 from vitkit.cli.options import add_command, non_negative_int, positive_int, positive_int_list
 from vitkit.cli.train_options import add_train_options, train_config_from_args
 from vitkit.errors import VitkitError
@@ -200,4 +201,4 @@ def cmd_study_compute(args: argparse.Namespace) -> int:
 
 
 # One line per study: ``add_<study>(studies)`` adds its subcommand.
-STUDIES: list[Callable[[Any], None]] = [add_data_scale, add_compute]
+STUDIES: list[Callable[[Any], None]] = [add_data_scale, add_compute, study_paper.add_commands]

@@ -173,18 +173,23 @@ class Pretrainer(Trainer):
         }
 
     def final_metrics(self, eval_set: Any, split: str) -> dict[str, Any]:
-        """Pretext loss (and accuracy) on the test split, and ``preview.png``."""
+        """Pretext loss (and accuracy) on the test split, and (``run_plots``) ``preview.png``."""
         metrics: dict[str, Any] = {
             f"{split}_{k}": v for k, v in self.evaluate_pretext(eval_set).items()
         }
-        metrics["preview"] = str(self._preview(eval_set))
+        if self.cfg.run_plots:
+            metrics["preview"] = str(self._preview(eval_set))
         return metrics
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
-        """curves.png, report.json and report.html."""
+        """report.json and (``run_plots``) curves.png and report.html."""
         from vitkit.train.report import write_curves_and_json, write_pretrain_report
 
-        write_curves_and_json(self.out, report, self.metrics.records())
+        write_curves_and_json(
+            self.out, report, self.metrics.records() if self.cfg.run_plots else []
+        )
+        if not self.cfg.run_plots:
+            return
         title = f"{self.cfg.objective} pre-training of {self.model_cfg.short_name}"
         write_pretrain_report(self.out, f"{title} on {self.info.name}")
 
