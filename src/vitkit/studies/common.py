@@ -27,14 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.checkpoints import atomic_write_text
-from vitkit.config import (
-    ModelConfig,
-    ResNetConfig,
-    config_from_dict,
-    count_flops,
-    count_params,
-    model_config,
-)
+from vitkit.config import ModelConfig, ResNetConfig, config_from_dict, model_config
+from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
 from vitkit.overrides import parse_key_values
 from vitkit.train.config import TrainConfig
