@@ -267,10 +267,10 @@ def test_study_subsets_keep_class_shares_and_nest():
 
 def test_parse_model_specs():
     specs = parse_model_specs(
-        "Ti/4[depth=2,width=32,label=vit], bit_r26x1[layers=1,1,1,width_factor=0.25],r_vit_ti16"
+        "Ti/4[depth=2,width=48,label=vit], bit_r26x1[layers=1,1,1,width_factor=0.25],r_vit_ti16"
     )
     assert [s.name for s in specs] == ["Ti/4", "bit_r26x1", "r_vit_ti16"]
-    assert specs[0].overrides == {"depth": 2, "width": 32} and specs[0].label == "vit"
+    assert specs[0].overrides == {"depth": 2, "width": 48} and specs[0].label == "vit"
     assert specs[1].overrides == {"layers": (1, 1, 1), "width_factor": 0.25}
     assert specs[1].label == "BiT-R(1,1,1)x0.25" and specs[2].label == "R()x1+Ti-32"
     for bad in ("Ti/4[depth=2", "Ti/4[2]", "nope_model"):
