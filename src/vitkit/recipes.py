@@ -38,7 +38,7 @@ MNIST_V1 = TrainConfig(
     grad_clip=1.0,
     augment="digits",
     label_smoothing=0.0,
-    precision="bf16",
+    precision="auto",
     out_dir="runs/mnist",
 )
 
@@ -71,7 +71,7 @@ PAPER_PRETRAIN_BASE = TrainConfig(
     schedule="cosine",
     grad_clip=1.0,
     augment="inception",  # random crop + flip (the official input pipeline)
-    precision="bf16",
+    precision="auto",
     out_dir="runs/paper-pretrain",
 )
 
@@ -93,7 +93,7 @@ PAPER_FINETUNE = TrainConfig(
     schedule="cosine",
     grad_clip=1.0,
     augment="inception",
-    precision="bf16",
+    precision="auto",
     out_dir="runs/paper-finetune",
 )
 PAPER_FINETUNE_LRS: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03)
@@ -117,7 +117,7 @@ AUGREG = TrainConfig(
     cutmix_alpha=0.0,
     label_smoothing=0.1,
     ema_decay=0.9999,
-    precision="bf16",
+    precision="auto",
     out_dir="runs/augreg",
 )
 
@@ -138,7 +138,7 @@ DIGITS_FINETUNE = dataclasses.replace(
     batch_size=64,
     warmup_steps=20,
     lr=0.01,
-    precision="bf16",
+    precision="auto",
     out_dir="runs/digits-finetune",
 )
 
@@ -166,7 +166,7 @@ PAPER_MPP = TrainConfig(
     schedule="cosine",
     grad_clip=1.0,
     augment="inception",
-    precision="bf16",
+    precision="auto",
     out_dir="runs/paper-mpp",
 )
 
@@ -188,7 +188,7 @@ PAPER_MAE = dataclasses.replace(
 )
 
 # Both in miniature on MNIST images (labels unused): the first default MNIST model (patch 4),
-# AdamW, bf16.
+# AdamW, bf16 where native (precision "auto").
 MNIST_MPP = dataclasses.replace(
     MNIST_V1,
     objective="mpp",
@@ -249,7 +249,8 @@ RECIPES: dict[str, Recipe] = {
             "mnist",
             """The default job: a small ViT (patch 7, width 64, depth 6, 0.2 M parameters) on the
             full MNIST from scratch, AdamW + cosine, batch 256, light affine augmentation, bf16
-            autocast. (The first version used patch 4 and batch 128: 98.65 % in 7-10 min.)
+            autocast where the CPU/GPU has it natively, else fp32. (The first version used patch
+            4 and batch 128: 98.65 % in 7-10 min.)
 
             Command: ``vitkit train`` (this recipe is the default).
             Expected: 98.71 % test top-1 in 3.4 min on 2 vCPUs (docs/experiments.md).""",
@@ -377,7 +378,7 @@ RECIPES: dict[str, Recipe] = {
             "mnist-mpp",
             """Masked patch prediction on MNIST images without their labels: the default MNIST
             model (patch 4, width 64, depth 6), 50 % corrupted, 3-bit mean intensity targets
-            (8 gray levels), AdamW lr 1e-3, 1 warmup epoch, cosine, 8 epochs, bf16.
+            (8 gray levels), AdamW lr 1e-3, 1 warmup epoch, cosine, 8 epochs, auto precision.
 
             Command: ``vitkit pretrain --objective mpp`` (this recipe is its default).
             Expected: about 10 min on 2 vCPUs (docs/experiments.md).""",
@@ -387,7 +388,7 @@ RECIPES: dict[str, Recipe] = {
             "mnist-mae",
             """MAE on MNIST images without their labels: the first default MNIST model (patch 4)
             as encoder, 75 % masked, a 2-block decoder of width 64, normalised-pixel MSE,
-            AdamW (0.9, 0.95) lr 1e-3, 8 epochs, bf16.
+            AdamW (0.9, 0.95) lr 1e-3, 8 epochs, auto precision.
 
             Command: ``vitkit pretrain --objective mae``.
             Expected: about 10 min on 2 vCPUs (docs/experiments.md).""",
@@ -406,7 +407,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "study-inside",
             """The model of 'vitkit study inside' (paper Fig. 6-7): width 128, depth 8, 8 heads,
-            4x4 patches on 64 px shapes (256 tokens), AdamW lr 1e-3, 100 epochs, bf16.""",
+            4x4 patches on 64 px shapes (256 tokens), AdamW lr 1e-3, 100 epochs, auto precision.""",
             STUDY_INSIDE,
         ),
         Recipe(

@@ -346,8 +346,11 @@ def add_runtime(
     add_threads_device(g, device="cpu")
 
 
-def add_precision(g: Any, default: str | None, help: str = "bf16: autocast") -> None:
-    g.add_argument("--precision", default=default, choices=["fp32", "bf16"], help=help)
+def add_precision(
+    g: Any, default: str | None, help: str = "bf16: autocast", auto: bool = False
+) -> None:
+    choices = ["auto", "fp32", "bf16"] if auto else ["fp32", "bf16"]
+    g.add_argument("--precision", default=default, choices=choices, help=help)
 
 
 def add_threads_device(g: Any, device: str | None) -> None:

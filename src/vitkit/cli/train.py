@@ -189,7 +189,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
         f"({n_obj:,} objective parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')} (labels unused), "
-        f"{count(cfg.epochs, 'epoch')}, {count(trainer.total_steps, 'step')}, {cfg.precision}, "
+        f"{count(cfg.epochs, 'epoch')}, {count(trainer.total_steps, 'step')}, "
+        f"{trainer.cfg.precision}, "
         f"{threads()} threads -> {cfg.out_dir}",
         file=sys.stderr,
     )
@@ -277,7 +278,7 @@ def banner(trainer: Any, env: Any) -> str:
         f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
-        f"{count(trainer.total_steps, 'step')}, {cfg.precision}, "
+        f"{count(trainer.total_steps, 'step')}, {trainer.cfg.precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
 

@@ -145,7 +145,13 @@ def _add_optimisation(g: Any) -> None:
     g.add_argument(
         "--cutmix", type=non_negative_float, dest="cutmix_alpha", help="CutMix alpha (0: off)"
     )
-    add_precision(g, default=None)
+    add_precision(
+        g,
+        default=None,
+        help="bf16: autocast; auto: bf16 where the device has it natively (AVX512-BF16/AMX, "
+        "CUDA), else fp32 (default: the recipe's)",
+        auto=True,
+    )
 
 
 def _add_run(g: Any) -> None:

@@ -16,7 +16,7 @@ from vitkit.train.compile import COMPILE_MODES, CompileMode
 from vitkit.train.optim import OptimizerName
 from vitkit.train.schedules import Decay
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16"]
 Objective = Literal["classify", "mpp", "mae"]
 Augment = Literal["none", "digits", "inception"]
 
@@ -68,7 +68,7 @@ class TrainConfig:
     randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
-    precision: Precision = "fp32"  # "bf16": autocast (AMX on recent Intel CPUs, tensor cores)
+    precision: Precision = "fp32"  # "bf16": autocast; "auto": bf16 where native (vitkit.hardware)
     # stop after this many evaluations (epochs) without a new lowest validation loss, and report
     # the best evaluation's weights (train.convergence); None: off, train the whole budget
     early_stop: int | None = None
@@ -115,8 +115,8 @@ class TrainConfig:
             raise VitkitError(
                 f"batch size {self.batch_size} is not divisible by accum_steps {self.accum_steps}"
             )
-        if self.precision not in ("fp32", "bf16"):
-            raise VitkitError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise VitkitError(f"precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.augment not in ("none", "digits", "inception"):
             raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
         if self.strategy not in ("auto", "ddp", "fsdp"):

@@ -24,6 +24,7 @@ from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.data import ArrayDataset, DataInfo, make_loader, to_model_input
 from vitkit.errors import VitkitError
 from vitkit.eval.checkpoint import non_finite_weights
+from vitkit.hardware import resolve_precision
 from vitkit.model import build_model
 from vitkit.train import distributed as D
 from vitkit.train import setup
@@ -71,11 +72,14 @@ class TrainingRun:
             )
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        cfg = dataclasses.replace(cfg, threads=torch.get_num_threads())  # recorded: see resume
-        self.cfg = cfg
-        self.out = Path(cfg.out_dir)
         self.dist = D.DistEnv.current()  # rank 0 of 1 without a process group
         self.device = _device(D.device_for(cfg.device, self.dist))
+        # Recorded as they resolve here (see resume): the thread count, and "auto" precision
+        # as bf16 where this device multiplies bf16 natively, else fp32 (vitkit.hardware).
+        precision = resolve_precision(cfg.precision, self.device)
+        cfg = dataclasses.replace(cfg, threads=torch.get_num_threads(), precision=precision)
+        self.cfg = cfg
+        self.out = Path(cfg.out_dir)
         world = self.dist.world_size
         if cfg.batch_size % (cfg.accum_steps * world):
             raise VitkitError(

@@ -1,0 +1,46 @@
+"""What the machine computes natively: whether bf16 autocast is fast here.
+
+bf16 autocast pays off only where the hardware multiplies bf16 natively: CUDA GPUs from Ampere
+on, and CPUs with AVX512-BF16 or AMX (oneDNN's bf16 kernels). On a CPU without them (AVX2 only,
+e.g. many AMD EPYC and laptop CPUs) PyTorch emulates bf16 matmuls, measured here 12-50x slower
+than fp32 (docs/experiments.md). ``precision="auto"`` picks bf16 exactly where it is native.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+
+from vitkit.errors import VitkitError
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bf16 matmuls natively (not emulated)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        try:  # oneDNN's own test for AVX512-BF16 / AMX (private, so guarded)
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> Literal["fp32", "bf16"]:
+    """``"auto"`` → ``"bf16"`` where it is native on ``device``, else ``"fp32"``; an explicit
+    ``"bf16"`` on a device that would emulate it is kept, with a warning."""
+    if precision not in PRECISIONS:
+        raise VitkitError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    if precision == "bf16" and device.type == "cpu" and not native_bf16(device):
+        warnings.warn(
+            "bf16 on this CPU is emulated (no AVX512-BF16 or AMX): training runs many times "
+            "slower than fp32; --precision auto picks fp32 here",
+            stacklevel=2,
+        )
+    return "bf16" if precision == "bf16" else "fp32"

@@ -1,0 +1,66 @@
+"""Precision "auto": bf16 autocast only where the device multiplies bf16 natively. On a CPU
+without AVX512-BF16 / AMX, bf16 matmuls are emulated and many times slower than fp32, so the
+recipes' "auto" must train in fp32 there (and in bf16 where it is native)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.errors import VitkitError
+from vitkit.hardware import native_bf16, resolve_precision
+from vitkit.recipes import RECIPES
+from vitkit.train.trainer import TrainConfig, Trainer
+
+CPU = torch.device("cpu")
+NATIVE = native_bf16(CPU)
+
+
+def test_auto_is_bf16_exactly_where_native() -> None:
+    assert resolve_precision("auto", CPU) == ("bf16" if NATIVE else "fp32")
+    assert resolve_precision("fp32", CPU) == "fp32"
+    assert resolve_precision("auto", torch.device("meta")) == "fp32"  # nothing native there
+
+
+def test_explicit_bf16_is_kept_and_warned_about_where_emulated() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_precision("bf16", CPU) == "bf16"
+    emulated = [w for w in caught if "emulated" in str(w.message)]
+    assert len(emulated) == (0 if NATIVE else 1)
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(VitkitError, match="precision must be"):
+        resolve_precision("fp16", CPU)
+    with pytest.raises(VitkitError, match="precision must be"):
+        TrainConfig(precision="fp16")  # type: ignore[arg-type]
+
+
+def test_the_recipes_pick_auto() -> None:
+    assert RECIPES["mnist"].config.precision == "auto"
+
+
+def test_a_run_records_the_precision_auto_resolved_to(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = TrainConfig(
+        data="digits",
+        model="Ti/2",
+        model_overrides={"width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+        batch_size=32,
+        max_steps=1,
+        augment="none",
+        precision="auto",
+        progress=False,
+        out_dir=str(out),
+    )
+    trainer = Trainer(cfg)
+    want = "bf16" if NATIVE else "fp32"
+    assert trainer.cfg.precision == want
+    trainer.fit()
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["precision"] == want  # what resuming and 'vitkit eval' read back
