@@ -136,6 +136,15 @@ def test_what_timm_cannot_build_or_vitkit_cannot_read_is_one_line(tmp_path):
         assert "\n" not in str(e.value) and "bad.safetensors" in str(e.value)
 
 
+@pytest.mark.parametrize("fmt", ["npz", "hf"])
+def test_formats_without_parallel_blocks_refuse_them_by_name(tmp_path, fmt):
+    cfg = tiny(**SWITCHES["18x2"])
+    sd = vitkit.create_model(cfg).state_dict()
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    with pytest.raises(VitkitError, match="parallel"):
+        write_checkpoint(ckpt, tmp_path / ("out.npz" if fmt == "npz" else "out"), fmt)
+
+
 def test_parallel_blocks_train_and_are_deterministic_in_eval():
     cfg = tiny(**SWITCHES["dpwee"], drop_path=0.1, dropout=0.1)
     model = vitkit.create_model(cfg)
