@@ -15,6 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
 from vitkit.checkpoints import timm as timm_conv
+from vitkit.checkpoints.description import format_description
+from vitkit.checkpoints.formats import describe
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
@@ -91,6 +93,9 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     write_checkpoint(ours, tmp_path / "folder", "timm")
     back = read_checkpoint(tmp_path / "folder")
     assert back.model_config == cfg
+    family = format_description(describe(back)).split("family:")[1].split("\n")[0]
+    assert ("differential attention" in family) == cfg.diff_attn
+    assert ("parallel" in family) == (cfg.parallel > 1 or cfg.parallel_scaling)
     assert back.state_dict.keys() == ours.state_dict.keys()
     assert all(torch.equal(back.state_dict[k], v) for k, v in ours.state_dict.items())
     again = timm.create_model(f"local-dir:{tmp_path / 'folder'}", pretrained=True).double()
