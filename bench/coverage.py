@@ -113,7 +113,7 @@ def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
         scaled = {**args, "embed_dim": 32 * heads, "num_heads": heads}
         try:  # a stem whose output width is fixed (vit_base_mci_224) keeps the native width
             with torch.device("meta"):
-                timm.create_model(name, **scaled)
+                timm.create_model(name, **{k: v for k, v in scaled.items() if k[0] != "_"})
             args = scaled
         except Exception:  # noqa: BLE001, S110
             pass
