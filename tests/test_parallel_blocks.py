@@ -150,6 +150,18 @@ def test_formats_without_parallel_blocks_refuse_them_by_name(tmp_path, fmt):
         write_checkpoint(ckpt, tmp_path / ("out.npz" if fmt == "npz" else "out"), fmt)
 
 
+@pytest.mark.parametrize("name", ["pwee", "dwee", "dpwee", "18x2-diff"])
+def test_the_fused_path_equals_the_explicit_one_gradients_included(name):
+    model = perturbed(vitkit.create_model(tiny(**SWITCHES[name])).double())
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, requires_grad=True)
+    fused = model(x)
+    (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
+    explicit = model.forward_intermediates(x).logits
+    (grad_explicit,) = torch.autograd.grad(explicit.square().sum(), x)
+    assert torch.allclose(fused, explicit, rtol=0, atol=1e-12)
+    assert torch.allclose(grad_fused, grad_explicit, rtol=0, atol=1e-12)
+
+
 def test_parallel_blocks_train_and_are_deterministic_in_eval():
     cfg = tiny(**SWITCHES["dpwee"], drop_path=0.1, dropout=0.1)
     model = vitkit.create_model(cfg)

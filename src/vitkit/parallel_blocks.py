@@ -31,6 +31,10 @@ convert key for key:
   with lambda_init = 0.8 - 0.6 exp(-0.3 l) for block l (0-based). As the authors' code, lambda
   is computed in float32 (``sub_norm``: RMSNorm, epsilon 1e-5, over the head's width).
 
+``forward`` runs PyTorch's fused attention kernel (differential attention: two of them,
+softmax_1 V - lambda softmax_2 V); ``forward_explicit`` computes the softmax itself and returns
+the maps (the differential ones, A above), as :class:`vitkit.model.Attention` does.
+
 The blocks of ``parallel=N`` are built from :mod:`vitkit.model`'s attention, MLP and layer
 scale, passed in by the model (this module imports nothing from it).
 """
@@ -115,21 +119,38 @@ def _add_lambdas(module: nn.Module, half: int) -> None:
     module.sub_norm = nn.RMSNorm(2 * half, eps=1e-5)
 
 
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, p: float, training: bool, explicit: bool
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(d)) v per head: PyTorch's fused kernel, or (``explicit``) the
+    softmax computed here, also returning its weights [B, heads, T, T]."""
+    if not explicit:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0), None
+    weights = torch.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1), dim=-1)
+    return F.dropout(weights, p, training) @ v, weights
+
+
 def _differential(
-    module: nn.Module, q: Tensor, k: Tensor, v: Tensor, init: float, p: float
-) -> tuple[Tensor, Tensor]:
+    module: nn.Module, q: Tensor, k: Tensor, v: Tensor, init: float, p: float, explicit: bool
+) -> tuple[Tensor, Tensor | None]:
     """Differential attention of q, k [B, 2H, T, d/2] (head h's halves at 2h and 2h + 1)
-    and v [B, H, T, d]: the heads [B, H, T, d] and the differential maps [B, H, T, T]."""
+    and v [B, H, T, d]: the heads [B, H, T, d] and (``explicit``) the maps [B, H, T, T]."""
     b, h2, t, half = q.shape
     g = {n: getattr(module, n) for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
     lam1 = torch.exp((g["lambda_q1"] * g["lambda_k1"]).sum(-1).float())
     lam2 = torch.exp((g["lambda_q2"] * g["lambda_k2"]).sum(-1).float())
     lam = (lam1 - lam2 + init).to(q.dtype)  # float32, as the authors' and timm's code
-    weights = torch.softmax((q * half**-0.5) @ k.transpose(-2, -1), dim=-1)
-    weights = F.dropout(weights, p, module.training).view(b, h2 // 2, 2, t, t)
-    diff = weights[:, :, 0] - lam * weights[:, :, 1]
+    q1, q2 = q.reshape(b, h2 // 2, 2, t, half).unbind(2)
+    k1, k2 = k.reshape(b, h2 // 2, 2, t, half).unbind(2)
     sub_norm = cast(nn.RMSNorm, module.sub_norm)
-    return sub_norm(diff @ v) * (1 - init), diff
+    if not explicit:  # A V = softmax_1 V - lambda softmax_2 V: two fused kernels
+        out1, _ = _attention(q1, k1, v, p, module.training, explicit)
+        out2, _ = _attention(q2, k2, v, p, module.training, explicit)
+        return sub_norm(out1 - lam * out2) * (1 - init), None
+    w1 = torch.softmax((q1 * half**-0.5) @ k1.transpose(-2, -1), dim=-1)
+    w2 = torch.softmax((q2 * half**-0.5) @ k2.transpose(-2, -1), dim=-1)
+    maps = F.dropout(w1, p, module.training) - lam * F.dropout(w2, p, module.training)
+    return sub_norm(maps @ v) * (1 - init), maps
 
 
 class DiffAttention(nn.Module):
@@ -150,15 +171,20 @@ class DiffAttention(nn.Module):
         _add_lambdas(self, self.half_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_explicit(x)[0]
+        return self._run(x, explicit=False)[0]
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        out, weights = self._run(x, explicit=True)
+        assert weights is not None
+        return out, weights
+
+    def _run(self, x: Tensor, explicit: bool) -> tuple[Tensor, Tensor | None]:
         b, t, d = x.shape
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         q = self.q_norm(q.reshape(b, t, 2 * self.num_heads, self.half_dim).transpose(1, 2))
         k = self.k_norm(k.reshape(b, t, 2 * self.num_heads, self.half_dim).transpose(1, 2))
         v = v.reshape(b, t, self.num_heads, 2 * self.half_dim).transpose(1, 2)
-        heads, weights = _differential(self, q, k, v, self.init, self.attn_dropout)
+        heads, weights = _differential(self, q, k, v, self.init, self.attn_dropout, explicit)
         return self.proj(heads.transpose(1, 2).reshape(b, t, d)), weights
 
 
@@ -195,10 +221,15 @@ class ParallelScalingBlock(nn.Module):
                 nn.init.zeros_(linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_explicit(x)[0]
+        return self._run(x, explicit=False)[0]
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The block's output and its attention weights [B, heads, T, T]."""
+        out, weights = self._run(x, explicit=True)
+        assert weights is not None
+        return out, weights
+
+    def _run(self, x: Tensor, explicit: bool) -> tuple[Tensor, Tensor | None]:
         b, t, d = x.shape
         hidden, q, k, v = torch.split(self.in_proj(self.in_norm(x)), self.in_split, dim=-1)
         if self.mlp_bias is not None:
@@ -207,11 +238,11 @@ class ParallelScalingBlock(nn.Module):
         q = self.q_norm(q.reshape(b, t, split, self.head_dim).transpose(1, 2))
         k = self.k_norm(k.reshape(b, t, split, self.head_dim).transpose(1, 2))
         v = v.reshape(b, t, self.num_heads, d // self.num_heads).transpose(1, 2)
+        p = self.attn_dropout
         if self.diff:
-            heads, weights = _differential(self, q, k, v, self.init, self.attn_dropout)
+            heads, weights = _differential(self, q, k, v, self.init, p, explicit)
         else:
-            weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
-            heads = F.dropout(weights, self.attn_dropout, self.training) @ v
+            heads, weights = _attention(q, k, v, p, self.training, explicit)
         attn = heads.transpose(1, 2).reshape(b, t, d)
         mlp = self.mlp_drop(self.mlp_act(hidden))
         if self.diff:
