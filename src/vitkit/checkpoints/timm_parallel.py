@@ -43,15 +43,19 @@ def plain_block_view(
         n = 1 + max(int(k.split(".")[3]) for k in sd if k.startswith(_B0 + "attns."))
         view = dict(sd)
         for k, v in sd.items():
-            for part in ("attns.0.", "ffns.0."):
+            for part, which in (("attns.0.", "1"), ("ffns.0.", "2")):
                 if k.startswith(_B0 + part):
-                    view[_B0 + k[len(_B0 + part) :].replace("ls.", _LS[part])] = v
+                    view[_B0 + _plain_key(k[len(_B0 + part) :], which)] = v
         fields = {"parallel": n, "diff_attn": _B0 + "attn.lambda_q1" in view}
         return view, fields
     return sd, {"diff_attn": True} if _B0 + "attn.lambda_q1" in sd else {}
 
 
-_LS = {"attns.0.": "ls1.", "ffns.0.": "ls2."}
+def _plain_key(key: str, n: str) -> str:
+    """A branch's key as the paper's block's: its ``norm`` / ``ls`` are ``norm{n}`` / ``ls{n}``
+    (1: attention, 2: MLP)."""
+    head, _, rest = key.partition(".")
+    return f"{head}{n}.{rest}" if head in ("norm", "ls") else key
 
 
 def _scaling_view(sd: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -76,7 +80,9 @@ def _scaling_view(sd: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor]
     view[_B0 + "mlp.fc2.weight"] = sd[out][:, -m:]
     if _B0 + "in_proj.bias" in sd:
         view[_B0 + "attn.qkv.bias"] = sd[_B0 + "in_proj.bias"][m:]
-    for ours, theirs in (("attn.q_norm.weight", "q_norm.weight"), ("ls1.gamma", "ls.gamma")):
+    named = {"attn.q_norm.weight": "q_norm.weight", "ls1.gamma": "ls.gamma"}
+    named.update({"norm1.weight": "in_norm.weight", "norm1.bias": "in_norm.bias"})
+    for ours, theirs in named.items():
         if _B0 + theirs in sd:
             view[_B0 + ours] = sd[_B0 + theirs]
     return view, {"parallel_scaling": True, "diff_attn": diff}
