@@ -96,7 +96,9 @@ def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
     with torch.device("meta"):
         probe = timm.create_model(name, depth=1)
     width = probe.embed_dim
-    heads = probe.blocks[0].attn.num_heads if hasattr(probe.blocks[0], "attn") else None
+    block = probe.blocks[0]  # the heads: of its attention, one branch's, or the block's own
+    attn = block.attns[0].attn if hasattr(block, "attns") else getattr(block, "attn", block)
+    heads = getattr(attn, "num_heads", None)
     pe = probe.patch_embed
     grid = pe.grid_size if hasattr(pe, "grid_size") else pe.feat_size
     img = pe.img_size
@@ -111,7 +113,7 @@ def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
         scaled = {**args, "embed_dim": 32 * heads, "num_heads": heads}
         try:  # a stem whose output width is fixed (vit_base_mci_224) keeps the native width
             with torch.device("meta"):
-                timm.create_model(name, **scaled)
+                timm.create_model(name, **{k: v for k, v in scaled.items() if k[0] != "_"})
             args = scaled
         except Exception:  # noqa: BLE001, S110
             pass

@@ -16,7 +16,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from vitkit.config_checks import check_preprocess, check_resnet, check_vit, family_switches
+from vitkit.config_checks import (
+    check_parallel_blocks,
+    check_preprocess,
+    check_resnet,
+    check_vit,
+    family_switches,
+)
 from vitkit.errors import VitkitError
 from vitkit.families import FAMILIES
 
@@ -84,10 +90,18 @@ class ViTConfig:
     dist_token: bool = False  # DeiT's distillation token after the class token, with its own
     # head; the two heads' logits are averaged (timm's VisionTransformerDistilled at eval)
     final_norm: bool = True  # the LayerNorm of Eq. 4; False: none at all (timm's final_norm)
+    # parallel blocks (vitkit.parallel_blocks; the paper's block is Eq. 2, then Eq. 3)
+    parallel: int = 1  # attention and MLP branches per block, summed (Touvron et al. 2022,
+    # "Three things everyone should know about ViTs"; timm's ParallelThingsBlock, vit_*_18x2_*)
+    parallel_scaling: bool = False  # attention and MLP side by side from one LayerNorm and one
+    # fused input projection (ViT-22B; timm's ParallelScalingBlock, vit_*_xp_*, vit_pwee_*)
+    diff_attn: bool = False  # differential attention, softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)
+    # (Ye et al. 2024; timm's DiffAttention, DiffParallelScalingBlock: vit_d*wee_*, vit_dlittle_*)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
             object.__setattr__(self, name, value)
+        check_parallel_blocks(self)
         s = self.stem_stride
         for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
             if i % (p * s):

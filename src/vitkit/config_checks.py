@@ -141,7 +141,36 @@ def family_switches(cfg: Any) -> dict[str, Any]:
         out["class_token"] = cfg.has_class_token
     if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
         out["pos_embed_prefix"] = False
+    out.update(parallel_switches(cfg))
     return out
+
+
+# parallel blocks (vitkit.parallel_blocks)
+_PARALLEL_DEFAULTS = {"parallel": 1, "parallel_scaling": False, "diff_attn": False}
+
+
+def parallel_switches(cfg: Any) -> dict[str, Any]:
+    """The parallel-block switches that differ from the paper's sequential block."""
+    return {k: getattr(cfg, k) for k, v in _PARALLEL_DEFAULTS.items() if getattr(cfg, k) != v}
+
+
+def check_parallel_blocks(cfg: Any) -> None:
+    """Normalise the parallel-block switches of a ViTConfig in place; refuse what no block has."""
+    values = {
+        "parallel": integer("parallel", cfg.parallel, 1, MAX_DEPTH),
+        "parallel_scaling": choice("parallel_scaling", cfg.parallel_scaling, (True, False)),
+        "diff_attn": choice("diff_attn", cfg.diff_attn, (True, False)),
+    }
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+    if cfg.parallel_scaling and cfg.parallel > 1:
+        raise VitkitError("parallel_scaling has one attention and one MLP; it needs parallel=1")
+    if cfg.parallel_scaling and (cfg.mlp != "mlp" or cfg.gelu == "quick"):
+        raise VitkitError("parallel_scaling has a GELU MLP (mlp='mlp', gelu 'none' or 'tanh')")
+    if cfg.diff_attn and (cfg.width // cfg.num_heads) % 2:
+        raise VitkitError(
+            f"diff_attn splits each head in two; head width {cfg.width // cfg.num_heads} is odd"
+        )
 
 
 def check_resnet(cfg: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def count_params(cfg: ModelConfig) -> int:
     layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
     qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
     fc2_in = m // 2 if cfg.mlp == "swiglu" else m
-    n += cfg.depth * (
+    block = (
         4 * d
         + 3 * d * d
         + qkv_bias
@@ -37,6 +37,7 @@ def count_params(cfg: ModelConfig) -> int:
         + layer_scale
         + qk_norm
     )
+    n += cfg.depth * (block + _parallel_params(cfg, block))
     n += 2 * d if cfg.final_norm else 0  # final norm (or fc_norm after pooling)
     if cfg.pool == "map":  # probe, q, kv, out projection, LayerNorm, MLP
         n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * m + m + d)
@@ -62,7 +63,8 @@ def count_flops(cfg: ModelConfig) -> int:
     macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
     macs += _resnet_macs(cfg)
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
-    macs += cfg.depth * per_block
+    macs += cfg.depth * per_block * cfg.parallel  # parallel=N: N branches of each (the rest:
+    # parallel_scaling and diff_attn have the paper's matmuls, rearranged)
     if cfg.pool == "map":  # one query over the N patch tokens: q, kv, scores, values, out, MLP
         n = cfg.num_patches
         macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * m
@@ -70,6 +72,22 @@ def count_flops(cfg: ModelConfig) -> int:
         macs += d * cfg.representation_size
     macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)
     return 2 * macs
+
+
+def _parallel_params(cfg: ViTConfig, block: int) -> int:
+    """Parameters of a parallel or differential block (vitkit.parallel_blocks) minus
+    ``block``, the paper's block's."""
+    d, m, hd = cfg.width, cfg.mlp_dim, cfg.width // cfg.num_heads
+    hq = hd // 2 if cfg.diff_attn else hd  # q/k width per (half) head
+    diff = 4 * hq + hd if cfg.diff_attn else 0  # lambda_q1, k1, q2, k2; sub_norm
+    qk_norm = 4 * (hq - hd) if cfg.qk_norm else 0  # q/k norms over half heads with diff_attn
+    if not cfg.parallel_scaling:  # parallel=N: N attention and N MLP branches
+        return (cfg.parallel - 1) * block + cfg.parallel * (diff + qk_norm)
+    scaling = 2 * d + d * (m + 3 * d) + (m + 3 * d if cfg.qkv_bias else m)  # in_norm, in_proj
+    scaling += 4 * hq if cfg.qk_norm else 0
+    scaling += (d + m) * d + (d if cfg.diff_attn else 2 * d)  # out_proj or attn/mlp_out_proj
+    scaling += d if cfg.layer_scale_init is not None else 0  # one layer scale
+    return scaling + diff - block
 
 
 def _resnet_units(cfg: ViTConfig) -> list[tuple[int, int, int, int]]:

@@ -61,6 +61,7 @@ from torch import Tensor, nn
 
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
 from vitkit.resnet import ResNetStem, init_resnet
 
@@ -235,6 +236,21 @@ class Block(nn.Module):
         return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
 
+def make_block(cfg: ViTConfig, index: int, drop_path_rate: float) -> nn.Module:
+    """Block ``index``: the paper's (Eq. 2-3), or a parallel one (vitkit.parallel_blocks)."""
+    s = cfg.layer_scale_init
+    scale = (lambda: LayerScale(cfg.width, s)) if s is not None else nn.Identity
+    if cfg.parallel_scaling:  # ViT-22B: attention and MLP from one LayerNorm
+        return ParallelScalingBlock(cfg, index, drop_path_rate, scale)
+    attn = (lambda: DiffAttention(cfg, index)) if cfg.diff_attn else (lambda: Attention(cfg))
+    if cfg.parallel > 1:  # "Three things": N attention branches, then N MLP branches
+        return ParallelThingsBlock(cfg, drop_path_rate, attn, lambda: Mlp(cfg), scale)
+    block = Block(cfg, drop_path_rate)
+    if cfg.diff_attn:  # differential attention in place of Eq. 2's MSA
+        block.add_module("attn", attn())
+    return block
+
+
 class MAPHead(nn.Module):
     """Multi-head attention pooling ("MAP"; big_vision's ``MAPHead``, used by SigLIP).
 
@@ -310,7 +326,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.norm_pre = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
+        self.blocks = nn.ModuleList(make_block(cfg, i, r) for i, r in enumerate(rates))
         # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
         final = cfg.final_norm and not cfg.fc_norm
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if final else nn.Identity()
@@ -460,6 +476,8 @@ def init_weights(model: VisionTransformer) -> None:
     if model.reg_token is not None:
         nn.init.normal_(model.reg_token, std=1e-6)  # timm's register init
     for block in _blocks(model):
+        if not isinstance(block, Block):  # parallel blocks initialise themselves
+            continue
         d = cfg.width
         for i in range(3):  # q, k and v are separate D x D kernels in the official code
             nn.init.xavier_uniform_(block.attn.qkv.weight[i * d : (i + 1) * d])

@@ -19,6 +19,8 @@ def family_name(cfg: ViTConfig) -> str:
     size = cfg.short_name
     if cfg.dist_token:
         family = "DeiT (distilled)"
+    elif _block_details(cfg):  # vitkit.parallel_blocks
+        family = "Parallel-block" if cfg.parallel > 1 or cfg.parallel_scaling else "Differential"
     elif cfg.norm_pre and not cfg.patch_bias:
         family = "CLIP tower"
         details += ["quick GELU"] if cfg.gelu == "quick" else []
@@ -38,6 +40,7 @@ def family_name(cfg: ViTConfig) -> str:
         family, size = "", f"{size} (the paper's)"
     if not family:  # the paper's: "ViT-B/16", "R(3,4,9)x1+ViT-B/16"
         size = size.replace("+", "+ViT-") if cfg.is_hybrid else f"ViT-{size}"
+    details += _block_details(cfg)
     if cfg.num_reg_tokens:
         details.append(f"{cfg.num_reg_tokens} registers")
     if cfg.mlp == "swiglu":
@@ -51,6 +54,13 @@ def family_name(cfg: ViTConfig) -> str:
     h, w = cfg.image_size
     details.append(f"{h} px" if h == w else f"{h}x{w} px")
     return f"{family + ' ' if family else ''}{size}, {', '.join(details)}"
+
+
+def _block_details(cfg: ViTConfig) -> list[str]:
+    """The blocks of vitkit.parallel_blocks a config has, in words."""
+    out = [f"{cfg.parallel} parallel branches"] if cfg.parallel > 1 else []
+    out += ["attention + MLP in parallel (ViT-22B)"] if cfg.parallel_scaling else []
+    return out + (["differential attention"] if cfg.diff_attn else [])
 
 
 def format_description(info: dict[str, Any]) -> str:

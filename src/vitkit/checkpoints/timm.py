@@ -56,6 +56,11 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.checkpoints.timm_parallel import (
+    parallel_architecture,
+    parallel_model_args,
+    plain_block_view,
+)
 from vitkit.config import SIZES, Pool, PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
@@ -92,6 +97,7 @@ def timm_config(
     source: str = "timm state dict",
 ) -> ViTConfig:
     """Infer the architecture of a timm ViT state dict."""
+    sd, parallel_blocks = plain_block_view(sd, source)  # timm_parallel: their switches
     map_head = _timm_map_head(sd, source)
     resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
     fc_norm = "fc_norm.weight" in sd
@@ -165,6 +171,7 @@ def timm_config(
         dist_token="dist_token" in sd,
         mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
         final_norm=final_norm,
+        **parallel_blocks,
     )
 
 
@@ -376,6 +383,8 @@ def timm_architecture(cfg: ViTConfig) -> str:
                 "state dict alone: a .safetensors or .pth file)"
             )
         return TIMM_HYBRIDS[cfg.resnet_layers]
+    if (parallel := parallel_architecture(cfg)) is not None:  # nor a block class
+        return parallel
     if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
         return "vit_giant_patch14_dinov2"
     return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
@@ -415,6 +424,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "qk_norm": cfg.qk_norm,
         "final_norm": cfg.final_norm,
         **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
+        **parallel_model_args(cfg),
     }
 
 
