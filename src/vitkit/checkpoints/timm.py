@@ -56,6 +56,7 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.checkpoints import timm_switches as later
 from vitkit.config import SIZES, Pool, PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 
@@ -92,6 +93,7 @@ def timm_config(
     source: str = "timm state dict",
 ) -> ViTConfig:
     """Infer the architecture of a timm ViT state dict."""
+    sd = later.pack_swiglu(sd, source)  # AIMv2's fc1_g / fc1_x as one fc1
     map_head = _timm_map_head(sd, source)
     resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
     fc_norm = "fc_norm.weight" in sd
@@ -165,6 +167,7 @@ def timm_config(
         dist_token="dist_token" in sd,
         mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
         final_norm=final_norm,
+        **later.later_switches(sd),  # AIMv2 / BEiT-3
     )
 
 
@@ -251,7 +254,7 @@ def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
     ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
     del cfg  # the layouts agree; the argument keeps every converter's signature alike
     out = {}
-    for k, v in sd.items():
+    for k, v in later.pack_swiglu(sd, "timm state dict").items():  # AIMv2's SwiGLU packed
         if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
             continue
         if k.startswith(_BACKBONE):
@@ -337,11 +340,15 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
         )
     if cfg.dist_token and not cfg.pos_embed_prefix:
         raise VitkitError("timm's distilled DeiT has position embeddings for its prefix tokens")
+    why = later.later_write_checks(cfg)  # AIMv2 / BEiT-3 / post-norm
+    if why:
+        raise VitkitError(why)
     root_only = cfg.resnet_layers == ()
-    return {
+    out = {
         (_to_timm_backbone_key(k, root_only) if k.startswith(_STEM) else k): v.contiguous()
         for k, v in sd.items()
     }
+    return later.unpack_swiglu(out) if later.is_aimv2(cfg) else out
 
 
 _STEM = "patch_embed.stem."
@@ -376,6 +383,8 @@ def timm_architecture(cfg: ViTConfig) -> str:
                 "state dict alone: a .safetensors or .pth file)"
             )
         return TIMM_HYBRIDS[cfg.resnet_layers]
+    if later.later_architecture(cfg):  # AIMv2 / BEiT-3 / post-norm entries
+        return str(later.later_architecture(cfg))
     if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
         return "vit_giant_patch14_dinov2"
     return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
@@ -415,6 +424,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "qk_norm": cfg.qk_norm,
         "final_norm": cfg.final_norm,
         **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
+        **later.later_model_args(cfg),  # AIMv2 / BEiT-3 / post-norm
     }
 
 
@@ -425,7 +435,8 @@ def timm_hub_config(
     cfg: ViTConfig, preprocess: PreprocessConfig, class_names: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The ``config.json`` of a timm local-dir / Hub model folder."""
-    if cfg.layer_norm_eps != 1e-6:
+    fixed = timm_architecture(cfg).startswith(("aimv2_", "beit3_"))  # entries with eps 1e-5
+    if cfg.layer_norm_eps != (1e-5 if fixed else 1e-6):
         warnings.warn(
             f"timm's ViT has LayerNorm epsilon 1e-6; this model was made with "
             f"{cfg.layer_norm_eps:g}, so timm's outputs will differ slightly",
@@ -467,6 +478,13 @@ _NAME_HEADS: tuple[tuple[str, int], ...] = (
     (r"_so150m2_", 13),
     (r"_so150m_|^vit_base_patch\d+_plus_", 14),
     (r"_(so400m|giant|giantopt|gigantic)_", 16),
+    # AIMv2 (heads of 128 channels) and timm's registered test models
+    (r"^aimv2_large_", 8),
+    (r"^aimv2_huge_", 12),
+    (r"^aimv2_1b_", 16),
+    (r"^aimv2_3b_", 24),
+    (r"^test_vit2?$", 2),
+    (r"^test_vit[34]$", 3),
 )
 # SigLIP 2 towers (and timm's SigLIP-GAP copies of them) use the tanh GELU; SigLIP 1's exact
 _TANH_GELU = re.compile(
@@ -474,7 +492,7 @@ _TANH_GELU = re.compile(
     r"giantopt_patch16_siglip_)"
 )
 # timm names whose blocks compute something their weights cannot show
-_NAME_REFUSED = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
+_NAME_REFUSED: dict[str, str] = {}
 
 
 def _name_settings(arch: str) -> dict[str, Any]:
@@ -488,6 +506,7 @@ def _name_settings(arch: str) -> dict[str, Any]:
         out["act_layer"] = "gelu_tanh"
     if arch.startswith("deit3_") or "dinov2" in arch:
         out["init_values"] = 1e-6 if arch.startswith("deit3_") else 1e-5
+    out.update(later.later_name_settings(arch))  # AIMv2 / BEiT-3 / post-norm
     for pattern, heads in _NAME_HEADS:
         if re.search(pattern, arch):
             out["num_heads"] = heads
@@ -512,6 +531,8 @@ def timm_hub_to_config(
         grid = (int(h) // proj.shape[2], int(w) // proj.shape[3])
     cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), grid=grid, source=source)
     act = args.get("act_layer", "gelu")
+    if act == "silu" and cfg.mlp == "swiglu":  # AIMv2: SwiGLU's own SiLU, no GELU
+        act = "gelu"
     gelus = {v: k for k, v in _TIMM_ACT.items()}
     if act not in gelus:
         raise VitkitError(f"{source}: activation {act!r} is not a GELU vitkit has")
@@ -539,6 +560,7 @@ def timm_hub_to_config(
         changes["layer_scale_init"] = float(args["init_values"])
     if "img_size" in args:
         changes["image_size"] = args["img_size"]
+    changes.update(later.later_hub_changes(args))  # the post-norm block, eps of a named norm
     return cfg.replace(**changes)
 
 
