@@ -147,3 +147,27 @@ def test_switch_combinations_no_checkpoint_has_are_refused():
     with pytest.raises(VitkitError, match="RMSNorm has eps"):
         timm_conv.state_dict_to_timm(vitkit.create_model(cfg).state_dict(), cfg)
     assert tiny().later_switches == {} and "norm" in tiny(norm="rmsnorm").family_switches
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "aimv2_large_patch14_224",
+        "aimv2_huge_patch14_336",
+        "aimv2_1b_patch14_448",
+        "aimv2_3b_patch14_224",
+        "beit3_giant_patch14_224",
+        "test_vit",
+        "test_vit2",
+        "test_vit3",
+        "test_vit4",
+    ],
+)
+def test_name_hints_give_timms_heads_and_eps(name):
+    timm = import_reference("timm")
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    hints = timm_conv._name_settings(name)
+    heads = hints.get("num_heads", timm_conv.HEADS_BY_WIDTH.get(model.embed_dim))
+    assert heads == model.blocks[0].attn.num_heads
+    assert hints.get("layer_norm_eps", 1e-6) == model.blocks[0].norm1.eps

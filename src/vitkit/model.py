@@ -46,6 +46,9 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 ``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
 (DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
 both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
+AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
+``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
+attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`).
 """
 
 from __future__ import annotations
