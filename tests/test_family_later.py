@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
 from vitkit.checkpoints import timm as timm_conv
+from vitkit.checkpoints.description import family_name
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
@@ -104,6 +105,10 @@ def test_timm_logits_match_both_ways(tmp_path, name):
         want = ref(x)
         diff = (model(x) - want).abs().max().item()
     assert diff <= 1e-12 * want.abs().max().item(), diff
+    with torch.no_grad():  # the analysis path (explicit softmax) computes the same
+        assert torch.allclose(model.forward_intermediates(x).logits, model(x), atol=1e-12)
+    family = {"aimv2": "AIMv2", "beit3": "BEiT-3", "rpn": "post-norm ViT"}.get(name, "DINOv2")
+    assert family_name(cfg).startswith(family)
     # vitkit → timm: the same keys as timm's, read back bitwise, run by timm itself
     ours = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
     assert timm_conv.state_dict_to_timm(ours.state_dict, cfg).keys() == ref.state_dict().keys()
@@ -171,3 +176,14 @@ def test_name_hints_give_timms_heads_and_eps(name):
     heads = hints.get("num_heads", timm_conv.HEADS_BY_WIDTH.get(model.embed_dim))
     assert heads == model.blocks[0].attn.num_heads
     assert hints.get("layer_norm_eps", 1e-6) == model.blocks[0].norm1.eps
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hf"])
+@pytest.mark.parametrize("name", ["aimv2", "beit3", "rpn"])
+def test_formats_that_cannot_hold_the_switches_refuse_them(tmp_path, fmt, name):
+    cfg = tiny(**SWITCHES[name])
+    sd = dict(vitkit.create_model(cfg).state_dict())
+    ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
+    switch = next(iter(cfg.later_switches))
+    with pytest.raises(VitkitError, match=switch):
+        write_checkpoint(ckpt, tmp_path / ("out.npz" if fmt == "npz" else "out"), fmt)

@@ -17,7 +17,9 @@ def family_name(cfg: ViTConfig) -> str:
     same family."""
     details: list[str] = []
     size = cfg.short_name
-    if cfg.dist_token:
+    if _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
+        family = _later_family(cfg)
+    elif cfg.dist_token:
         family = "DeiT (distilled)"
     elif cfg.norm_pre and not cfg.patch_bias:
         family = "CLIP tower"
@@ -51,6 +53,16 @@ def family_name(cfg: ViTConfig) -> str:
     h, w = cfg.image_size
     details.append(f"{h} px" if h == w else f"{h}x{w} px")
     return f"{family + ' ' if family else ''}{size}, {', '.join(details)}"
+
+
+def _later_family(cfg: ViTConfig) -> str:
+    """AIMv2 (RMSNorm, SwiGLU, a norm on the patch embeddings), BEiT-3 (sub-LayerNorms), a
+    post-norm ViT; "" for the others."""
+    if cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.patch_norm:
+        return "AIMv2"
+    if cfg.scale_attn_norm or cfg.scale_mlp_norm:
+        return "BEiT-3"
+    return "post-norm ViT" if cfg.block == "post" else ""
 
 
 def format_description(info: dict[str, Any]) -> str:
