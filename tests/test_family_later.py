@@ -44,6 +44,10 @@ SWITCHES = {
         class_token=True,
         fc_norm=True,
     ),
+    "beit3-eps6": dict(scale_attn_norm=True, scale_mlp_norm=True),  # not an entry: eps 1e-6
+    "rms-swiglu-eps6": dict(  # on timm's DINOv2-giant entry (which always has layer scale)
+        norm="rmsnorm", patch_norm=True, mlp="swiglu", proj_bias=False, layer_scale_init=1e-5
+    ),
     "rpn": dict(block="post", qkv_bias=False, pool="gap", fc_norm=True),  # ResPostBlock
     "test_vit4": dict(  # RMSNorm with timm's eps 1e-6, a register, layer scale, fc_norm
         norm="rmsnorm",
@@ -107,8 +111,9 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     assert diff <= 1e-12 * want.abs().max().item(), diff
     with torch.no_grad():  # the analysis path (explicit softmax) computes the same
         assert torch.allclose(model.forward_intermediates(x).logits, model(x), atol=1e-12)
-    family = {"aimv2": "AIMv2", "beit3": "BEiT-3", "rpn": "post-norm ViT"}.get(name, "DINOv2")
-    assert family_name(cfg).startswith(family)
+    if name in ("aimv2", "beit3", "rpn"):
+        family = {"aimv2": "AIMv2", "beit3": "BEiT-3", "rpn": "post-norm ViT"}[name]
+        assert family_name(cfg).startswith(family)
     # vitkit → timm: the same keys as timm's, read back bitwise, run by timm itself
     ours = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
     assert timm_conv.state_dict_to_timm(ours.state_dict, cfg).keys() == ref.state_dict().keys()
@@ -131,8 +136,7 @@ def test_a_bare_aimv2_state_dict_packs_its_swiglu():
     sd = perturbed(ref).state_dict()
     assert "blocks.0.mlp.fc1_g.weight" in sd
     got = timm_conv.timm_config(sd, num_heads=4)
-    assert got.mlp == "swiglu" and got.mlp_dim == 88 and got.norm == "rmsnorm"
-    assert got.patch_norm and not got.proj_bias and got.block == "pre"
+    assert got == cfg.replace(class_token=None)  # eps 1e-5 too: only AIMv2 has these weights
     ours = timm_conv.timm_to_state_dict(sd, got)
     gate, value = sd["blocks.1.mlp.fc1_g.weight"], sd["blocks.1.mlp.fc1_x.weight"]
     assert torch.equal(ours["blocks.1.mlp.fc1.weight"], torch.cat([gate, value]))
@@ -150,6 +154,9 @@ def test_switch_combinations_no_checkpoint_has_are_refused():
         tiny(norm="batchnorm")
     cfg = tiny(norm="rmsnorm", layer_norm_eps=1e-3)
     with pytest.raises(VitkitError, match="RMSNorm has eps"):
+        timm_conv.state_dict_to_timm(vitkit.create_model(cfg).state_dict(), cfg)
+    cfg = tiny(**{**SWITCHES["aimv2"], "patch_norm": False})
+    with pytest.raises(VitkitError, match="patch_norm"):
         timm_conv.state_dict_to_timm(vitkit.create_model(cfg).state_dict(), cfg)
     assert tiny().later_switches == {} and "norm" in tiny(norm="rmsnorm").family_switches
 

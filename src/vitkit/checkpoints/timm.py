@@ -153,7 +153,7 @@ def timm_config(
         mlp_dim=mlp_dim,
         pool=pool,
         representation_size=rep,
-        layer_norm_eps=1e-6,
+        layer_norm_eps=later.bare_eps(sd),  # timm's 1e-6; AIMv2's and BEiT-3's weights 1e-5
         gelu="none",
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
         class_token=class_token if class_token != (pool == "token") else None,

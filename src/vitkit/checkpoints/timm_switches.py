@@ -82,6 +82,14 @@ def later_switches(sd: dict[str, Tensor]) -> dict[str, Any]:
     }
 
 
+def bare_eps(sd: dict[str, Tensor]) -> float:
+    """The norms' epsilon a timm state dict alone implies: 1e-5 for weights only AIMv2's
+    entries have (RMSNorms and a patch-embedding norm) or BEiT-3's (sub-norms), else 1e-6."""
+    aimv2 = _weight_only(sd, "blocks.0.norm1") and "patch_embed.norm.weight" in sd
+    beit3 = "blocks.0.attn.norm.weight" in sd or "blocks.0.mlp.norm.weight" in sd
+    return 1e-5 if aimv2 or beit3 else 1e-6
+
+
 def _weight_only(sd: dict[str, Tensor], name: str) -> bool:
     return f"{name}.weight" in sd and f"{name}.bias" not in sd
 
@@ -140,16 +148,12 @@ def later_model_args(cfg: ViTConfig) -> dict[str, Any]:
     }
     arch = later_architecture(cfg)
     fixed = arch is not None and arch.startswith(("aimv2_", "beit3_"))
-    if not fixed and cfg.norm == "rmsnorm":
-        out["norm_layer"] = "rmsnorm"  # timm's eps 1e-6
+    if not fixed and (cfg.norm == "rmsnorm" or cfg.later_switches):
+        out["norm_layer"] = cfg.norm  # a string: timm's eps 1e-6, and says so to the reader
     if is_aimv2(cfg):  # timm's unpacked SwiGLU: mlp_ratio gives each half's width
         out["mlp_ratio"] = cfg.mlp_dim / 2 / cfg.width
-    if not cfg.patch_norm:
-        out["embed_norm_layer"] = None
-    elif not (arch or "").startswith("aimv2_"):
+    if cfg.patch_norm and not is_aimv2(cfg):  # (timm's create_model drops None arguments)
         out["embed_norm_layer"] = cfg.norm
-    if cfg.block == "post":
-        out["init_values"] = None
     return out
 
 
@@ -159,6 +163,8 @@ def later_write_checks(cfg: ViTConfig) -> str | None:
         return f"timm's RMSNorm has eps 1e-6 (AIMv2's entries 1e-5), not {cfg.layer_norm_eps:g}"
     if cfg.norm == "rmsnorm" and cfg.layer_norm_eps == 1e-5 and cfg.mlp != "swiglu":
         return "timm's RMSNorm with eps 1e-5 comes with AIMv2's SwiGLU only"
+    if is_aimv2(cfg) and not cfg.patch_norm:
+        return "timm's AIMv2 entries have a norm on the patch embeddings (patch_norm)"
     if cfg.block == "post" and (is_aimv2(cfg) or cfg.mlp == "swiglu"):
         return "timm's post-norm entry (vit_base_patch16_rpn_224) has a GELU MLP"
     return None
