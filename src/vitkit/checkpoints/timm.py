@@ -478,13 +478,7 @@ _NAME_HEADS: tuple[tuple[str, int], ...] = (
     (r"_so150m2_", 13),
     (r"_so150m_|^vit_base_patch\d+_plus_", 14),
     (r"_(so400m|giant|giantopt|gigantic)_", 16),
-    # AIMv2 (heads of 128 channels) and timm's registered test models
-    (r"^aimv2_large_", 8),
-    (r"^aimv2_huge_", 12),
-    (r"^aimv2_1b_", 16),
-    (r"^aimv2_3b_", 24),
-    (r"^test_vit2?$", 2),
-    (r"^test_vit[34]$", 3),
+    *later.NAME_HEADS,  # AIMv2, timm's test models
 )
 # SigLIP 2 towers (and timm's SigLIP-GAP copies of them) use the tanh GELU; SigLIP 1's exact
 _TANH_GELU = re.compile(

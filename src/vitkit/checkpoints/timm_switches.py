@@ -31,6 +31,15 @@ from torch import Tensor
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 
+# heads of timm names whose width is not the paper's table's (AIMv2: heads of 128 channels)
+NAME_HEADS: tuple[tuple[str, int], ...] = (
+    (r"^aimv2_large_", 8),
+    (r"^aimv2_huge_", 12),
+    (r"^aimv2_1b_", 16),
+    (r"^aimv2_3b_", 24),
+    (r"^test_vit2?$", 2),  # timm's registered test models
+    (r"^test_vit[34]$", 3),
+)
 _UNPACKED = re.compile(r"^(.*\.mlp)\.fc1_([gx])\.(weight|bias)$")
 
 
