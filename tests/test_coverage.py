@@ -59,8 +59,9 @@ def test_hf_class(coverage, tmp_path):
     [
         ("vit_base_patch32_siglip_gap_256", "exact", ""),  # SigLIP 2: tanh GELU from the name
         ("vit_little_patch16_reg1_gap_256", "exact", ""),  # 320 wide, 5 heads from the name
-        ("vit_base_patch16_rpn_224", "refused", "post-norm residual blocks"),  # was: differs
-        ("aimv2_large_patch14_224", "refused", "an MLP vitkit does not have"),  # was: KeyError
+        ("vit_base_patch16_rpn_224", "exact", ""),  # was: differs, then refused by name
+        ("test_vit4", "exact", ""),  # RMSNorm; 96 wide, 3 heads from the name
+        ("test_vit3", "refused", "pool_include_prefix"),  # the name says what weights cannot
     ],
 )
 def test_what_the_coverage_run_found(coverage, tmp_path, name, status, says):

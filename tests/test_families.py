@@ -139,8 +139,8 @@ def test_a_refusal_names_the_folder_once(tmp_path):
     cfg = model_config("B/16", depth=1, width=32, num_heads=2, mlp_dim=64)
     folder = _timm_folder(tmp_path, cfg)
     hub = json.loads((folder / "config.json").read_text())
-    hub["architecture"] = "vit_base_patch16_rpn_224"
+    hub["model_args"]["pool_include_prefix"] = True  # (timm's test_vit3 sets it by name)
     (folder / "config.json").write_text(json.dumps(hub))
     with pytest.raises(VitkitError) as e:
         read_checkpoint(folder)
-    assert str(e.value).count(str(folder)) == 1 and "ResPostBlock" in str(e.value)
+    assert str(e.value).count(str(folder)) == 1 and "pool_include_prefix" in str(e.value)

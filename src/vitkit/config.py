@@ -30,6 +30,8 @@ Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 ResNetEps = Literal["vit_jax", "timm"]
+NormKind = Literal["layernorm", "rmsnorm"]
+BlockKind = Literal["pre", "post"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -97,6 +99,14 @@ class ViTConfig:
     # fused input projection (ViT-22B; timm's ParallelScalingBlock, vit_*_xp_*, vit_pwee_*)
     diff_attn: bool = False  # differential attention, softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)
     # (Ye et al. 2024; timm's DiffAttention, DiffParallelScalingBlock: vit_d*wee_*, vit_dlittle_*)
+    # AIMv2 / BEiT-3 / post-norm (timm's names in brackets); the defaults are the paper's.
+    norm: NormKind = "layernorm"  # every norm's kind; "rmsnorm": x / rms(x) * g, no bias
+    # (AIMv2, timm's norm_layer=RmsNorm; eps is layer_norm_eps)
+    patch_norm: bool = False  # a norm on the patch embeddings before E_pos (timm embed_norm_layer)
+    proj_bias: bool = True  # biases of the attention projection and the MLP (timm proj_bias)
+    scale_attn_norm: bool = False  # a norm on the heads' output before the projection (BEiT-3)
+    scale_mlp_norm: bool = False  # a norm on the MLP hidden after the activation (BEiT-3)
+    block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -123,11 +133,25 @@ class ViTConfig:
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
         if self.pool == "map" and self.mlp == "swiglu":
             raise VitkitError('pool="map" has a GELU MLP; it does not combine with mlp="swiglu"')
+        if self.pool == "map" and (self.later_switches.keys() - {"block", "patch_norm"}):
+            raise VitkitError(
+                f'pool="map" (SigLIP\'s head) with {", ".join(self.later_switches)}: no checkpoint '
+                "has both, and the MAP head keeps the paper's LayerNorm and biased MLP"
+            )
+        if self.block == "post" and self.layer_scale_init is not None:
+            raise VitkitError('block="post" has no layer scale (timm\'s ResPostBlock)')
         if self.fc_norm and not self.final_norm:
             raise VitkitError(
                 "fc_norm=True with final_norm=False: fc_norm is the final norm moved after "
                 "pooling, so a model without one has fc_norm=False"
             )
+
+    @property
+    def later_switches(self) -> dict[str, Any]:
+        """The AIMv2 / BEiT-3 / post-norm switches that differ from the paper (name: value)."""
+        names = ("norm", "patch_norm", "proj_bias", "scale_attn_norm", "scale_mlp_norm", "block")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: getattr(self, k) for k in names if getattr(self, k) != defaults[k]}
 
     @property
     def has_class_token(self) -> bool:

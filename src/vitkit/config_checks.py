@@ -100,6 +100,12 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "dist_token": choice("dist_token", cfg.dist_token, (True, False)),
         "final_norm": choice("final_norm", cfg.final_norm, (True, False)),
         "qkv_bias": choice("qkv_bias", cfg.qkv_bias, (True, False)),
+        "norm": choice("norm", cfg.norm, ("layernorm", "rmsnorm")),
+        "patch_norm": choice("patch_norm", cfg.patch_norm, (True, False)),
+        "proj_bias": choice("proj_bias", cfg.proj_bias, (True, False)),
+        "scale_attn_norm": choice("scale_attn_norm", cfg.scale_attn_norm, (True, False)),
+        "scale_mlp_norm": choice("scale_mlp_norm", cfg.scale_mlp_norm, (True, False)),
+        "block": choice("block", cfg.block, ("pre", "post")),
         "resnet_eps": choice("resnet_eps", cfg.resnet_eps, ("vit_jax", "timm")),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
@@ -132,6 +138,7 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     names = ("fc_norm", "num_reg_tokens", "layer_scale_init", "norm_pre", "patch_bias")
     default = {f.name: f.default for f in dataclasses.fields(cfg)}
     out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp", "final_norm")}
+    out.update(cfg.later_switches)  # AIMv2 / BEiT-3 / post-norm
     out = {k: v for k, v in out.items() if v != default[k]}
     if cfg.pool in ("avgmax", "max", "map", "token_gap"):
         out["pool"] = cfg.pool

@@ -42,11 +42,30 @@ def count_params(cfg: ModelConfig) -> int:
     if cfg.pool == "map":  # probe, q, kv, out projection, LayerNorm, MLP
         n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * m + m + d)
     n += 2 * d if cfg.norm_pre else 0
+    n += _later_switch_params(cfg)
     if cfg.representation_size:
         n += d * cfg.representation_size + cfg.representation_size
     if cfg.num_classes:
         heads = 2 if cfg.dist_token else 1
         n += heads * (cfg.feature_dim * cfg.num_classes + cfg.num_classes)
+    return n
+
+
+def _later_switch_params(cfg: ViTConfig) -> int:
+    """What the AIMv2 / BEiT-3 switches add to the paper's count (the post-norm block
+    rearranges the same parameters): RMSNorms without biases, a norm on the patch embeddings,
+    no attention-projection / MLP biases, the sub-norms inside attention and the MLP."""
+    d, hidden = cfg.width, cfg.mlp_dim // 2 if cfg.mlp == "swiglu" else cfg.mlp_dim
+    per_norm = 1 if cfg.norm == "rmsnorm" else 2  # scale (and bias) per channel
+    n = 0
+    if cfg.norm == "rmsnorm":  # the norms counted above as LayerNorms lose their biases
+        qk = 2 * (d // cfg.num_heads) if cfg.qk_norm else 0
+        n -= cfg.depth * (2 * d + qk) + d * (cfg.final_norm + cfg.norm_pre)
+    n += per_norm * d if cfg.patch_norm else 0
+    if not cfg.proj_bias:  # attention projection, fc1, fc2
+        n -= cfg.depth * (d + cfg.mlp_dim + d)
+    n += cfg.depth * per_norm * d if cfg.scale_attn_norm else 0
+    n += cfg.depth * per_norm * hidden if cfg.scale_mlp_norm else 0
     return n
 
 

@@ -46,6 +46,9 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 ``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
 (DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
 both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
+AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
+``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
+attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,14 @@ from vitkit.errors import VitkitError
 from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
 from vitkit.resnet import ResNetStem, init_resnet
+
+
+def make_norm(cfg: ViTConfig, dim: int) -> nn.Module:
+    """The config's norm over the last axis: the paper's LayerNorm, or with ``norm="rmsnorm"``
+    RMSNorm x / sqrt(mean(x^2) + eps) * g, without a bias (AIMv2; timm's ``RmsNorm``)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(dim, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
 
 
 class PatchEmbed(nn.Module):
@@ -88,6 +99,7 @@ class PatchEmbed(nn.Module):
             stride=cfg.patch_size,
             bias=cfg.patch_bias,
         )
+        self.norm = make_norm(cfg, cfg.width) if cfg.patch_norm else nn.Identity()  # AIMv2
 
     def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
         """The patch grid (rows, columns) of images of ``size`` (H, W): any positive multiple
@@ -112,7 +124,7 @@ class PatchEmbed(nn.Module):
         if self.stem is not None:
             x = self.stem(x)
         x = self.proj(x)  # [B, D, H/P, W/P]
-        return x.flatten(2).transpose(1, 2)  # [B, N, D], patches in row-major order
+        return self.norm(x.flatten(2).transpose(1, 2))  # [B, N, D], patches in row-major order
 
 
 class Attention(nn.Module):
@@ -127,11 +139,13 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
-        self.proj = nn.Linear(cfg.width, cfg.width)
+        self.proj = nn.Linear(cfg.width, cfg.width, bias=cfg.proj_bias)
+        # BEiT-3's sub-LayerNorm on the concatenated heads, before the projection
+        self.norm = make_norm(cfg, cfg.width) if cfg.scale_attn_norm else nn.Identity()
         self.attn_dropout = cfg.attn_dropout
         qk_norm = cfg.qk_norm
-        self.q_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim, cfg.layer_norm_eps) if qk_norm else nn.Identity()
+        self.q_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
 
     def _split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
@@ -141,7 +155,8 @@ class Attention(nn.Module):
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
-        return self.proj(x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        x = x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return self.proj(self.norm(x))
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._split_heads(x)
@@ -184,18 +199,21 @@ class Mlp(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
+        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim, bias=cfg.proj_bias)
         self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
         self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
         self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
-        self.fc2 = nn.Linear(cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim, cfg.width)
+        hidden = cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim
+        # BEiT-3's sub-LayerNorm on the hidden units, after the activation
+        self.norm = make_norm(cfg, hidden) if cfg.scale_mlp_norm else nn.Identity()
+        self.fc2 = nn.Linear(hidden, cfg.width, bias=cfg.proj_bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.swiglu:
             x1, x2 = self.fc1(x).chunk(2, dim=-1)
-            return self.drop(self.fc2(self.drop(self.act(x1) * x2)))
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+            return self.drop(self.fc2(self.norm(self.drop(self.act(x1) * x2))))
+        return self.drop(self.fc2(self.norm(self.drop(self.act(self.fc1(x))))))
 
 
 def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
@@ -208,13 +226,15 @@ def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3."""
+    """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3. With ``block="post"`` the norm
+    moves onto the branch's output, z + LN(F(z)) (timm's ``ResPostBlock``; not the paper's)."""
 
     def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.norm1 = make_norm(cfg, cfg.width)
         self.attn = Attention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.norm2 = make_norm(cfg, cfg.width)
+        self.post_norm = cfg.block == "post"
         self.mlp = Mlp(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.drop_path_rate = drop_path_rate
@@ -226,11 +246,18 @@ class Block(nn.Module):
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.post_norm:  # timm's ResPostBlock: z + LN(MSA(z)), then z + LN(MLP(z))
+            x = self._residual(x, self.norm1(self.drop(self.attn(x))))
+            return self._residual(x, self.norm2(self.mlp(x)))
         x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x)))))  # (2)
         return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """As ``forward``, with the explicit-softmax attention; also returns its weights."""
+        if self.post_norm:
+            attn_out, weights = self.attn.forward_explicit(x)
+            x = self._residual(x, self.norm1(self.drop(attn_out)))
+            return self._residual(x, self.norm2(self.mlp(x))), weights
         attn_out, weights = self.attn.forward_explicit(self.norm1(x))
         x = self._residual(x, self.ls1(self.drop(attn_out)))
         return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
@@ -324,13 +351,13 @@ class VisionTransformer(nn.Module):
         # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
         self.resample: Resample = "bicubic"
         self.pos_drop = nn.Dropout(cfg.dropout)
-        self.norm_pre = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm_pre else nn.Identity()
+        self.norm_pre = make_norm(cfg, d) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(make_block(cfg, i, r) for i, r in enumerate(rates))
         # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
         final = cfg.final_norm and not cfg.fc_norm
-        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if final else nn.Identity()
-        self.fc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.fc_norm else nn.Identity()
+        self.norm = make_norm(cfg, d) if final else nn.Identity()
+        self.fc_norm = make_norm(cfg, d) if cfg.fc_norm else nn.Identity()
         self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None  # SigLIP
         if cfg.representation_size:
             self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
@@ -484,17 +511,17 @@ def init_weights(model: VisionTransformer) -> None:
         if block.attn.qkv.bias is not None:
             nn.init.zeros_(block.attn.qkv.bias)
         nn.init.xavier_uniform_(block.attn.proj.weight)
-        nn.init.zeros_(block.attn.proj.bias)
+        if block.attn.proj.bias is not None:  # none with proj_bias=False (AIMv2)
+            nn.init.zeros_(block.attn.proj.bias)
         for fc in (block.mlp.fc1, block.mlp.fc2):
             nn.init.xavier_uniform_(fc.weight)
-            nn.init.normal_(fc.bias, std=1e-6)
-        for norm in (block.norm1, block.norm2):
+            if fc.bias is not None:
+                nn.init.normal_(fc.bias, std=1e-6)
+    for norm in model.modules():  # every LayerNorm / RMSNorm: unit scale, zero bias
+        if isinstance(norm, (nn.LayerNorm, nn.RMSNorm)) and norm.weight is not None:
             nn.init.ones_(norm.weight)
+        if isinstance(norm, nn.LayerNorm) and norm.bias is not None:
             nn.init.zeros_(norm.bias)
-    for final in (model.norm, model.norm_pre, model.fc_norm):
-        if isinstance(final, nn.LayerNorm):
-            nn.init.ones_(final.weight)
-            nn.init.zeros_(final.bias)
     if model.attn_pool is not None:  # xavier kernels (big_vision's MAPHead), probe as timm's
         pool = model.attn_pool
         nn.init.normal_(pool.latent, std=cfg.width**-0.5)

@@ -17,7 +17,9 @@ def family_name(cfg: ViTConfig) -> str:
     same family."""
     details: list[str] = []
     size = cfg.short_name
-    if cfg.dist_token:
+    if _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
+        family = _later_family(cfg)
+    elif cfg.dist_token:
         family = "DeiT (distilled)"
     elif _block_details(cfg):  # vitkit.parallel_blocks
         family = "Parallel-block" if cfg.parallel > 1 or cfg.parallel_scaling else "Differential"
@@ -61,6 +63,16 @@ def _block_details(cfg: ViTConfig) -> list[str]:
     out = [f"{cfg.parallel} parallel branches"] if cfg.parallel > 1 else []
     out += ["attention + MLP in parallel (ViT-22B)"] if cfg.parallel_scaling else []
     return out + (["differential attention"] if cfg.diff_attn else [])
+
+
+def _later_family(cfg: ViTConfig) -> str:
+    """AIMv2 (RMSNorm, SwiGLU, a norm on the patch embeddings), BEiT-3 (sub-LayerNorms), a
+    post-norm ViT; "" for the others."""
+    if cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.patch_norm:
+        return "AIMv2"
+    if cfg.scale_attn_norm or cfg.scale_mlp_norm:
+        return "BEiT-3"
+    return "post-norm ViT" if cfg.block == "post" else ""
 
 
 def format_description(info: dict[str, Any]) -> str:

@@ -56,6 +56,7 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.checkpoints import timm_switches as later
 from vitkit.checkpoints.timm_parallel import (
     parallel_architecture,
     parallel_model_args,
@@ -97,6 +98,7 @@ def timm_config(
     source: str = "timm state dict",
 ) -> ViTConfig:
     """Infer the architecture of a timm ViT state dict."""
+    sd = later.pack_swiglu(sd, source)  # AIMv2's fc1_g / fc1_x as one fc1
     sd, parallel_blocks = plain_block_view(sd, source)  # timm_parallel: their switches
     map_head = _timm_map_head(sd, source)
     resnet_layers, resnet_wf, stem_in = _timm_backbone(sd, source)
@@ -157,7 +159,7 @@ def timm_config(
         mlp_dim=mlp_dim,
         pool=pool,
         representation_size=rep,
-        layer_norm_eps=1e-6,
+        layer_norm_eps=later.bare_eps(sd),  # timm's 1e-6; AIMv2's and BEiT-3's weights 1e-5
         gelu="none",
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
         class_token=class_token if class_token != (pool == "token") else None,
@@ -172,6 +174,7 @@ def timm_config(
         mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
         final_norm=final_norm,
         **parallel_blocks,
+        **later.later_switches(sd),  # AIMv2 / BEiT-3
     )
 
 
@@ -258,7 +261,7 @@ def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
     ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
     del cfg  # the layouts agree; the argument keeps every converter's signature alike
     out = {}
-    for k, v in sd.items():
+    for k, v in later.pack_swiglu(sd, "timm state dict").items():  # AIMv2's SwiGLU packed
         if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
             continue
         if k.startswith(_BACKBONE):
@@ -344,11 +347,15 @@ def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
         )
     if cfg.dist_token and not cfg.pos_embed_prefix:
         raise VitkitError("timm's distilled DeiT has position embeddings for its prefix tokens")
+    why = later.later_write_checks(cfg)  # AIMv2 / BEiT-3 / post-norm
+    if why:
+        raise VitkitError(why)
     root_only = cfg.resnet_layers == ()
-    return {
+    out = {
         (_to_timm_backbone_key(k, root_only) if k.startswith(_STEM) else k): v.contiguous()
         for k, v in sd.items()
     }
+    return later.unpack_swiglu(out) if later.is_aimv2(cfg) else out
 
 
 _STEM = "patch_embed.stem."
@@ -385,6 +392,8 @@ def timm_architecture(cfg: ViTConfig) -> str:
         return TIMM_HYBRIDS[cfg.resnet_layers]
     if (parallel := parallel_architecture(cfg)) is not None:  # nor a block class
         return parallel
+    if later.later_architecture(cfg):  # AIMv2 / BEiT-3 / post-norm entries
+        return str(later.later_architecture(cfg))
     if cfg.mlp == "swiglu":  # timm's model_args cannot name SwiGLUPacked; this entry sets it
         return "vit_giant_patch14_dinov2"
     return "deit_base_distilled_patch16_224" if cfg.dist_token else "vit_base_patch16_224"
@@ -425,6 +434,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "final_norm": cfg.final_norm,
         **({} if cfg.mlp == "swiglu" else {"act_layer": _TIMM_ACT[cfg.gelu]}),
         **parallel_model_args(cfg),
+        **later.later_model_args(cfg),  # AIMv2 / BEiT-3 / post-norm
     }
 
 
@@ -435,7 +445,8 @@ def timm_hub_config(
     cfg: ViTConfig, preprocess: PreprocessConfig, class_names: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The ``config.json`` of a timm local-dir / Hub model folder."""
-    if cfg.layer_norm_eps != 1e-6:
+    fixed = timm_architecture(cfg).startswith(("aimv2_", "beit3_"))  # entries with eps 1e-5
+    if cfg.layer_norm_eps != (1e-5 if fixed else 1e-6):
         warnings.warn(
             f"timm's ViT has LayerNorm epsilon 1e-6; this model was made with "
             f"{cfg.layer_norm_eps:g}, so timm's outputs will differ slightly",
@@ -477,6 +488,7 @@ _NAME_HEADS: tuple[tuple[str, int], ...] = (
     (r"_so150m2_", 13),
     (r"_so150m_|^vit_base_patch\d+_plus_", 14),
     (r"_(so400m|giant|giantopt|gigantic)_", 16),
+    *later.NAME_HEADS,  # AIMv2, timm's test models
 )
 # SigLIP 2 towers (and timm's SigLIP-GAP copies of them) use the tanh GELU; SigLIP 1's exact
 _TANH_GELU = re.compile(
@@ -484,7 +496,7 @@ _TANH_GELU = re.compile(
     r"giantopt_patch16_siglip_)"
 )
 # timm names whose blocks compute something their weights cannot show
-_NAME_REFUSED = {"_rpn_": "post-norm residual blocks (timm's ResPostBlock)"}
+_NAME_REFUSED: dict[str, str] = {}
 
 
 def _name_settings(arch: str) -> dict[str, Any]:
@@ -498,6 +510,7 @@ def _name_settings(arch: str) -> dict[str, Any]:
         out["act_layer"] = "gelu_tanh"
     if arch.startswith("deit3_") or "dinov2" in arch:
         out["init_values"] = 1e-6 if arch.startswith("deit3_") else 1e-5
+    out.update(later.later_name_settings(arch))  # AIMv2 / BEiT-3 / post-norm
     for pattern, heads in _NAME_HEADS:
         if re.search(pattern, arch):
             out["num_heads"] = heads
@@ -522,6 +535,8 @@ def timm_hub_to_config(
         grid = (int(h) // proj.shape[2], int(w) // proj.shape[3])
     cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), grid=grid, source=source)
     act = args.get("act_layer", "gelu")
+    if act == "silu" and cfg.mlp == "swiglu":  # AIMv2: SwiGLU's own SiLU, no GELU
+        act = "gelu"
     gelus = {v: k for k, v in _TIMM_ACT.items()}
     if act not in gelus:
         raise VitkitError(f"{source}: activation {act!r} is not a GELU vitkit has")
@@ -549,6 +564,7 @@ def timm_hub_to_config(
         changes["layer_scale_init"] = float(args["init_values"])
     if "img_size" in args:
         changes["image_size"] = args["img_size"]
+    changes.update(later.later_hub_changes(args))  # the post-norm block, eps of a named norm
     return cfg.replace(**changes)
 
 
