@@ -172,3 +172,11 @@ def test_parallel_blocks_train_and_are_deterministic_in_eval():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x), model(x))
+
+
+@pytest.mark.parametrize("later", [{"norm": "rmsnorm"}, {"proj_bias": False}, {"block": "post"}])
+def test_parallel_blocks_refuse_the_switches_they_do_not_read(later: dict) -> None:
+    base = dict(image_size=8, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64)
+    with pytest.raises(VitkitError, match="parallel blocks and diff_attn do not read"):
+        ViTConfig(**base, parallel_scaling=True, **later)
+    ViTConfig(**base, **later)  # fine on the paper's block

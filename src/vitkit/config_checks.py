@@ -174,6 +174,11 @@ def check_parallel_blocks(cfg: Any) -> None:
         raise VitkitError("parallel_scaling has one attention and one MLP; it needs parallel=1")
     if cfg.parallel_scaling and (cfg.mlp != "mlp" or cfg.gelu == "quick"):
         raise VitkitError("parallel_scaling has a GELU MLP (mlp='mlp', gelu 'none' or 'tanh')")
+    later = ("norm", "patch_norm", "proj_bias", "scale_attn_norm", "scale_mlp_norm", "block")
+    paper = {"norm": "layernorm", "patch_norm": False, "proj_bias": True, "block": "pre"}
+    odd = [k for k in later if getattr(cfg, k) != paper.get(k, False)]
+    if odd and (cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn):
+        raise VitkitError(f"parallel blocks and diff_attn do not read {', '.join(odd)}")
     if cfg.diff_attn and (cfg.width // cfg.num_heads) % 2:
         raise VitkitError(
             f"diff_attn splits each head in two; head width {cfg.width // cfg.num_heads} is odd"

@@ -174,7 +174,8 @@ def timm_config(
         mlp="swiglu" if 2 * sd["blocks.0.mlp.fc2.weight"].shape[1] == mlp_dim else "mlp",
         final_norm=final_norm,
         **parallel_blocks,
-        **later.later_switches(sd),  # AIMv2 / BEiT-3
+        # AIMv2 / BEiT-3 (read from the paper's block keys; not parallel blocks' own)
+        **({} if parallel_blocks else later.later_switches(sd)),
     )
 
 
