@@ -131,18 +131,22 @@ def _images(cfg_size: tuple[int, int], channels: int, dtype: torch.dtype) -> tor
     return torch.randn(2, channels, *cfg_size, generator=g, dtype=torch.float64).to(dtype)
 
 
-def vitkit_side(folder: Path, x64: torch.Tensor, x32: torch.Tensor) -> dict[str, Any]:
-    """vitkit's logits of a folder, float64 (read_checkpoint + strict load) and float32
+def vitkit_side(
+    folder: Path, x64: torch.Tensor, x32: torch.Tensor, tokens: bool = False
+) -> dict[str, Any]:
+    """vitkit's logits of a folder (with ``tokens``: its final-normalised tokens, what a
+    headless encoder class returns), float64 (read_checkpoint + strict load) and float32
     (vitkit.load); a refusal or crash is returned as such."""
     try:
         ckpt = read_checkpoint(folder)
         model = build_model(ckpt.model_config).double().eval()
         load_state_dict_strict(model, ckpt.state_dict, source=str(folder))
-        with torch.no_grad():
-            out64 = model(x64)
         model32 = vitkit.load(folder)
         with torch.no_grad():
-            out32 = model32(x32)
+            if tokens:
+                out64, out32 = model.forward_features(x64), model32.forward_features(x32)
+            else:
+                out64, out32 = model(x64), model32(x32)
     except VitkitError as e:  # the reason without the temporary folder's name
         reason = re.sub(re.escape(str(folder)) + r"\S*?: ", "", str(e).strip().splitlines()[0])
         return {"status": "refused", "reason": reason.replace(str(folder), "the folder")}
@@ -193,7 +197,7 @@ def check_timm(timm: Any, name: str, work: Path, seed: int = 0) -> dict[str, Any
             ref32 = copy.deepcopy(model).float()(x64.float())
     except Exception as e:  # noqa: BLE001 - the reference itself failed: not vitkit's doing
         return {"status": "harness", "reason": _first_line(e)}
-    got = vitkit_side(folder, x64, x64.float())
+    got = vitkit_side(folder, x64, x64.float(), tokens=ref64.ndim == 3)
     out = {
         "args": {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()},
         "heads_hint_ok": hint_ok,
@@ -263,7 +267,7 @@ def check_hf(transformers: Any, cls_name: str, work: Path, seed: int = 0) -> dic
             ref32 = hf_reference_output(model32, cls_name, x64.float())
     except Exception as e:  # noqa: BLE001
         return {"status": "harness", "reason": _first_line(e)}
-    got = vitkit_side(folder, x64, x64.float())
+    got = vitkit_side(folder, x64, x64.float(), tokens=ref64.ndim == 3)
     if "out64" in got and got["out64"].ndim != ref64.ndim:  # tokens vs pooled
         return {"status": "differs", "reason": "vitkit's output is not the class's main output"}
     return _score(ref64, ref32, got)
