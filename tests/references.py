@@ -39,3 +39,13 @@ def import_reference(name: str) -> ModuleType:
         pytest.skip(f"{name} is not installed (a test-only dependency: pip install -e '.[test]')")
     _define_torchvision_ops()  # before the import: timm imports torchvision at import time
     return importlib.import_module(name)
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with every parameter moved by N(0, 0.1²) noise (seeded), in eval mode: weights
+    that differ from any initialisation, so a parity test cannot pass on zeros or ones."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
+    return model.eval()

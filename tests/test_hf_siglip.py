@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from references import import_reference
+from references import import_reference, perturbed
 from safetensors.torch import load_file, save_file
 
 import vitkit
@@ -24,14 +24,6 @@ SMALL = dict(
     image_size=32,
     patch_size=8,
 )
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
-    return model.eval()
 
 
 def images(dtype=torch.float32) -> torch.Tensor:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from references import import_reference
+from references import import_reference, perturbed
 from safetensors.torch import save_file
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -39,14 +39,6 @@ SWITCHES = {
 
 def tiny(**kw) -> ViTConfig:
     return ViTConfig(**{**BASE, "gelu": "none", **kw})
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
-    return model.eval()
 
 
 def timm_model(timm, cfg: ViTConfig) -> torch.nn.Module:
