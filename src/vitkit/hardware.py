@@ -3,7 +3,8 @@
 bf16 autocast pays off only where the hardware multiplies bf16 natively: CUDA GPUs from Ampere
 on, and CPUs with AVX512-BF16 or AMX (oneDNN's bf16 kernels). On a CPU without them (AVX2 only,
 e.g. many AMD EPYC and laptop CPUs) PyTorch emulates bf16 matmuls, measured 15-53x slower
-than fp32, a training step 5x (bench/precision.py). ``precision="auto"`` picks bf16 exactly where it is native.
+than fp32, a training step 5x (bench/precision.py). ``precision="auto"`` picks bf16 exactly
+where it is native.
 """
 
 from __future__ import annotations
