@@ -64,17 +64,10 @@ from torch import Tensor, nn
 
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.layers import drop_path, make_norm
 from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
 from vitkit.resnet import ResNetStem, init_resnet
-
-
-def make_norm(cfg: ViTConfig, dim: int) -> nn.Module:
-    """The config's norm over the last axis: the paper's LayerNorm, or with ``norm="rmsnorm"``
-    RMSNorm x / sqrt(mean(x^2) + eps) * g, without a bias (AIMv2; timm's ``RmsNorm``)."""
-    if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(dim, eps=cfg.layer_norm_eps)
-    return nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
 
 
 class PatchEmbed(nn.Module):
@@ -214,15 +207,6 @@ class Mlp(nn.Module):
             x1, x2 = self.fc1(x).chunk(2, dim=-1)
             return self.drop(self.fc2(self.norm(self.drop(self.act(x1) * x2))))
         return self.drop(self.fc2(self.norm(self.drop(self.act(self.fc1(x))))))
-
-
-def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
-    """Stochastic depth: drop the whole residual branch per sample (not in the paper)."""
-    if rate == 0.0 or not training:
-        return x
-    keep = 1.0 - rate
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-    return x * mask / keep
 
 
 class Block(nn.Module):

@@ -51,21 +51,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.config import ViTConfig
+from vitkit.layers import drop_path, make_norm
 
 Factory = Callable[[], nn.Module]
-
-
-def _norm(cfg: ViTConfig, dim: int) -> nn.Module:
-    """The blocks' normalisation layer (LayerNorm, the config's epsilon)."""
-    return nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
-
-
-def _drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
-    """Stochastic depth: drop the whole residual branch per sample (not in the paper)."""
-    if rate == 0.0 or not training:
-        return x
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - rate)
-    return x * mask / (1.0 - rate)
 
 
 class ParallelThingsBlock(nn.Module):
@@ -79,17 +67,17 @@ class ParallelThingsBlock(nn.Module):
         self.drop_path_rate = drop_path_rate
         self.attns = nn.ModuleList(
             nn.Sequential(
-                OrderedDict(norm=_norm(cfg, d), attn=attn(), drop=nn.Dropout(drop), ls=scale())
+                OrderedDict(norm=make_norm(cfg, d), attn=attn(), drop=nn.Dropout(drop), ls=scale())
             )
             for _ in range(cfg.parallel)
         )
         self.ffns = nn.ModuleList(
-            nn.Sequential(OrderedDict(norm=_norm(cfg, d), mlp=mlp(), ls=scale()))
+            nn.Sequential(OrderedDict(norm=make_norm(cfg, d), mlp=mlp(), ls=scale()))
             for _ in range(cfg.parallel)
         )
 
     def _add(self, x: Tensor, branches: list[Tensor]) -> Tensor:
-        return x + sum(_drop_path(b, self.drop_path_rate, self.training) for b in branches)
+        return x + sum(drop_path(b, self.drop_path_rate, self.training) for b in branches)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self._add(x, [branch(x) for branch in self.attns])
@@ -165,8 +153,8 @@ class DiffAttention(nn.Module):
         self.attn_dropout = cfg.attn_dropout
         self.qkv = nn.Linear(d, 3 * d, bias=cfg.qkv_bias)
         norm = cfg.qk_norm
-        self.q_norm = _norm(cfg, self.half_dim) if norm else nn.Identity()
-        self.k_norm = _norm(cfg, self.half_dim) if norm else nn.Identity()
+        self.q_norm = make_norm(cfg, self.half_dim) if norm else nn.Identity()
+        self.k_norm = make_norm(cfg, self.half_dim) if norm else nn.Identity()
         self.proj = nn.Linear(d, d)
         _add_lambdas(self, self.half_dim)
 
@@ -197,12 +185,12 @@ class ParallelScalingBlock(nn.Module):
         self.num_heads, self.diff = heads, cfg.diff_attn
         self.head_dim = d // heads // (2 if self.diff else 1)  # q/k width per (half) head
         self.in_split = [m, d, d, d]  # [MLP hidden | q | k | v]
-        self.in_norm = _norm(cfg, d)
+        self.in_norm = make_norm(cfg, d)
         self.in_proj = nn.Linear(d, m + 3 * d, bias=cfg.qkv_bias)
         # Without qkv_bias, the MLP's hidden layer keeps its bias (q, k and v have none).
         self.mlp_bias = None if cfg.qkv_bias else nn.Parameter(torch.zeros(m))
-        self.q_norm = _norm(cfg, self.head_dim) if cfg.qk_norm else nn.Identity()
-        self.k_norm = _norm(cfg, self.head_dim) if cfg.qk_norm else nn.Identity()
+        self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else nn.Identity()
+        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else nn.Identity()
         self.attn_dropout = cfg.attn_dropout
         self.mlp_act = nn.GELU(approximate=cfg.gelu)
         self.mlp_drop = nn.Dropout(cfg.dropout)
@@ -249,4 +237,4 @@ class ParallelScalingBlock(nn.Module):
             y = self.out_proj(torch.cat([attn, mlp], dim=-1))
         else:
             y = self.attn_out_proj(attn) + self.mlp_out_proj(mlp)
-        return x + _drop_path(self.ls(y), self.drop_path_rate, self.training), weights
+        return x + drop_path(self.ls(y), self.drop_path_rate, self.training), weights
