@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 DPI = 120
@@ -47,3 +48,14 @@ def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
 
 __all__ = ["DPI", "new_figure", "save_png"]
+
+
+def save_accuracy_plot(fig: Figure, ax: Axes, path: str | os.PathLike[str], title: str) -> Path:
+    """The ending every "test accuracy vs X" plot shares: y label, grid, legend, title, saved."""
+    ax.set_ylabel("test top-1 accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_png(fig, path)

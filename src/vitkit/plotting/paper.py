@@ -16,7 +16,7 @@ import numpy as np
 from torch import Tensor
 
 from vitkit.errors import VitkitError
-from vitkit.plotting.canvas import new_figure, save_png
+from vitkit.plotting.canvas import new_figure, save_accuracy_plot, save_png
 
 
 def plot_distance_by_depth(
@@ -81,13 +81,7 @@ def plot_label_fractions(rows: Sequence[dict[str, Any]], path: str | os.PathLike
     ax.set_xticklabels([f"{f:g} %" for f in fractions])
     ax.minorticks_off()
     ax.set_xlabel("labelled training images")
-    ax.set_ylabel("test top-1 accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return save_png(fig, path)
+    return save_accuracy_plot(fig, ax, path, title)
 
 
 def plot_resolution(

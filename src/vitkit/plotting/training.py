@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vitkit.errors import VitkitError
-from vitkit.plotting.canvas import new_figure, save_png
+from vitkit.plotting.canvas import new_figure, save_accuracy_plot, save_png
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -266,13 +266,7 @@ def plot_data_scale(
     ax.set_xticklabels([f"{s:,}" for s in sizes])
     ax.minorticks_off()
     ax.set_xlabel("training images (class-stratified subset)")
-    ax.set_ylabel("test top-1 accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return save_png(fig, path)
+    return save_accuracy_plot(fig, ax, path, title)
 
 
 __all__ = [

@@ -11,6 +11,7 @@ import numpy as np
 
 from vitkit.errors import VitkitError
 from vitkit.plotting import new_figure, read_jsonl, save_png
+from vitkit.plotting.canvas import save_accuracy_plot
 from vitkit.studies.common import RunResult
 
 
@@ -92,10 +93,4 @@ def plot_accuracy_vs_compute(
             )
     ax.set_xscale("log")
     ax.set_xlabel("total training compute (exaFLOPs, analytic: 3 x forward x images seen)")
-    ax.set_ylabel("test top-1 accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return save_png(fig, path)
+    return save_accuracy_plot(fig, ax, path, title)
