@@ -33,6 +33,10 @@ def test_data_scale_smoke_end_to_end_and_reused(tmp_path: Path, capsys) -> None:
         (m, n) for m in ("vit", "bit", "hybrid") for n in (100, 200)
     }
     assert all("convergence" in r for r in results["runs"])
+    verdict = results["verdict_inputs"]
+    assert verdict["baseline"] == "bit"  # the ResNet of the study
+    assert set(verdict["gap_vs_baseline"]) == {"vit", "hybrid"}
+    assert set(verdict["gap_vs_baseline"]["vit"]) == {"100", "200"}
     table = (out / "table.md").read_text()
     assert "n=200" in table and "train-loss change" in table
     for png in ("data_scale.png", "loss_curves.png"):
@@ -72,6 +76,7 @@ def test_compute_smoke_end_to_end(tmp_path: Path, capsys) -> None:
     assert vit["train_exaflops"] == pytest.approx(3 * vit["gflops"] * 1e9 * 6 * 32 / 1e18)
     assert runs["vit-m"]["train_exaflops"] > runs["vit-s"]["train_exaflops"]
     assert "training exaFLOPs" in (out / "table.md").read_text()
+    assert results["verdict_inputs"]["baseline"] == "ResNet"
     assert (out / "compute.png").stat().st_size > 10_000
     assert "trained now: 4" in capsys.readouterr().out
 

@@ -24,6 +24,7 @@ reused as in every study (:mod:`vitkit.studies.common`). The full-size command (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from vitkit.studies.common import (
     summarize,
     write_summary,
 )
+from vitkit.studies.measures import interpolate_log, json_ready
 from vitkit.train.config import TrainConfig
 
 # Four sizes per family at 28-32 px, each family spanning ~10x in forward FLOPs; the same
@@ -141,6 +143,65 @@ def _compute_key(row: dict[str, Any]) -> float:
     return float(row["train_exaflops"])
 
 
+def compute_verdict(rows: Sequence[dict[str, Any]], baseline: str = "ResNet") -> dict[str, Any]:
+    """The numbers the compute verdict rests on (the paper's Fig. 5: at equal pre-training
+    compute ViT is ahead of the ResNets, hybrids ahead at small budgets).
+
+    For every model of another family whose training compute lies inside the ``baseline``
+    family's range, its mean accuracy minus the baseline family's at the same compute (the
+    baseline's curve interpolated linearly in log compute), in the order of compute; empty
+    where the study has no baseline family or fewer than two of its models.
+    """
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        curves.setdefault(str(r["family"]), []).append((r["train_exaflops"], r["mean"]))
+    gaps: dict[str, list[dict[str, Any]]] = {}
+    base = curves.get(baseline, [])
+    if len(base) >= 2:
+        for fam in curves:
+            if fam == baseline:
+                continue
+            points = []
+            for r in sorted((x for x in rows if x["family"] == fam), key=_compute_key):
+                theirs = interpolate_log(base, r["train_exaflops"])
+                if not math.isnan(theirs):
+                    points.append(
+                        {
+                            "model": r["model"],
+                            "train_exaflops": r["train_exaflops"],
+                            "accuracy": r["mean"],
+                            "baseline_accuracy": theirs,
+                            "gap": r["mean"] - theirs,
+                        }
+                    )
+            gaps[fam] = points
+    best = {fam: max(acc for _, acc in pts) for fam, pts in curves.items()}
+    return json_ready({"baseline": baseline, "gaps": gaps, "best_accuracy_per_family": best})
+
+
+def equal_compute_table(verdict: dict[str, Any]) -> str:
+    """Each model minus the baseline family at the same training compute."""
+    base = verdict["baseline"]
+    lines = [
+        f"| family | model | training exaFLOPs | test top-1 (%) | {base} at that compute (%) | "
+        "difference (points) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fam, points in verdict["gaps"].items():
+        for p in points:
+            lines.append(
+                f"| {fam} | {p['model']} | {p['train_exaflops']:.3g} | "
+                f"{100 * p['accuracy']:.2f} | {100 * p['baseline_accuracy']:.2f} | "
+                f"{100 * p['gap']:+.2f} |"
+            )
+    lines += [
+        "",
+        f"{base} accuracy at the same compute: its mean-accuracy curve interpolated linearly "
+        "in log compute (models outside its compute range are left out).",
+    ]
+    return "\n".join(lines)
+
+
 def write_compute(
     results: Sequence[RunResult], out_dir: str | Path, title: str, batch_size: int
 ) -> dict[str, Path]:
@@ -149,7 +210,15 @@ def write_compute(
 
     rows = compute_rows(results, batch_size)
     runs = [r.to_dict() | {"train_exaflops": train_exaflops(r, batch_size)} for r in results]
-    extra = {"batch_size": batch_size, "flops_per_image_step": BACKWARD_FACTOR}
-    paths = write_summary(results, rows, compute_table(rows), out_dir, title, extra, runs=runs)
+    verdict = compute_verdict(rows)
+    extra = {
+        "batch_size": batch_size,
+        "flops_per_image_step": BACKWARD_FACTOR,
+        "verdict_inputs": verdict,
+    }
+    table = compute_table(rows)
+    if verdict["gaps"]:
+        table += "\n\n" + equal_compute_table(verdict)
+    paths = write_summary(results, rows, table, out_dir, title, extra, runs=runs)
     paths["plot"] = plot_accuracy_vs_compute(rows, Path(out_dir) / "compute.png", title=title)
     return paths

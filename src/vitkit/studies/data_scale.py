@@ -53,6 +53,7 @@ from vitkit.studies.common import (
     summarize,
     write_summary,
 )
+from vitkit.studies.measures import json_ready, paired_gaps, spearman
 from vitkit.train.config import TrainConfig
 
 FULL_COMMANDS = (
@@ -113,7 +114,7 @@ def data_scale_specs(
                 early_stop=patience_for(size, base.batch_size, base.early_stop, min_steps),
             )
             for spec in models:
-                info = {"size": size, "data": base.data}
+                info = {"size": size, "data": base.data, "family": spec.family}
                 specs.append(RunSpec(cfg, spec, f"n{size}", seed, info=info))
     return specs
 
@@ -161,8 +162,12 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     rows = data_scale_rows(results)
     sizes = sorted({r["size"] for r in rows})
     table = markdown_table(rows, [f"n{s}" for s in sizes], lambda g: f"n={int(g[1:]):,}")
+    verdict = data_scale_verdict(results)
+    if verdict["baseline"] is not None:
+        table += "\n\n" + gap_table(verdict)
     table += "\n\n" + convergence_table(results)
-    paths = write_summary(results, rows, table, out_dir, title)
+    extra = {"verdict_inputs": verdict}
+    paths = write_summary(results, rows, table, out_dir, title, extra)
     runs = [r.to_dict() for r in results]
     paths["plot"] = plot_data_scale(rows, runs, Path(out_dir) / "data_scale.png", title=title)
     curves_title = f"{results[0].info.get('data', '?')}: training loss of every run"
@@ -170,6 +175,89 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
         results, Path(out_dir) / "loss_curves.png", panel_key="size", title=curves_title
     )
     return paths
+
+
+def data_scale_verdict(results: Sequence[RunResult], baseline: str | None = None) -> dict[str, Any]:
+    """The numbers the data-scale verdict rests on (the paper: ViT below the ResNet on small
+    data, catching up as data grows).
+
+    Per size, each model's test accuracy minus the ``baseline``'s (default: the first model of
+    the ResNet family), paired by seed; per model, Spearman's correlation of the size with that
+    mean gap (+1: the gap only grows with data); the best model per size; and per size how many
+    runs early-stopped. ``baseline`` is None in the result where the study has no ResNet.
+    """
+    acc: dict[str, dict[int, dict[int, float]]] = {}  # model -> size -> seed -> accuracy
+    family: dict[str, str] = {}
+    for r in results:
+        acc.setdefault(r.model, {}).setdefault(int(r.info["size"]), {})[r.seed] = r.test_top1
+        family.setdefault(r.model, str(r.info.get("family", "")))
+    if baseline is None:
+        baseline = next((m for m in acc if family[m] == "ResNet"), None)
+    elif baseline not in acc:
+        raise VitkitError(f"data-scale baseline '{baseline}' is not a model of the study")
+    sizes = sorted({s for per_size in acc.values() for s in per_size})
+    gaps: dict[str, dict[str, Any]] = {}
+    trend: dict[str, float] = {}
+    for model in acc:
+        if baseline is None or model == baseline:
+            continue
+        per = {}
+        for size in sizes:
+            gap = paired_gaps(acc[model].get(size, {}), acc[baseline].get(size, {}))
+            if gap is not None:
+                per[str(size)] = gap
+        gaps[model] = per
+        xs = [float(s) for s in per]
+        trend[model] = spearman(xs, [per[s]["mean"] for s in per]) if len(xs) > 1 else math.nan
+
+    def mean_acc(model: str, size: int) -> float:
+        runs = acc[model].get(size, {})
+        return sum(runs.values()) / len(runs) if runs else -math.inf
+
+    best = {str(size): max(acc, key=lambda m: mean_acc(m, size)) for size in sizes}
+    early = {
+        str(size): {
+            "early_stopped": sum(
+                bool(r.info.get("early_stopped")) for r in results if r.info["size"] == size
+            ),
+            "runs": sum(1 for r in results if r.info["size"] == size),
+        }
+        for size in sizes
+    }
+    return json_ready(
+        {
+            "baseline": baseline,
+            "families": family,
+            "sizes": sizes,
+            "gap_vs_baseline": gaps,
+            "gap_trend_spearman": trend,
+            "best_model_per_size": best,
+            "early_stopping_per_size": early,
+        }
+    )
+
+
+def gap_table(verdict: dict[str, Any]) -> str:
+    """Each model minus the baseline, per size (percentage points, paired by seed)."""
+    sizes = verdict["sizes"]
+    lines = [
+        f"| minus {verdict['baseline']} | " + " | ".join(f"n={s:,}" for s in sizes) + " | trend |",
+        "|---|" + "---|" * (len(sizes) + 1),
+    ]
+    for model, per in verdict["gap_vs_baseline"].items():
+        cells = []
+        for s in sizes:
+            g = per.get(str(s))
+            cells.append("" if g is None else f"{100 * g['mean']:+.2f} ± {100 * g['std']:.2f}")
+        rho = verdict["gap_trend_spearman"].get(model)
+        trend = "n/a" if rho is None else f"{rho:+.2f}"
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {trend} |")
+    lines += [
+        "",
+        "Test top-1 difference in percentage points, mean ± sample std of the per-seed "
+        "differences; trend: Spearman's correlation of the size with the mean difference.",
+    ]
+    return "\n".join(lines)
 
 
 def convergence_table(results: Sequence[RunResult]) -> str:

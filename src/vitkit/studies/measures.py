@@ -1,5 +1,7 @@
-"""Spearman's rank correlation, which the paper-finding studies rest on (does a cheap probe rank
-models as fine-tuning does; does attention distance grow with depth).
+"""The measures the paper-finding studies rest on: Spearman's rank correlation (does a cheap
+probe rank models as fine-tuning does; does attention distance grow with depth), gaps paired by
+seed (is ViT behind the ResNet on this subset) and interpolation in log compute (which family is
+ahead at equal training compute).
 
 Pure functions on plain numbers, so that a test can check them against values worked out by
 hand.
@@ -64,3 +66,32 @@ def percent(x: float, signed: bool = False) -> str:
     if math.isnan(x):
         return "n/a"
     return f"{100 * x:+.1f} %" if signed else f"{100 * x:.1f} %"
+
+
+def paired_gaps(mine: dict[int, float], theirs: dict[int, float]) -> dict[str, float | int] | None:
+    """``mine - theirs`` over the seeds both have (paired by seed): mean, sample std and the
+    number of pairs; None where no seed is shared."""
+    seeds = sorted(set(mine) & set(theirs))
+    if not seeds:
+        return None
+    gaps = [mine[s] - theirs[s] for s in seeds]
+    mean = sum(gaps) / len(gaps)
+    std = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)) if len(gaps) > 1 else 0.0
+    return {"mean": mean, "std": std, "pairs": len(seeds)}
+
+
+def interpolate_log(points: Sequence[tuple[float, float]], x: float) -> float:
+    """``y`` at ``x`` on the piecewise-linear curve through ``points`` (x, y) in log10 x; NaN
+    outside the points' x range (no extrapolation). The points need positive x."""
+    pts = sorted(points)
+    if not pts or any(px <= 0 for px, _ in pts) or x <= 0:
+        raise VitkitError("log interpolation needs positive x values")
+    if x < pts[0][0] or x > pts[-1][0]:
+        return math.nan
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return (y0 + y1) / 2
+            t = (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+            return y0 + t * (y1 - y0)
+    return pts[0][1]  # a single point, at x

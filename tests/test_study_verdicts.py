@@ -1,0 +1,114 @@
+"""The numbers the data-scale and compute verdicts rest on (docs/paper.md): gaps paired by seed,
+interpolation in log compute, and both studies' ``verdict_inputs``, against values worked out by
+hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vitkit.errors import VitkitError
+from vitkit.studies.common import RunResult
+from vitkit.studies.compute import compute_verdict, equal_compute_table
+from vitkit.studies.data_scale import data_scale_verdict, gap_table
+from vitkit.studies.measures import interpolate_log, paired_gaps
+
+
+def test_paired_gaps_use_only_the_seeds_both_sides_have() -> None:
+    gap = paired_gaps({0: 0.9, 1: 0.8, 2: 0.7}, {0: 0.85, 1: 0.8, 3: 0.5})
+    assert gap is not None
+    assert gap["pairs"] == 2  # seeds 0 and 1
+    assert gap["mean"] == pytest.approx(0.025)  # (0.05 + 0.0) / 2
+    assert gap["std"] == pytest.approx(math.sqrt(2 * 0.025**2))  # sample std, n - 1 = 1
+    assert paired_gaps({0: 0.9}, {1: 0.9}) is None
+    assert paired_gaps({0: 0.9}, {0: 0.7}) == pytest.approx({"mean": 0.2, "std": 0.0, "pairs": 1})
+
+
+def test_interpolation_is_linear_in_log_x_and_never_extrapolates() -> None:
+    points = [(100.0, 0.9), (1.0, 0.5)]  # any order
+    assert interpolate_log(points, 10.0) == pytest.approx(0.7)  # half way in log10
+    assert interpolate_log(points, 1.0) == pytest.approx(0.5)
+    assert interpolate_log(points, 100.0) == pytest.approx(0.9)
+    assert math.isnan(interpolate_log(points, 0.5))
+    assert math.isnan(interpolate_log(points, 1000.0))
+    assert interpolate_log([(3.0, 0.4)], 3.0) == pytest.approx(0.4)
+    with pytest.raises(VitkitError, match="positive"):
+        interpolate_log([(0.0, 0.1), (1.0, 0.2)], 0.5)
+
+
+def _result(model: str, family: str, size: int, seed: int, acc: float, **info: object) -> RunResult:
+    return RunResult(
+        model=model,
+        short_name=model,
+        group=f"n{size}",
+        seed=seed,
+        test_top1=acc,
+        params=1,
+        gflops=1.0,
+        steps=1,
+        epochs=1,
+        train_s=1.0,
+        out_dir="",
+        trained=False,
+        info={"size": size, "family": family, **info},
+    )
+
+
+def test_data_scale_verdict_pairs_each_model_with_the_resnet_by_seed() -> None:
+    accs = {
+        ("ViT", "ViT"): {100: (0.5, 0.6), 1000: (0.9, 0.9)},
+        ("R", "ResNet"): {100: (0.7, 0.7), 1000: (0.85, 0.87)},
+    }
+    results = [
+        _result(m, fam, size, seed, acc, early_stopped=size == 100)
+        for (m, fam), per in accs.items()
+        for size, pair in per.items()
+        for seed, acc in enumerate(pair)
+    ]
+    v = data_scale_verdict(results)
+    assert v["baseline"] == "R"
+    small, large = v["gap_vs_baseline"]["ViT"]["100"], v["gap_vs_baseline"]["ViT"]["1000"]
+    assert small["mean"] == pytest.approx(-0.15)
+    assert small["std"] == pytest.approx(0.05 * math.sqrt(2))  # of -0.2 and -0.1
+    assert large["mean"] == pytest.approx(0.04)
+    assert large["std"] == pytest.approx(0.01 * math.sqrt(2))  # of 0.05 and 0.03
+    assert v["gap_trend_spearman"]["ViT"] == pytest.approx(1.0)  # catches up, then overtakes
+    assert v["best_model_per_size"] == {"100": "R", "1000": "ViT"}
+    assert v["early_stopping_per_size"]["100"] == {"early_stopped": 4, "runs": 4}
+    assert v["early_stopping_per_size"]["1000"] == {"early_stopped": 0, "runs": 4}
+    table = gap_table(v)
+    assert "| ViT | -15.00 ± 7.07 | +4.00 ± 1.41 | +1.00 |" in table
+    # another baseline by name; an unknown one is refused; no ResNet: no baseline
+    assert data_scale_verdict(results, "ViT")["gap_vs_baseline"]["R"]["100"]["mean"] == (
+        pytest.approx(0.15)
+    )
+    with pytest.raises(VitkitError, match="baseline 'X'"):
+        data_scale_verdict(results, "X")
+    only_vit = [r for r in results if r.model == "ViT"]
+    assert data_scale_verdict(only_vit)["baseline"] is None
+
+
+def _row(model: str, family: str, exaflops: float, acc: float) -> dict[str, object]:
+    return {"model": model, "family": family, "train_exaflops": exaflops, "mean": acc}
+
+
+def test_compute_verdict_compares_families_at_equal_compute() -> None:
+    rows = [
+        _row("r-s", "ResNet", 1e-3, 0.8),
+        _row("r-l", "ResNet", 1e-1, 0.9),
+        _row("v-s", "ViT", 1e-2, 0.9),  # ResNet at 1e-2: 0.85 (half way in log compute)
+        _row("v-l", "ViT", 1.0, 0.95),  # beyond the ResNets' range: left out
+        _row("h-s", "Hybrid", 1e-3, 0.75),
+    ]
+    v = compute_verdict(rows)
+    (vit,) = v["gaps"]["ViT"]
+    assert vit["model"] == "v-s"
+    assert vit["baseline_accuracy"] == pytest.approx(0.85)
+    assert vit["gap"] == pytest.approx(0.05)
+    (hybrid,) = v["gaps"]["Hybrid"]
+    assert hybrid["gap"] == pytest.approx(-0.05)
+    assert v["best_accuracy_per_family"] == {"ResNet": 0.9, "ViT": 0.95, "Hybrid": 0.75}
+    assert "| ViT | v-s | 0.01 | 90.00 | 85.00 | +5.00 |" in equal_compute_table(v)
+    # one ResNet is no curve: nothing to compare at equal compute
+    assert compute_verdict([r for r in rows if r["model"] != "r-l"])["gaps"] == {}
