@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The CPU miniature of docs/paper.md: the five paper-finding studies, 3 seeds each, at sizes a
+# 2-core machine finishes in a few hours. Each command reuses the runs it finds under its
+# --out-dir, so this script resumes where it was stopped and can be run a study at a time:
+#   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside] ...
+# Two studies at a time, one thread each, is the fastest use of 2 cores (small models).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VITKIT=${VITKIT:-.venv/bin/vitkit}
+OUT=${OUT:-runs}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+COMMON=(--seeds 3 --threads 1 --no-progress)
+
+# Three models of similar cost at 28 px: ViT (7x7 patches, 16 tokens), BiT ResNet-v2, hybrid.
+DS_MODELS="Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT],\
+bit_r26x1[layers=1,1,1,width_factor=0.125,root=small,label=BiT-ResNet],\
+r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=64,depth=2,\
+num_heads=4,mlp_dim=128,label=Hybrid]"
+RES_MODELS="Ti/7[width=32,depth=2,num_heads=2,mlp_dim=64,label=w32-d2],\
+Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=w64-d4],\
+Ti/7[width=64,depth=6,num_heads=4,mlp_dim=128,label=w64-d6],\
+Ti/7[width=96,depth=6,num_heads=4,mlp_dim=192,label=w96-d6]"
+COMPUTE_MODELS="Ti/7[width=32,depth=2,num_heads=2,mlp_dim=64,label=ViT-w32d2],\
+Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT-w64d4],\
+Ti/7[width=128,depth=6,num_heads=4,mlp_dim=256,label=ViT-w128d6],\
+bit_r26x1[layers=1,1,1,width_factor=0.0625,root=small,label=BiT-R111x0.0625],\
+bit_r26x1[layers=1,1,1,width_factor=0.125,root=small,label=BiT-R111x0.125],\
+bit_r26x1[layers=2,2,2,width_factor=0.25,root=small,label=BiT-R222x0.25],\
+r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.0625,width=32,depth=2,\
+num_heads=2,mlp_dim=64,label=Hybrid-w32d2],\
+r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=64,depth=4,\
+num_heads=4,mlp_dim=128,label=Hybrid-w64d4],\
+r_vit_ti16[patch_size=1,resnet_layers=2,resnet_width_factor=0.25,width=128,depth=6,\
+num_heads=4,mlp_dim=256,label=Hybrid-w128d6]"
+
+data_scale() {
+  "$VITKIT" study data-scale --data mnist --val-size 1000 --sizes 600,6000,59000 --epochs 6 \
+    --min-steps 1000 --warmup-steps 100 --early-stop 3 --models "$DS_MODELS" "${COMMON[@]}" \
+    --out-dir "$OUT/paper-data-scale-mnist"
+}
+selfsup() {
+  "$VITKIT" study selfsup --min-steps 1000 --epochs 4 --pretrain-epochs 5 \
+    --models "Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT-w64d4p7]" \
+    "${COMMON[@]}" --out-dir "$OUT/paper-selfsup"
+}
+resolution() {
+  "$VITKIT" study resolution --pretrain-epochs 3 --models "$RES_MODELS" "${COMMON[@]}" \
+    --out-dir "$OUT/paper-resolution"
+}
+compute() {
+  "$VITKIT" study compute --data mnist --train-size 30000 --epochs 2 --warmup-steps 50 \
+    --models "$COMPUTE_MODELS" "${COMMON[@]}" --out-dir "$OUT/paper-compute"
+}
+inside() {
+  "$VITKIT" study inside --epochs 25 --early-stop 4 --precision fp32 \
+    --models 'Ti/8[width=64,depth=6,num_heads=4,mlp_dim=128,label=ViT-w64-d6-p8]' \
+    --seeds 3 --threads 2 --no-progress --out-dir "$OUT/study-inside-cpu"
+}
+
+studies=("$@")
+[ ${#studies[@]} -gt 0 ] || studies=(data-scale selfsup resolution compute inside)
+for s in "${studies[@]}"; do
+  case "$s" in
+    data-scale) data_scale ;;
+    selfsup) selfsup ;;
+    resolution) resolution ;;
+    compute) compute ;;
+    inside) inside ;;
+    *) echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute, inside)" >&2; exit 2 ;;
+  esac
+done
