@@ -112,3 +112,21 @@ def test_compute_verdict_compares_families_at_equal_compute() -> None:
     assert "| ViT | v-s | 0.01 | 90.00 | 85.00 | +5.00 |" in equal_compute_table(v)
     # one ResNet is no curve: nothing to compare at equal compute
     assert compute_verdict([r for r in rows if r["model"] != "r-l"])["gaps"] == {}
+
+
+@pytest.mark.parametrize(("low", "high", "minor_labels"), [(0.002, 3.0, False), (0.05, 0.3, True)])
+def test_loss_panels_label_minor_ticks_only_within_one_decade(
+    low: float, high: float, minor_labels: bool
+) -> None:
+    """Across several decades the minor tick labels (0.02, 0.03, ...) overlapped each other."""
+    from matplotlib.ticker import NullFormatter
+
+    from vitkit.plotting import new_figure
+    from vitkit.studies.plots import log_y_axis, panel_value
+
+    ax = new_figure((4, 3)).add_subplot(1, 1, 1)
+    ax.plot([0, 1, 2], [high, (low * high) ** 0.5, low])
+    log_y_axis(ax)
+    assert isinstance(ax.yaxis.get_minor_formatter(), NullFormatter) != minor_labels
+    assert ax.yaxis.get_major_formatter()(0.05, 0) == "0.05"
+    assert (panel_value(59000), panel_value(0.01), panel_value("x")) == ("59,000", "0.01", "x")

@@ -28,11 +28,8 @@ def plot_loss_curves(
     """One panel per value of ``info[panel_key]`` (e.g. the training-set size), one colour per
     model, one line per seed: training loss against optimizer steps (log y); a marker where the
     run's best validation epoch ended, when it early-stopped."""
-    from matplotlib.ticker import FuncFormatter
-
     if not results:
         raise VitkitError(f"{path}: nothing to plot (no runs)")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
     panels = sorted({r.info[panel_key] for r in results})
     models = list(dict.fromkeys(r.model for r in results))
     cols = min(len(panels), 3)
@@ -51,12 +48,8 @@ def plot_loss_curves(
             ax.plot(steps, loss, color=f"C{j % 10}", linewidth=1, alpha=0.8, label=label)
             if r.info.get("early_stopped"):
                 ax.plot(steps[-1], loss[-1], "x", color=f"C{j % 10}", markersize=5)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.set_title(
-            f"{panel_key} = {value:,}" if isinstance(value, int) else str(value), fontsize=9
-        )
+        log_y_axis(ax)
+        ax.set_title(f"{panel_key} = {panel_value(value)}", fontsize=9)
         ax.set_xlabel("optimizer step", fontsize=8)
         ax.set_ylabel("training loss", fontsize=8)
         ax.grid(True, alpha=0.3)
@@ -67,6 +60,29 @@ def plot_loss_curves(
         fig.suptitle(title + " (x: early-stopped)", fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def log_y_axis(ax: Any) -> None:
+    """A log y axis with plain numbers (``0.05``, not ``5 x 10^-2``). Minor ticks (2, 3, ... 9 x
+    10^k) are labelled only where the axis spans at most one decade: across several, their
+    labels overlap each other and the major ones."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    ax.yaxis.set_minor_formatter(plain if high <= 10 * low else NullFormatter())
+
+
+def panel_value(value: Any) -> str:
+    """A panel's key value as people write it: ``59,000`` for a size, ``0.01`` for a
+    fraction."""
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def plot_accuracy_vs_compute(
