@@ -149,6 +149,21 @@ def test_resolution_rank_correlation_per_seed_and_of_means():
     assert (v["low_res"], v["high_res"]) == (8, 16)
 
 
+def test_resolution_a_gain_of_float_noise_is_a_tie_not_a_win():
+    """Measured (w32-d2, 359 test images): 343, 341, 339 right at 28 px, 340, 340, 343 at 56 px. The
+    paired differences sum to 3.7e-17, which was counted as 'high resolution wins'."""
+    low = (0.9554317548746518, 0.9498607242339833, 0.9442896935933147)
+    high = (0.947075208913649, 0.947075208913649, 0.9554317548746518)
+    runs = [result("m", s, a, arm="low", resolution=28) for s, a in enumerate(low)]
+    runs += [result("m", s, a, arm="high", resolution=56) for s, a in enumerate(high)]
+    probes = [{"model": "m", "seed": s, "shots": {"5": {"mean": 0.5}}} for s in range(3)]
+    v = summarize_resolution(runs, probes)["verdict_inputs"]
+    assert 0 < v["high_minus_low"]["m"]["mean"] < 1e-15  # the noise is there ...
+    assert v["models_where_high_wins_on_mean"] == 0  # ... and no longer a win
+    assert v["models_where_high_ties_on_mean"] == 1
+    assert v["seed_pairs_where_high_wins"] == 1  # seed 2 only
+
+
 # ----- the studies end to end -----------------------------------------------------------------
 
 

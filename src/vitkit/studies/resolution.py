@@ -168,6 +168,10 @@ def run_resolution(
     return results, probes
 
 
+# Accuracy differences within this are ties (float noise of sums of accuracies).
+TIE = 1e-9
+
+
 def _ms(values: Sequence[float]) -> dict[str, float]:
     clean = [v for v in values if not math.isnan(v)]
     mean, std = mean_std(clean) if clean else (math.nan, math.nan)
@@ -198,7 +202,7 @@ def summarize_resolution(
             "low": _ms(list(low.values())),
             "high": _ms(list(high.values())),
             "gain": _ms([high[s] - low[s] for s in low if s in high]),
-            "high_wins": sum(high[s] > low[s] for s in low if s in high),
+            "high_wins": sum(high[s] - low[s] > TIE for s in low if s in high),
             "fewshot": {str(n): _ms(list(fs.get((m, n), {}).values())) for n in shots_all},
         }
         rows.append(row)
@@ -226,7 +230,9 @@ def summarize_resolution(
         "low_res": res_of.get("low"),
         "high_res": res_of.get("high"),
         "high_minus_low": {r["model"]: r["gain"] for r in rows},
-        "models_where_high_wins_on_mean": sum(g > 0 for g in gains if not math.isnan(g)),
+        # a mean gain of float noise (3.7e-17 where the paired differences cancel) is a tie
+        "models_where_high_wins_on_mean": sum(g > TIE for g in gains if not math.isnan(g)),
+        "models_where_high_ties_on_mean": sum(abs(g) <= TIE for g in gains if not math.isnan(g)),
         "seed_pairs_where_high_wins": sum(r["high_wins"] for r in rows),
         "seed_pairs": sum(r["gain"]["n"] for r in rows),
         "spearman_probe_vs_finetune": ranking,
@@ -242,6 +248,7 @@ def reading(verdict: dict[str, Any]) -> str:
     return (
         f"Fine-tuning at {verdict['high_res']} px beat {verdict['low_res']} px on the mean for "
         f"{verdict['models_where_high_wins_on_mean']} of {len(verdict['models'])} models "
+        f"and tied for {verdict.get('models_where_high_ties_on_mean', 0)} "
         f"({verdict['seed_pairs_where_high_wins']} of {verdict['seed_pairs']} seed pairs); "
         f"{n}-shot probe vs fine-tuned ranking: Spearman {rank.get('of_means', math.nan):+.2f} "
         f"on the means, {ps['mean']:+.2f} ± {ps['std']:.2f} per seed."
