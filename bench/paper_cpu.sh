@@ -2,7 +2,8 @@
 # The CPU miniature of docs/paper.md: the five paper-finding studies, 3 seeds each, at sizes a
 # 2-core machine finishes in a few hours. Each command reuses the runs it finds under its
 # --out-dir, so this script resumes where it was stopped and can be run a study at a time:
-#   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside] ...
+#   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside|selfsup-budget|
+#                       data-scale-budget] ...
 # Two studies at a time, one thread each, is the fastest use of 2 cores (small models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,27 @@ compute() {
   "$VITKIT" study compute --data mnist --train-size 30000 --epochs 2 --warmup-steps 50 \
     --models "$COMPUTE_MODELS" "${COMMON[@]}" --out-dir "$OUT/paper-compute"
 }
+# The budget checks: do the findings move when the budget doubles (or quadruples)? The MPP
+# pre-training runs are copied from the selfsup study, so only the fine-tunes train.
+selfsup_budget() {
+  local factor
+  for factor in 2 4; do
+    local out="$OUT/paper-selfsup-${factor}x" fractions=0.01,0.1
+    [ "$factor" = 4 ] && fractions=0.01
+    if [ ! -d "$out/runs/mpp/pretrain" ] && [ -d "$OUT/paper-selfsup/runs/mpp/pretrain" ]; then
+      mkdir -p "$out/runs/mpp" && cp -r "$OUT/paper-selfsup/runs/mpp/pretrain" "$out/runs/mpp/"
+    fi
+    "$VITKIT" study selfsup --min-steps $((1000 * factor)) --epochs 8 --pretrain-epochs 5 \
+      --starts mpp --fractions "$fractions" \
+      --models "Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT-w64d4p7]" \
+      "${COMMON[@]}" --out-dir "$out"
+  done
+}
+data_scale_budget() {  # the largest size at twice the epochs, seed 0
+  "$VITKIT" study data-scale --data mnist --val-size 1000 --sizes 59000 --epochs 12 \
+    --min-steps 1000 --warmup-steps 100 --early-stop 3 --models "$DS_MODELS" --seeds 1 \
+    --threads 1 --no-progress --out-dir "$OUT/paper-data-scale-mnist-2x"
+}
 inside() {
   "$VITKIT" study inside --epochs 25 --early-stop 4 --precision fp32 \
     --models 'Ti/8[width=64,depth=6,num_heads=4,mlp_dim=128,label=ViT-w64-d6-p8]' \
@@ -58,7 +80,8 @@ inside() {
 }
 
 studies=("$@")
-[ ${#studies[@]} -gt 0 ] || studies=(data-scale selfsup resolution compute inside)
+[ ${#studies[@]} -gt 0 ] ||
+  studies=(data-scale selfsup resolution compute inside selfsup-budget data-scale-budget)
 for s in "${studies[@]}"; do
   case "$s" in
     data-scale) data_scale ;;
@@ -66,6 +89,12 @@ for s in "${studies[@]}"; do
     resolution) resolution ;;
     compute) compute ;;
     inside) inside ;;
-    *) echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute, inside)" >&2; exit 2 ;;
+    selfsup-budget) selfsup_budget ;;
+    data-scale-budget) data_scale_budget ;;
+    *)
+      echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute," \
+        "inside, selfsup-budget, data-scale-budget)" >&2
+      exit 2
+      ;;
   esac
 done
