@@ -19,10 +19,12 @@ def test_paired_gaps_use_only_the_seeds_both_sides_have() -> None:
     gap = paired_gaps({0: 0.9, 1: 0.8, 2: 0.7}, {0: 0.85, 1: 0.8, 3: 0.5})
     assert gap is not None
     assert gap["pairs"] == 2  # seeds 0 and 1
+    assert gap["wins"] == 1  # +0.05 is ahead, 0.0 is not
     assert gap["mean"] == pytest.approx(0.025)  # (0.05 + 0.0) / 2
     assert gap["std"] == pytest.approx(math.sqrt(2 * 0.025**2))  # sample std, n - 1 = 1
     assert paired_gaps({0: 0.9}, {1: 0.9}) is None
-    assert paired_gaps({0: 0.9}, {0: 0.7}) == pytest.approx({"mean": 0.2, "std": 0.0, "pairs": 1})
+    one = paired_gaps({0: 0.9}, {0: 0.7})
+    assert one == pytest.approx({"mean": 0.2, "std": 0.0, "pairs": 1, "wins": 1})
 
 
 def test_interpolation_is_linear_in_log_x_and_never_extrapolates() -> None:

@@ -31,6 +31,7 @@ from vitkit.config import ModelConfig, ResNetConfig, config_from_dict, model_con
 from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
 from vitkit.overrides import parse_key_values
+from vitkit.studies.measures import mean_std
 from vitkit.train.config import TrainConfig
 
 
@@ -195,14 +196,6 @@ def result_from_report(
         trained=trained,
         info=info,
     )
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def summarize(results: Sequence[RunResult], keep: Sequence[str] = ()) -> list[dict[str, Any]]:

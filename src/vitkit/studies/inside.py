@@ -49,8 +49,8 @@ from torch import Tensor
 
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
-from vitkit.studies.common import ModelSpec, RunResult, RunSpec, mean_std, run_all
-from vitkit.studies.measures import json_ready, percent, spearman
+from vitkit.studies.common import ModelSpec, RunResult, RunSpec, run_all
+from vitkit.studies.measures import json_ready, mean_std, percent, spearman
 from vitkit.studies.runs import loss_change, weights_of
 from vitkit.train.config import TrainConfig
 

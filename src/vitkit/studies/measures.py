@@ -68,16 +68,23 @@ def percent(x: float, signed: bool = False) -> str:
     return f"{100 * x:+.1f} %" if signed else f"{100 * x:.1f} %"
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
 def paired_gaps(mine: dict[int, float], theirs: dict[int, float]) -> dict[str, float | int] | None:
-    """``mine - theirs`` over the seeds both have (paired by seed): mean, sample std and the
-    number of pairs; None where no seed is shared."""
+    """``mine - theirs`` over the seeds both have (paired by seed): mean, sample std, the number
+    of pairs and of pairs where ``mine`` is ahead; None where no seed is shared."""
     seeds = sorted(set(mine) & set(theirs))
     if not seeds:
         return None
     gaps = [mine[s] - theirs[s] for s in seeds]
-    mean = sum(gaps) / len(gaps)
-    std = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)) if len(gaps) > 1 else 0.0
-    return {"mean": mean, "std": std, "pairs": len(seeds)}
+    mean, std = mean_std(gaps)
+    return {"mean": mean, "std": std, "pairs": len(seeds), "wins": sum(g > 0 for g in gaps)}
 
 
 def interpolate_log(points: Sequence[tuple[float, float]], x: float) -> float:

@@ -42,8 +42,8 @@ from typing import Any, Literal
 
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
-from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, mean_std, run_all
-from vitkit.studies.measures import json_ready, spearman
+from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, run_all
+from vitkit.studies.measures import json_ready, mean_std, spearman
 from vitkit.studies.runs import pretrain, weights_of
 from vitkit.train.config import TrainConfig
 
@@ -248,7 +248,7 @@ def reading(verdict: dict[str, Any]) -> str:
     return (
         f"Fine-tuning at {verdict['high_res']} px beat {verdict['low_res']} px on the mean for "
         f"{verdict['models_where_high_wins_on_mean']} of {len(verdict['models'])} models "
-        f"and tied for {verdict.get('models_where_high_ties_on_mean', 0)} "
+        f"and tied for {verdict['models_where_high_ties_on_mean']} "
         f"({verdict['seed_pairs_where_high_wins']} of {verdict['seed_pairs']} seed pairs); "
         f"{n}-shot probe vs fine-tuned ranking: Spearman {rank.get('of_means', math.nan):+.2f} "
         f"on the means, {ps['mean']:+.2f} ± {ps['std']:.2f} per seed."

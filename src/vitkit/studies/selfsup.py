@@ -43,8 +43,8 @@ from typing import Any
 
 from vitkit.checkpoints import atomic_write_text
 from vitkit.errors import VitkitError
-from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, mean_std, run_all
-from vitkit.studies.measures import json_ready, percent
+from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, run_all
+from vitkit.studies.measures import json_ready, mean_std, paired_gaps, percent
 from vitkit.studies.runs import loss_change, pretrain, weights_of
 from vitkit.train.config import TrainConfig
 
@@ -192,14 +192,15 @@ def summarize_selfsup(results: Sequence[RunResult]) -> dict[str, Any]:
             continue
         for f in fractions:
             mine, ref = by.get((start, f), {}), by.get(("scratch", f), {})
-            paired = [mine[s].test_top1 - ref[s].test_top1 for s in mine if s in ref]
-            if paired:
-                m, sd = mean_std(paired)
+            gap = paired_gaps(
+                {s: r.test_top1 for s, r in mine.items()}, {s: r.test_top1 for s, r in ref.items()}
+            )
+            if gap is not None:
                 gains.setdefault(start, {})[f"{f:g}"] = {
-                    "mean": m,
-                    "std": sd,
-                    "seeds": len(paired),
-                    "wins": sum(p > 0 for p in paired),
+                    "mean": gap["mean"],
+                    "std": gap["std"],
+                    "seeds": gap["pairs"],
+                    "wins": gap["wins"],
                 }
 
     def worst(starts: set[str]) -> float:
