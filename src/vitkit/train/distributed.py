@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -95,7 +96,16 @@ def init_distributed(device: str = "cpu", timeout_s: float = 1800.0) -> DistEnv:
 
 
 def shutdown() -> None:
+    """Destroy the process group, after freeing what unreachable objects still hold on to it.
+
+    A run that stopped with an error leaves its model, optimizer and FSDP state in reference
+    cycles (through the traceback's frames). Left to the interpreter's teardown they were freed
+    after the group was gone, and gloo then aborted the process ("terminate called without an
+    active exception"; measured: 6 of 16 two-rank FSDP divergence runs). Collecting them first
+    frees them while the group still exists.
+    """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
