@@ -3,7 +3,7 @@
 # 2-core machine finishes in a few hours. Each command reuses the runs it finds under its
 # --out-dir, so this script resumes where it was stopped and can be run a study at a time:
 #   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside|selfsup-budget|
-#                       data-scale-budget] ...
+#                       data-scale-budget|data-scale-shapes] ...
 # Two studies at a time, one thread each, is the fastest use of 2 cores (small models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,16 @@ data_scale() {
   "$VITKIT" study data-scale --data mnist --val-size 1000 --sizes 600,6000,59000 --epochs 6 \
     --min-steps 1000 --warmup-steps 100 --early-stop 3 --models "$DS_MODELS" "${COMMON[@]}" \
     --out-dir "$OUT/paper-data-scale-mnist"
+}
+# The harder, scalable set: shapes-hard at 32 px (12 relational classes), three orders of
+# magnitude on the CPU; the same models but the ViT's 8x8 patches (16 tokens at 32 px).
+# SIZES picks a part, so two processes can share the 2 cores (their runs do not overlap); the
+# full command then reuses both parts' runs and writes the combined summary.
+SHAPES_MODELS="Ti/8[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT],${DS_MODELS#*label=ViT],}"
+data_scale_shapes() {
+  "$VITKIT" study data-scale --data shapes-hard --val-size 2000 \
+    --sizes "${SIZES:-1000,10000,100000}" --epochs 10 --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "$SHAPES_MODELS" \
+    "${COMMON[@]}" --out-dir "$OUT/paper-data-scale-shapes-hard"
 }
 selfsup() {
   "$VITKIT" study selfsup --min-steps 1000 --epochs 4 --pretrain-epochs 5 \
@@ -81,7 +91,8 @@ inside() {
 
 studies=("$@")
 [ ${#studies[@]} -gt 0 ] ||
-  studies=(data-scale selfsup resolution compute inside selfsup-budget data-scale-budget)
+  studies=(data-scale selfsup resolution compute inside selfsup-budget data-scale-budget
+    data-scale-shapes)
 for s in "${studies[@]}"; do
   case "$s" in
     data-scale) data_scale ;;
@@ -91,9 +102,10 @@ for s in "${studies[@]}"; do
     inside) inside ;;
     selfsup-budget) selfsup_budget ;;
     data-scale-budget) data_scale_budget ;;
+    data-scale-shapes) data_scale_shapes ;;
     *)
       echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute," \
-        "inside, selfsup-budget, data-scale-budget)" >&2
+        "inside, selfsup-budget, data-scale-budget, data-scale-shapes)" >&2
       exit 2
       ;;
   esac

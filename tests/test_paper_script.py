@@ -12,9 +12,11 @@ from vitkit.cli import build_parser
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "paper_cpu.sh"
 # the vitkit study of each command the script runs by default, in order (the budget checks:
-# selfsup at 2x and 4x the fine-tuning budget, data-scale at 2x the epochs)
+# selfsup at 2x and 4x the fine-tuning budget, data-scale at 2x the epochs), then data-scale
+# on shapes-hard
 STUDIES = (
     "data-scale", "selfsup", "resolution", "compute", "inside", "selfsup", "selfsup", "data-scale",
+    "data-scale",
 )  # fmt: skip
 
 
@@ -35,10 +37,27 @@ def test_every_command_of_the_script_parses(tmp_path: Path) -> None:
     for line, study in zip(lines, STUDIES, strict=True):
         args = parser.parse_args(shlex.split(line))
         assert args.study == study
-        assert args.seeds == (1 if line is lines[-1] else 3)  # the data-scale check: seed 0
+        assert args.seeds == (1 if line is lines[7] else 3)  # the data-scale check: seed 0
         assert args.out_dir.startswith(str(tmp_path))
     budgets = [shlex.split(line) for line in lines[5:7]]
     assert [b[b.index("--min-steps") + 1] for b in budgets] == ["2000", "4000"]
+    shapes = parser.parse_args(shlex.split(lines[8]))
+    assert (shapes.data, shapes.sizes) == ("shapes-hard", [1000, 10000, 100000])
+
+
+def test_the_shapes_study_splits_by_sizes_into_one_out_dir(tmp_path: Path) -> None:
+    """SIZES runs a part of the shapes-hard study (two processes share the cores); every part
+    writes to the same --out-dir, whose full command then reuses the parts' runs."""
+    env = {**os.environ, "VITKIT": "echo", "OUT": str(tmp_path), "SIZES": "100000"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    part = build_parser().parse_args(shlex.split(done.stdout))
+    full = build_parser().parse_args(shlex.split(_commands(tmp_path, "data-scale-shapes").stdout))
+    assert part.sizes == [100000]
+    assert part.out_dir == full.out_dir
+    assert [m.split("[")[0] for m in part.models.split("],")] == ["Ti/8", "bit_r26x1", "r_vit_ti16"]
 
 
 def test_an_unknown_study_is_refused_by_name(tmp_path: Path) -> None:
