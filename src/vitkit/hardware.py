@@ -9,6 +9,7 @@ where it is native.
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Literal
 
@@ -45,3 +46,22 @@ def resolve_precision(precision: str, device: torch.device) -> Literal["fp32", "
             stacklevel=2,
         )
     return "bf16" if precision == "bf16" else "fp32"
+
+
+def out_of_memory_message(
+    err: BaseException, device: torch.device | str, batch_size: int, accum_steps: int, micro: int
+) -> str:
+    """One line for a training step that did not fit: the batch, the images per micro-batch on
+    this process (``micro``), the memory the allocation asked for (from PyTorch's message) and
+    what to change (a smaller batch, or the same batch in more micro-batches)."""
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGTP]?i?B)", str(err))
+    fix = "use a smaller model"
+    if batch_size > 1:
+        fix = f"lower --batch-size (e.g. {batch_size // 2})"
+    if micro > 1 and batch_size % (accum_steps * 2) == 0:
+        fix += f" or keep it with --accum-steps {accum_steps * 2} (half the memory per step)"
+    return (
+        f"out of memory on {device} at batch size {batch_size} ({micro} images per micro-batch)"
+        + (f", asking for {asked.group(1)} more" if asked else "")
+        + f": {fix}"
+    )

@@ -39,6 +39,7 @@ from torch import Tensor
 from vitkit.checkpoints import atomic_write_text, load_checkpoint, save_checkpoint
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
+from vitkit.hardware import out_of_memory_message
 from vitkit.train import distributed as D
 from vitkit.train import report as run_report
 from vitkit.train.augment import mix
@@ -293,7 +294,15 @@ class Trainer(TrainingRun):
                 self.batch_in_epoch += 1
                 if len(pending) < cfg.accum_steps:
                     continue
-                loss, acc = self.train_step(pending)
+                try:
+                    loss, acc = self.train_step(pending)
+                except torch.cuda.OutOfMemoryError as e:  # (torch.OutOfMemoryError from 2.5)
+                    raise VitkitError(
+                        f"{self.out}: "
+                        + out_of_memory_message(
+                            e, self.device, cfg.batch_size, cfg.accum_steps, len(pending[0][1])
+                        )
+                    ) from None
                 images_seen += sum(len(y) for _, y in pending) * self.dist.world_size
                 pending = []
                 means.add(loss, acc)

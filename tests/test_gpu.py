@@ -1,0 +1,207 @@
+"""Every device path in one selection: on a GPU machine, ``python3 -m pytest -m gpu tests``.
+
+Each test takes a ``device``: ``cpu`` runs here and in CI, so the test's own logic is checked
+on every commit; ``cuda`` carries the ``gpu`` mark and is skipped where PyTorch sees no CUDA
+GPU. ``-m gpu`` selects the CUDA instances only. Tolerances: fp32 on CUDA may use TF32 in
+cuDNN convolutions (the patch embedding), so fp32 parity is to 2e-3 relative there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.checkpoints import LATEST, load_model
+from vitkit.cli import main
+from vitkit.hardware import out_of_memory_message
+from vitkit.model import create_model
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"),
+    ],
+)
+DEVICES = ["cpu", CUDA]
+TINY = ["-o", "width=32", "-o", "depth=2", "-o", "num_heads=2", "-o", "mlp_dim=64"]
+DIGITS = ["--data", "digits", "--model", "Ti/2", *TINY, "--no-progress", "--batch-size", "32"]
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())  # (detached by the callers)
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_model(run)[0].state_dict()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 2e-3), ("bf16", 3e-2)])
+def test_forward_matches_the_float64_cpu_model(
+    device: str, precision: str, tolerance: float
+) -> None:
+    """fp32 and bf16 autocast logits on the device against the same weights in float64 on the
+    CPU (random weights with a non-zero head, 65 tokens)."""
+    torch.manual_seed(0)
+    model = create_model("Ti/8", width=64, depth=2, num_heads=2, mlp_dim=128, num_classes=10,
+                         image_size=(64, 64)).eval()  # fmt: skip
+    torch.nn.init.normal_(model.head.weight, std=0.2)
+    x = torch.randn(8, 3, 64, 64)
+    reference = model.double()(x.double())
+    model = model.float().to(device)
+    with torch.no_grad(), torch.autocast(device, torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(x.to(device))
+    assert _relative(logits, reference) < tolerance
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_attention_equals_the_explicit_softmax(device: str, dtype: torch.dtype) -> None:
+    """``Attention.forward`` (SDPA: flash / memory-efficient on CUDA) against
+    ``forward_explicit``, forward and input gradients."""
+    torch.manual_seed(0)
+    attn = create_model("Ti/8", width=64, num_heads=4).blocks[0].attn.to(device, dtype)
+    x = torch.randn(4, 197, 64, device=device, dtype=dtype, requires_grad=True)
+    fused = attn(x)
+    (g_fused,) = torch.autograd.grad(fused.float().square().sum(), x)
+    explicit = attn.forward_explicit(x)[0]
+    (g_explicit,) = torch.autograd.grad(explicit.float().square().sum(), x)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert _relative(fused, explicit) < tolerance
+    assert _relative(g_fused, g_explicit) < tolerance
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short training run on the device (the digits, bf16 where native, EMA on)."""
+    out = tmp_path_factory.mktemp(f"run_{request.param}") / "digits"
+    args = ["train", *DIGITS, "--epochs", "10", "--lr", "5e-3", "--ema-decay", "0.99"]
+    assert main([*args, "--device", request.param, "--out-dir", str(out)]) == 0
+    return out
+
+
+def test_training_on_the_device_learns(device_run: Path) -> None:
+    report = json.loads((device_run / "report.json").read_text())
+    assert report["test_top1"] > 0.7  # chance is 0.1; measured on the CPU: 0.78
+    records = [json.loads(line) for line in (device_run / "metrics.jsonl").open()]
+    losses = [r["train_loss"] for r in records if "train_loss" in r]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_device_run_evaluates_probes_analyzes_and_exports(
+    device_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = json.loads((device_run / "train_config.json").read_text())["device"]
+    ev = tmp_path / "eval"
+    assert main(["eval", "--from", str(device_run), "--device", device, "--out", str(ev)]) == 0
+    top1 = json.loads((ev / "eval.json").read_text())["top1"]
+    assert top1 == pytest.approx(json.loads((device_run / "report.json").read_text())["test_top1"])
+    shots = tmp_path / "fewshot.json"
+    args = ["fewshot", "--from", str(device_run), "--data", "digits", "--device", device]
+    assert main([*args, "--out", str(shots)]) == 0
+    assert shots.exists()
+    report = tmp_path / "analysis"
+    assert (
+        main(["analyze", "--from", str(device_run), "--device", device, "--out", str(report)]) == 0
+    )
+    assert any(report.glob("*.html"))
+    pytest.importorskip("onnxruntime")
+    onnx = tmp_path / "model.onnx"
+    assert main(["export", str(device_run), str(onnx)]) == 0  # checked with onnxruntime
+    assert onnx.stat().st_size > 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resume_from_a_checkpoint_on_the_device(device: str, tmp_path: Path) -> None:
+    """A run resumed from a mid-run checkpoint ends with the weights of the uninterrupted run:
+    bitwise on the CPU; on CUDA to float rounding (cuDNN's convolution backward and atomics in
+    reductions are not bitwise deterministic)."""
+    args = ["train", *DIGITS, "--epochs", "2", "--ckpt-every", "7", "--precision", "fp32"]
+    full = tmp_path / "full"
+    assert (
+        main([*args, "--device", device, "--out-dir", str(full), "--keep-checkpoints", "100"]) == 0
+    )
+    ckpt = sorted((full / "checkpoints").glob("step_*"))[1]
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpt, run / "checkpoints" / ckpt.name)
+    (run / "checkpoints" / LATEST).write_text(ckpt.name + "\n")
+    resumed = [*args, "--device", device, "--out-dir", str(run), "--keep-checkpoints", "100"]
+    assert main([*resumed, "--resume"]) == 0
+    a, b = _weights(run), _weights(full)
+    for name in b:
+        if device == "cpu":
+            assert torch.equal(a[name], b[name]), name
+        else:
+            assert _relative(a[name], b[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--compile"],
+        ["--accum-steps", "2"],
+        ["--pin-memory", "--num-workers", "2"],
+        ["--nproc-per-node", "1", "--strategy", "ddp"],
+        ["--nproc-per-node", "1", "--strategy", "fsdp"],
+    ],
+    ids=["compile", "accum", "pinned-workers", "torchrun-ddp", "torchrun-fsdp"],
+)
+def test_training_paths_on_cuda_match_the_plain_run(
+    device: str, extra: list[str], tmp_path: Path
+) -> None:
+    """Each training path on CUDA ends within noise of the plain run with the same seed (the
+    CPU versions of these are in test_trainer, test_cli and test_distributed)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    base = [sys.executable, "-m", "vitkit", "train", *DIGITS, "--epochs", "3", "--lr", "3e-3"]
+    base += ["--device", device, "--precision", "bf16"]
+    runs = {}
+    for name, more in (("plain", []), ("path", extra)):
+        out = tmp_path / name
+        subprocess.run([*base, *more, "--out-dir", str(out)], env=env, check=True)
+        runs[name] = json.loads((out / "report.json").read_text())["test_top1"]
+    assert runs["path"] > 0.6
+    assert abs(runs["path"] - runs["plain"]) < 0.08
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_a_batch_that_does_not_fit_says_so_in_one_line(
+    device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = 1024  # ViT-L/16 at 224 px trains with ~0.2 GB of activations per image: > 140 GB
+    args = ["train", "--data", "digits", "--model", "L/16", "--image-size", "224", "--no-progress"]
+    args += ["--batch-size", str(batch), "--val-size", "0", "--max-steps", "1", "--device", device]
+    assert main([*args, "--out-dir", str(tmp_path / "oom")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"out of memory on cuda:0 at batch size {batch}" in err[0]
+    assert "--accum-steps 2" in err[0]
+
+
+def test_the_out_of_memory_line_names_the_batch_the_memory_and_the_fix() -> None:
+    """The message from PyTorch's own exception (its text as CUDA's caching allocator writes it;
+    no GPU here to raise it for real: the CUDA test above does)."""
+    err = torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+        "of which 1.06 GiB is free."
+    )
+    line = out_of_memory_message(err, "cuda:0", 512, 1, 512)
+    assert line == (
+        "out of memory on cuda:0 at batch size 512 (512 images per micro-batch), asking for "
+        "2.00 GiB more: lower --batch-size (e.g. 256) or keep it with --accum-steps 2 (half the "
+        "memory per step)"
+    )
+    odd = out_of_memory_message(RuntimeError("no size here"), "cuda:1", 3, 3, 1)
+    assert odd == "out of memory on cuda:1 at batch size 3 (1 images per micro-batch): lower " \
+        "--batch-size (e.g. 1)"  # fmt: skip
