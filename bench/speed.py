@@ -190,8 +190,12 @@ def main() -> None:
     ap.add_argument(
         "--no-onnx", dest="onnx", action="store_false", help="skip onnxruntime (fp32 inference)"
     )
+    ap.add_argument("--tf32", action="store_true", help="CUDA: fp32 matmuls and convs in TF32")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speed"))
     args = ap.parse_args()
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -258,7 +262,8 @@ def make_fns(impl, model, cfg, prec, mode, batch, device) -> dict:
     x1 = torch.randn(1, cfg.in_chans, *cfg.image_size, device=device)
     xb = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
     y = torch.randint(cfg.num_classes, (batch,), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # fused AdamW on CUDA (what vitkit's trainer uses there), for every library alike
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
     def infer(x):
         def fn():
@@ -328,16 +333,36 @@ def paired_ratio(ours: dict, other: dict) -> float:
     return statistics.median(o / v for v, o in zip(ours["rounds"], other["rounds"]))
 
 
+def mfu_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per model, vitkit's best bf16 MFU (fractions) over the modes measured: ``train_mfu``
+    (a training step at the batch) and ``infer_mfu`` (inference at the batch)."""
+    summary: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["impl"] != "vitkit" or r["precision"] != "bf16" or r["task"] == "infer_b1":
+            continue
+        key = "train_mfu" if r["task"] == "train" else "infer_mfu"
+        entry = summary.setdefault(r["model"], {})
+        entry[key] = max(entry.get(key, 0.0), r["mfu"])
+    return summary
+
+
 def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
     meta = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "tf32": bool(args.tf32),
         "matmul_ceiling_flops": ceilings,
+        "command": " ".join(sys.argv),
     }
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    summary = mfu_summary(rows)
+    out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1)
+    )
     by = {(r["model"], r["impl"], r["precision"], r["mode"], r["task"]): r for r in rows}
     lines = [
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}; matmul "
