@@ -3,7 +3,7 @@
 # 2-core machine finishes in a few hours. Each command reuses the runs it finds under its
 # --out-dir, so this script resumes where it was stopped and can be run a study at a time:
 #   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside|selfsup-budget|
-#                       data-scale-budget|data-scale-shapes] ...
+#                       data-scale-budget|data-scale-shapes|data-scale-shapes-budget] ...
 # Two studies at a time, one thread each, is the fastest use of 2 cores (small models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +13,10 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 COMMON=(--seeds 3 --threads 1 --no-progress)
 
 # Three models of similar cost at 28 px: ViT (7x7 patches, 16 tokens), BiT ResNet-v2, hybrid.
-DS_MODELS="Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT],\
-bit_r26x1[layers=1,1,1,width_factor=0.125,root=small,label=BiT-ResNet],\
-r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=64,depth=2,\
+DS_RESNET="bit_r26x1[layers=1,1,1,width_factor=0.125,root=small,label=BiT-ResNet]"
+DS_HYBRID="r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=64,depth=2,\
 num_heads=4,mlp_dim=128,label=Hybrid]"
+DS_MODELS="Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT],$DS_RESNET,$DS_HYBRID"
 RES_MODELS="Ti/7[width=32,depth=2,num_heads=2,mlp_dim=64,label=w32-d2],\
 Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=w64-d4],\
 Ti/7[width=64,depth=6,num_heads=4,mlp_dim=128,label=w64-d6],\
@@ -43,11 +43,28 @@ data_scale() {
 # magnitude on the CPU; the same models but the ViT's 8x8 patches (16 tokens at 32 px).
 # SIZES picks a part, so two processes can share the 2 cores (their runs do not overlap); the
 # full command then reuses both parts' runs and writes the combined summary.
-SHAPES_MODELS="Ti/8[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT],${DS_MODELS#*label=ViT],}"
+SHAPES_VIT="Ti/8[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT]"
+SHAPES_MODELS="$SHAPES_VIT,$DS_RESNET,$DS_HYBRID"
 data_scale_shapes() {
   "$VITKIT" study data-scale --data shapes-hard --val-size 2000 \
     --sizes "${SIZES:-1000,10000,100000}" --epochs 10 --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "$SHAPES_MODELS" \
     "${COMMON[@]}" --out-dir "$OUT/paper-data-scale-shapes-hard"
+}
+# The largest size at twice the epochs, seed 0; MODELS picks which ("vit", "resnet", "hybrid";
+# default all), so two processes can share the cores.
+data_scale_shapes_budget() {
+  local models="" m
+  for m in ${MODELS:-vit resnet hybrid}; do
+    case "$m" in
+      vit) models+=",$SHAPES_VIT" ;;
+      resnet) models+=",$DS_RESNET" ;;
+      hybrid) models+=",$DS_HYBRID" ;;
+      *) echo "paper_cpu.sh: MODELS: unknown model '$m' (vit, resnet, hybrid)" >&2; exit 2 ;;
+    esac
+  done
+  "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes 100000 --epochs 20 \
+    --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "${models#,}" --seeds 1 \
+    --threads 1 --no-progress --out-dir "$OUT/paper-data-scale-shapes-hard-2x"
 }
 selfsup() {
   "$VITKIT" study selfsup --min-steps 1000 --epochs 4 --pretrain-epochs 5 \
@@ -92,7 +109,7 @@ inside() {
 studies=("$@")
 [ ${#studies[@]} -gt 0 ] ||
   studies=(data-scale selfsup resolution compute inside selfsup-budget data-scale-budget
-    data-scale-shapes)
+    data-scale-shapes data-scale-shapes-budget)
 for s in "${studies[@]}"; do
   case "$s" in
     data-scale) data_scale ;;
@@ -103,9 +120,11 @@ for s in "${studies[@]}"; do
     selfsup-budget) selfsup_budget ;;
     data-scale-budget) data_scale_budget ;;
     data-scale-shapes) data_scale_shapes ;;
+    data-scale-shapes-budget) data_scale_shapes_budget ;;
     *)
       echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute," \
-        "inside, selfsup-budget, data-scale-budget, data-scale-shapes)" >&2
+        "inside, selfsup-budget, data-scale-budget, data-scale-shapes," \
+        "data-scale-shapes-budget)" >&2
       exit 2
       ;;
   esac

@@ -13,10 +13,10 @@ from vitkit.cli import build_parser
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "paper_cpu.sh"
 # the vitkit study of each command the script runs by default, in order (the budget checks:
 # selfsup at 2x and 4x the fine-tuning budget, data-scale at 2x the epochs), then data-scale
-# on shapes-hard
+# on shapes-hard and its largest size at 2x the epochs
 STUDIES = (
     "data-scale", "selfsup", "resolution", "compute", "inside", "selfsup", "selfsup", "data-scale",
-    "data-scale",
+    "data-scale", "data-scale",
 )  # fmt: skip
 
 
@@ -37,7 +37,8 @@ def test_every_command_of_the_script_parses(tmp_path: Path) -> None:
     for line, study in zip(lines, STUDIES, strict=True):
         args = parser.parse_args(shlex.split(line))
         assert args.study == study
-        assert args.seeds == (1 if line is lines[7] else 3)  # the data-scale check: seed 0
+        # the data-scale budget checks: seed 0
+        assert args.seeds == (1 if line in (lines[7], lines[9]) else 3)
         assert args.out_dir.startswith(str(tmp_path))
     budgets = [shlex.split(line) for line in lines[5:7]]
     assert [b[b.index("--min-steps") + 1] for b in budgets] == ["2000", "4000"]
@@ -64,3 +65,22 @@ def test_an_unknown_study_is_refused_by_name(tmp_path: Path) -> None:
     done = _commands(tmp_path, "selfsup", "nope")
     assert done.returncode == 2
     assert "unknown study 'nope'" in done.stderr
+
+
+def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> None:
+    """MODELS picks the models of the 2x check (two processes share the cores); an unknown one
+    is refused by name."""
+    env = {**os.environ, "VITKIT": "echo", "OUT": str(tmp_path), "MODELS": "resnet vit"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    args = build_parser().parse_args(shlex.split(done.stdout))
+    labels = [m.split("label=")[1].rstrip("]") for m in args.models.split("],")]
+    assert labels == ["BiT-ResNet", "ViT"]
+    assert (args.sizes, args.epochs, args.seeds) == ([100000], 20, 1)
+    env["MODELS"] = "vit nope"
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "unknown model 'nope'" in done.stderr
