@@ -62,6 +62,12 @@ def test_data_scale_with_early_stopping(tmp_path: Path) -> None:
     assert run["best_epoch"] >= 1 and run["stopped_epoch"] <= 4
     assert run["early_stopped"] == (run["stopped_epoch"] < 4)
     assert (Path(run["out_dir"]) / "best").is_dir()
+    # the best validation accuracy of the run's evaluations, its own table and verdict
+    records = [json.loads(line) for line in (Path(run["out_dir"]) / "metrics.jsonl").open()]
+    assert run["best_val_top1"] == max(r["val_top1"] for r in records if "val_top1" in r)
+    results = json.loads((out / "results.json").read_text())
+    assert results["verdict_inputs_best_val"]["metric"] == "best_val_top1"
+    assert "Best validation top-1 during training" in (out / "table.md").read_text()
 
 
 def test_compute_smoke_end_to_end(tmp_path: Path, capsys) -> None:

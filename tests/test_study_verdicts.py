@@ -4,14 +4,16 @@ hand."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from vitkit.errors import VitkitError
-from vitkit.studies.common import RunResult
+from vitkit.studies.common import RunResult, best_val_top1
 from vitkit.studies.compute import compute_verdict, equal_compute_table
-from vitkit.studies.data_scale import data_scale_verdict, gap_table
+from vitkit.studies.data_scale import best_val_table, data_scale_verdict, gap_table
 from vitkit.studies.measures import interpolate_log, paired_gaps
 
 
@@ -89,6 +91,39 @@ def test_data_scale_verdict_pairs_each_model_with_the_resnet_by_seed() -> None:
         data_scale_verdict(results, "X")
     only_vit = [r for r in results if r.model == "ViT"]
     assert data_scale_verdict(only_vit)["baseline"] is None
+
+
+def test_the_best_validation_accuracy_verdict_reads_each_runs_best(tmp_path: Path) -> None:
+    """The paper's Fig. 4 protocol: the best validation accuracy during training. Early stopping
+    on the validation loss kept the ViT's epoch-19 weights (12 %) where its accuracy peaked at
+    epoch 54 (15 %), measured on shapes-hard at 1,000 images; the verdict reads both."""
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"step": 1, "train_loss": 2.0}, {"epoch": 19, "val_loss": 2.45, "val_top1": 0.121}]
+    records += [{"epoch": 54, "val_loss": 2.6, "val_top1": 0.1545}, {"epoch": 60, "val_top1": 0.13}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert best_val_top1(metrics) == 0.1545
+    assert best_val_top1(tmp_path / "absent.jsonl") is None
+    metrics.write_text('{"val_top1": 0.5}\nnot json\n')
+    with pytest.raises(VitkitError, match=r"metrics.jsonl: line 2 is not JSON"):
+        best_val_top1(metrics)
+
+    results = [
+        _result("ViT", "ViT", 1000, seed, acc, best_val_top1=bv)
+        for seed, (acc, bv) in enumerate([(0.12, 0.15), (0.13, 0.17)])
+    ] + [
+        _result("R", "ResNet", 1000, seed, acc, best_val_top1=bv)
+        for seed, (acc, bv) in enumerate([(0.43, 0.45), (0.43, 0.44)])
+    ]
+    v = data_scale_verdict(results, metric="best_val_top1")
+    assert v["metric"] == "best_val_top1"
+    assert v["gap_vs_baseline"]["ViT"]["1000"]["mean"] == pytest.approx(-0.285)  # -0.30, -0.27
+    assert data_scale_verdict(results)["gap_vs_baseline"]["ViT"]["1000"]["mean"] == (
+        pytest.approx(-0.305)
+    )
+    assert "Best validation top-1 difference" in gap_table(v)
+    assert "16.00 ± 1.41" in best_val_table(results)  # the ViT's mean best validation top-1
+    with pytest.raises(VitkitError, match="has no best_val_top1"):
+        data_scale_verdict([_result("ViT", "ViT", 1000, 0, 0.1)], metric="best_val_top1")
 
 
 def _row(model: str, family: str, exaflops: float, acc: float) -> dict[str, object]:

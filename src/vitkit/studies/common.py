@@ -170,6 +170,23 @@ def run_all(specs: Sequence[RunSpec], out_dir: str | Path) -> list[RunResult]:
     return results
 
 
+def best_val_top1(metrics: Path) -> float | None:
+    """The best validation top-1 of a run's evaluations (``metrics.jsonl``), or None where it
+    has none: the paper's Fig. 4 protocol ("report the best validation accuracy achieved during
+    training"), beside the test accuracy of the weights early stopping kept (best val loss)."""
+    if not metrics.is_file():
+        return None
+    values = []
+    for n, line in enumerate(metrics.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise VitkitError(f"{metrics}: line {n} is not JSON ({e.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("val_top1"), (int, float)):
+            values.append(float(record["val_top1"]))
+    return max(values) if values else None
+
+
 def result_from_report(
     spec: RunSpec, report: dict[str, Any], run_dir: Path, trained: bool
 ) -> RunResult:
@@ -181,6 +198,9 @@ def result_from_report(
     for key in ("best_epoch", "stopped_epoch", "early_stopped", "convergence"):
         if key in report:
             info[key] = report[key]
+    best_val = best_val_top1(run_dir / "metrics.jsonl")
+    if best_val is not None:
+        info["best_val_top1"] = best_val
     return RunResult(
         model=spec.model.label,
         short_name=mc.short_name,

@@ -165,8 +165,14 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     verdict = data_scale_verdict(results)
     if verdict["baseline"] is not None:
         table += "\n\n" + gap_table(verdict)
-    table += "\n\n" + convergence_table(results)
     extra = {"verdict_inputs": verdict}
+    if all("best_val_top1" in r.info for r in results):  # every run was validated
+        best_val = data_scale_verdict(results, metric="best_val_top1")
+        extra["verdict_inputs_best_val"] = best_val
+        table += "\n\n" + best_val_table(results)
+        if best_val["baseline"] is not None:
+            table += "\n\n" + gap_table(best_val)
+    table += "\n\n" + convergence_table(results)
     paths = write_summary(results, rows, table, out_dir, title, extra)
     runs = [r.to_dict() for r in results]
     paths["plot"] = plot_data_scale(rows, runs, Path(out_dir) / "data_scale.png", title=title)
@@ -177,7 +183,9 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     return paths
 
 
-def data_scale_verdict(results: Sequence[RunResult], baseline: str | None = None) -> dict[str, Any]:
+def data_scale_verdict(
+    results: Sequence[RunResult], baseline: str | None = None, metric: str = "test_top1"
+) -> dict[str, Any]:
     """The numbers the data-scale verdict rests on (the paper: ViT below the ResNet on small
     data, catching up as data grows).
 
@@ -185,11 +193,15 @@ def data_scale_verdict(results: Sequence[RunResult], baseline: str | None = None
     the ResNet family), paired by seed; per model, Spearman's correlation of the size with that
     mean gap (+1: the gap only grows with data); the best model per size; and per size how many
     runs early-stopped. ``baseline`` is None in the result where the study has no ResNet.
+    ``metric="best_val_top1"``: the same for the best validation accuracy of each run.
     """
     acc: dict[str, dict[int, dict[int, float]]] = {}  # model -> size -> seed -> accuracy
     family: dict[str, str] = {}
     for r in results:
-        acc.setdefault(r.model, {}).setdefault(int(r.info["size"]), {})[r.seed] = r.test_top1
+        value = r.test_top1 if metric == "test_top1" else r.info.get(metric)
+        if value is None:
+            raise VitkitError(f"{r.out_dir}: the run has no {metric}")
+        acc.setdefault(r.model, {}).setdefault(int(r.info["size"]), {})[r.seed] = float(value)
         family.setdefault(r.model, str(r.info.get("family", "")))
     if baseline is None:
         baseline = next((m for m in acc if family[m] == "ResNet"), None)
@@ -226,6 +238,7 @@ def data_scale_verdict(results: Sequence[RunResult], baseline: str | None = None
     }
     return json_ready(
         {
+            "metric": metric,
             "baseline": baseline,
             "families": family,
             "sizes": sizes,
@@ -235,6 +248,18 @@ def data_scale_verdict(results: Sequence[RunResult], baseline: str | None = None
             "early_stopping_per_size": early,
         }
     )
+
+
+def best_val_table(results: Sequence[RunResult]) -> str:
+    """Mean ± std of each run's best validation top-1 per (model, size): the paper's Fig. 4
+    protocol, beside the test accuracy of the weights kept by early stopping on the loss."""
+    rows = summarize(
+        [dataclasses.replace(r, test_top1=float(r.info["best_val_top1"])) for r in results],
+        keep=("size",),
+    )
+    sizes = sorted({r["size"] for r in rows})
+    table = markdown_table(rows, [f"n{s}" for s in sizes], lambda g: f"n={int(g[1:]):,}")
+    return "Best validation top-1 during training (the paper's Fig. 4 protocol):\n\n" + table
 
 
 def gap_table(verdict: dict[str, Any]) -> str:
@@ -254,7 +279,8 @@ def gap_table(verdict: dict[str, Any]) -> str:
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {trend} |")
     lines += [
         "",
-        "Test top-1 difference in percentage points, mean ± sample std of the per-seed "
+        f"{'Test' if verdict.get('metric', 'test_top1') == 'test_top1' else 'Best validation'}"
+        " top-1 difference in percentage points, mean ± sample std of the per-seed "
         "differences; trend: Spearman's correlation of the size with the mean difference.",
     ]
     return "\n".join(lines)
