@@ -168,3 +168,16 @@ def test_the_device_reaches_every_run(tmp_path: Path, capsys) -> None:
     args = ["study", "compute", "--smoke", *FAST, "--out-dir", str(tmp_path), "--device", "cuda"]
     assert main(args) == 2
     assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_data_scale_study_of_the_resnet_alone_has_no_empty_gap_table(tmp_path: Path) -> None:
+    """The baseline with nothing to compare it with (a part of a study run on its own, as the
+    shapes-hard ResNet runs were): the table has no header-only difference tables."""
+    out = tmp_path / "ds"
+    args = ["study", "data-scale", "--smoke", *FAST, "--out-dir", str(out), "--sizes", "100"]
+    args += ["--models", "bit_r26x1[layers=1,width_factor=0.125,root=small,label=bit]"]
+    args += ["--val-size", "50"]
+    assert main(args) == 0
+    table = (out / "table.md").read_text()
+    assert "Best validation top-1 during training" in table
+    assert "| minus bit" not in table

@@ -163,14 +163,14 @@ def write_study(results: Sequence[RunResult], out_dir: str | Path, title: str) -
     sizes = sorted({r["size"] for r in rows})
     table = markdown_table(rows, [f"n{s}" for s in sizes], lambda g: f"n={int(g[1:]):,}")
     verdict = data_scale_verdict(results)
-    if verdict["baseline"] is not None:
+    if verdict["gap_vs_baseline"]:  # a ResNet and another model to compare with it
         table += "\n\n" + gap_table(verdict)
     extra = {"verdict_inputs": verdict}
     if all("best_val_top1" in r.info for r in results):  # every run was validated
         best_val = data_scale_verdict(results, metric="best_val_top1")
         extra["verdict_inputs_best_val"] = best_val
         table += "\n\n" + best_val_table(results)
-        if best_val["baseline"] is not None:
+        if best_val["gap_vs_baseline"]:
             table += "\n\n" + gap_table(best_val)
     table += "\n\n" + convergence_table(results)
     paths = write_summary(results, rows, table, out_dir, title, extra)
