@@ -50,8 +50,9 @@ data_scale_shapes() {
     --sizes "${SIZES:-1000,10000,100000}" --epochs 10 --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "$SHAPES_MODELS" \
     "${COMMON[@]}" --out-dir "$OUT/paper-data-scale-shapes-hard"
 }
-# The largest size at twice the epochs, seed 0; MODELS picks which ("vit", "resnet", "hybrid";
-# default all), so two processes can share the cores.
+# Twice the budget, seed 0: 10,000 images at twice the minimum steps (3,003 instead of 1,521)
+# and 100,000 at twice the epochs (20). SIZES picks a size and MODELS the models ("vit",
+# "resnet", "hybrid"; default all), so two processes can share the cores.
 data_scale_shapes_budget() {
   local models="" m
   for m in ${MODELS:-vit resnet hybrid}; do
@@ -62,8 +63,8 @@ data_scale_shapes_budget() {
       *) echo "paper_cpu.sh: MODELS: unknown model '$m' (vit, resnet, hybrid)" >&2; exit 2 ;;
     esac
   done
-  "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes 100000 --epochs 20 \
-    --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "${models#,}" --seeds 1 \
+  "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes "${SIZES:-10000,100000}" \
+    --epochs 20 --min-steps 3000 --warmup-steps 100 --early-stop 3 --models "${models#,}" --seeds 1 \
     --threads 1 --no-progress --out-dir "$OUT/paper-data-scale-shapes-hard-2x"
 }
 selfsup() {

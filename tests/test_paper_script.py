@@ -68,8 +68,8 @@ def test_an_unknown_study_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> None:
-    """MODELS picks the models of the 2x check (two processes share the cores); an unknown one
-    is refused by name."""
+    """MODELS and SIZES pick the models and sizes of the 2x check (two processes share the
+    cores; every part writes to one --out-dir); an unknown model is refused by name."""
     env = {**os.environ, "VITKIT": "echo", "OUT": str(tmp_path), "MODELS": "resnet vit"}
     done = subprocess.run(
         ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
@@ -78,7 +78,15 @@ def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> 
     args = build_parser().parse_args(shlex.split(done.stdout))
     labels = [m.split("label=")[1].rstrip("]") for m in args.models.split("],")]
     assert labels == ["BiT-ResNet", "ViT"]
-    assert (args.sizes, args.epochs, args.seeds) == ([100000], 20, 1)
+    # twice the 1x budget: 10,000 images at twice the minimum steps, 100,000 at twice the epochs
+    assert (args.sizes, args.epochs, args.min_steps, args.seeds) == ([10000, 100000], 20, 3000, 1)
+    env["SIZES"] = "10000"
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    part = build_parser().parse_args(shlex.split(done.stdout))
+    assert (part.sizes, part.out_dir) == ([10000], args.out_dir)
+    del env["SIZES"]
     env["MODELS"] = "vit nope"
     done = subprocess.run(
         ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
