@@ -3,7 +3,8 @@
 # 2-core machine finishes in a few hours. Each command reuses the runs it finds under its
 # --out-dir, so this script resumes where it was stopped and can be run a study at a time:
 #   bench/paper_cpu.sh [data-scale|selfsup|resolution|compute|inside|selfsup-budget|
-#                       data-scale-budget|data-scale-shapes|data-scale-shapes-budget] ...
+#                       data-scale-budget|data-scale-shapes|data-scale-shapes-budget|
+#                       data-scale-shapes-control] ...
 # Two studies at a time, one thread each, is the fastest use of 2 cores (small models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,15 @@ data_scale_shapes_budget() {
     --epochs 20 --min-steps 3000 --warmup-steps 100 --early-stop 3 --models "${models#,}" --seeds 1 \
     --threads 1 --no-progress --out-dir "$OUT/paper-data-scale-shapes-hard-2x"
 }
+# A control for the largest size: a BiT ResNet with the ViT's parameter count (x0.25: 127k
+# parameters, 4x the FLOPs of the FLOP-matched one), seed 0, the 1x budget. Does the ResNet
+# fall behind at 100,000 images for lack of capacity?
+data_scale_shapes_control() {
+  "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes 100000 --epochs 10 \
+    --min-steps 1500 --warmup-steps 100 --early-stop 3 --seeds 1 --threads 1 --no-progress \
+    --models "bit_r26x1[layers=1,1,1,width_factor=0.25,root=small,label=BiT-ResNet-x0.25]" \
+    --out-dir "$OUT/paper-data-scale-shapes-hard-control"
+}
 selfsup() {
   "$VITKIT" study selfsup --min-steps 1000 --epochs 4 --pretrain-epochs 5 \
     --models "Ti/7[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT-w64d4p7]" \
@@ -110,7 +120,7 @@ inside() {
 studies=("$@")
 [ ${#studies[@]} -gt 0 ] ||
   studies=(data-scale selfsup resolution compute inside selfsup-budget data-scale-budget
-    data-scale-shapes data-scale-shapes-budget)
+    data-scale-shapes data-scale-shapes-budget data-scale-shapes-control)
 for s in "${studies[@]}"; do
   case "$s" in
     data-scale) data_scale ;;
@@ -122,10 +132,11 @@ for s in "${studies[@]}"; do
     data-scale-budget) data_scale_budget ;;
     data-scale-shapes) data_scale_shapes ;;
     data-scale-shapes-budget) data_scale_shapes_budget ;;
+    data-scale-shapes-control) data_scale_shapes_control ;;
     *)
       echo "paper_cpu.sh: unknown study '$s' (data-scale, selfsup, resolution, compute," \
         "inside, selfsup-budget, data-scale-budget, data-scale-shapes," \
-        "data-scale-shapes-budget)" >&2
+        "data-scale-shapes-budget, data-scale-shapes-control)" >&2
       exit 2
       ;;
   esac

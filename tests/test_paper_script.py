@@ -13,10 +13,10 @@ from vitkit.cli import build_parser
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "paper_cpu.sh"
 # the vitkit study of each command the script runs by default, in order (the budget checks:
 # selfsup at 2x and 4x the fine-tuning budget, data-scale at 2x the epochs), then data-scale
-# on shapes-hard and its largest size at 2x the epochs
+# on shapes-hard, its 2x budget check and its parameter-matched ResNet control
 STUDIES = (
     "data-scale", "selfsup", "resolution", "compute", "inside", "selfsup", "selfsup", "data-scale",
-    "data-scale", "data-scale",
+    "data-scale", "data-scale", "data-scale",
 )  # fmt: skip
 
 
@@ -37,13 +37,18 @@ def test_every_command_of_the_script_parses(tmp_path: Path) -> None:
     for line, study in zip(lines, STUDIES, strict=True):
         args = parser.parse_args(shlex.split(line))
         assert args.study == study
-        # the data-scale budget checks: seed 0
-        assert args.seeds == (1 if line in (lines[7], lines[9]) else 3)
+        # the data-scale budget checks and the control: seed 0
+        assert args.seeds == (1 if line in (lines[7], lines[9], lines[10]) else 3)
         assert args.out_dir.startswith(str(tmp_path))
     budgets = [shlex.split(line) for line in lines[5:7]]
     assert [b[b.index("--min-steps") + 1] for b in budgets] == ["2000", "4000"]
     shapes = parser.parse_args(shlex.split(lines[8]))
     assert (shapes.data, shapes.sizes) == ("shapes-hard", [1000, 10000, 100000])
+    # the control: the 1x budget of the largest size, a ResNet of the ViT's parameter count
+    control = parser.parse_args(shlex.split(lines[10]))
+    assert (control.sizes, control.epochs, control.min_steps) == ([100000], 10, 1500)
+    assert (shapes.epochs, shapes.min_steps) == (10, 1500)
+    assert "width_factor=0.25" in control.models and control.out_dir != shapes.out_dir
 
 
 def test_the_shapes_study_splits_by_sizes_into_one_out_dir(tmp_path: Path) -> None:
