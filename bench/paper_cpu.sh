@@ -51,11 +51,16 @@ data_scale_shapes() {
     --sizes "${SIZES:-1000,10000,100000}" --epochs 10 --min-steps 1500 --warmup-steps 100 --early-stop 3 --models "$SHAPES_MODELS" \
     "${COMMON[@]}" --out-dir "$OUT/paper-data-scale-shapes-hard"
 }
-# Twice the budget, seed 0: 10,000 images at twice the minimum steps (3,003 instead of 1,521)
-# and 100,000 at twice the epochs (20). SIZES picks a size and MODELS the models ("vit",
-# "resnet", "hybrid"; default all), so two processes can share the cores.
+# FACTOR (default 2) times the budget, seed 0: 10,000 images at FACTOR times the minimum steps
+# (2x: 3,003 instead of 1,521) and 100,000 at FACTOR times the epochs (2x: 20). SIZES picks a
+# size and MODELS the models ("vit", "resnet", "hybrid"; default all), so two processes can
+# share the cores.
 data_scale_shapes_budget() {
-  local models="" m
+  local models="" m factor=${FACTOR:-2}
+  case "$factor" in
+    2 | 4) ;;
+    *) echo "paper_cpu.sh: FACTOR: '$factor' is not 2 or 4" >&2; exit 2 ;;
+  esac
   for m in ${MODELS:-vit resnet hybrid}; do
     case "$m" in
       vit) models+=",$SHAPES_VIT" ;;
@@ -65,8 +70,9 @@ data_scale_shapes_budget() {
     esac
   done
   "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes "${SIZES:-10000,100000}" \
-    --epochs 20 --min-steps 3000 --warmup-steps 100 --early-stop 3 --models "${models#,}" --seeds 1 \
-    --threads 1 --no-progress --out-dir "$OUT/paper-data-scale-shapes-hard-2x"
+    --epochs $((10 * factor)) --min-steps $((1500 * factor)) --warmup-steps 100 --early-stop 3 \
+    --models "${models#,}" --seeds 1 --threads 1 --no-progress \
+    --out-dir "$OUT/paper-data-scale-shapes-hard-${factor}x"
 }
 # A control for the largest size: a BiT ResNet with the ViT's parameter count (x0.25: 127k
 # parameters, 4x the FLOPs of the FLOP-matched one), seed 0, the 1x budget. Does the ResNet

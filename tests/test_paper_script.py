@@ -74,7 +74,8 @@ def test_an_unknown_study_is_refused_by_name(tmp_path: Path) -> None:
 
 def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> None:
     """MODELS and SIZES pick the models and sizes of the 2x check (two processes share the
-    cores; every part writes to one --out-dir); an unknown model is refused by name."""
+    cores; every part writes to one --out-dir), FACTOR the budget (2 or 4); an unknown model or
+    factor is refused by name."""
     env = {**os.environ, "VITKIT": "echo", "OUT": str(tmp_path), "MODELS": "resnet vit"}
     done = subprocess.run(
         ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
@@ -92,6 +93,18 @@ def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> 
     part = build_parser().parse_args(shlex.split(done.stdout))
     assert (part.sizes, part.out_dir) == ([10000], args.out_dir)
     del env["SIZES"]
+    env["FACTOR"] = "4"  # four times the budget: its own --out-dir
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    four = build_parser().parse_args(shlex.split(done.stdout))
+    assert (four.epochs, four.min_steps) == (40, 6000) and four.out_dir.endswith("-4x")
+    env["FACTOR"] = "3"
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "FACTOR: '3' is not 2 or 4" in done.stderr
+    del env["FACTOR"]
     env["MODELS"] = "vit nope"
     done = subprocess.run(
         ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
