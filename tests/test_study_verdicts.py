@@ -89,6 +89,9 @@ def test_data_scale_verdict_pairs_each_model_with_the_resnet_by_seed() -> None:
     )
     with pytest.raises(VitkitError, match="baseline 'X'"):
         data_scale_verdict(results, "X")
+    # one seed (a budget check): one difference per size, no spread to show
+    seed0 = data_scale_verdict([r for r in results if r.seed == 0])
+    assert "| ViT | -20.00 | +5.00 | +1.00 |" in gap_table(seed0)
     only_vit = [r for r in results if r.model == "ViT"]
     assert data_scale_verdict(only_vit)["baseline"] is None
 

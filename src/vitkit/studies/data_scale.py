@@ -262,6 +262,13 @@ def best_val_table(results: Sequence[RunResult]) -> str:
     return "Best validation top-1 during training (the paper's Fig. 4 protocol):\n\n" + table
 
 
+def gap_cell(gap: dict[str, Any]) -> str:
+    """``+2.50 ± 0.71`` (percentage points); the ± only with 2+ pairs (one difference has no
+    spread: a ``± 0.00`` would claim one)."""
+    pm = f" ± {100 * gap['std']:.2f}" if gap["pairs"] > 1 else ""
+    return f"{100 * gap['mean']:+.2f}{pm}"
+
+
 def gap_table(verdict: dict[str, Any]) -> str:
     """Each model minus the baseline, per size (percentage points, paired by seed)."""
     sizes = verdict["sizes"]
@@ -273,7 +280,7 @@ def gap_table(verdict: dict[str, Any]) -> str:
         cells = []
         for s in sizes:
             g = per.get(str(s))
-            cells.append("" if g is None else f"{100 * g['mean']:+.2f} ± {100 * g['std']:.2f}")
+            cells.append("" if g is None else gap_cell(g))
         rho = verdict["gap_trend_spearman"].get(model)
         trend = "n/a" if rho is None else f"{rho:+.2f}"
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {trend} |")
