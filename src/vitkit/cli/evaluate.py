@@ -115,6 +115,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.checkpoints import load_model
+    from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint import (
         checkpoint_dataset,
@@ -149,6 +150,14 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.to_json_dict(), "precision": precision}
+    if tuple(names) == HARD_CLASSES:  # the label's two questions, scored apart
+        record["shapes_hard"] = answer_accuracy(result.confusion)
+        print(
+            "shapes-hard: largest shape right {shape:.2%}, side of the smallest right "
+            "{side:.2%} ({side_given_shape:.2%} where the shape is right)".format(
+                **record["shapes_hard"]
+            )
+        )
     (out / "eval.json").write_text(json.dumps(record, indent=1))
     png = plot_confusion_matrix(
         result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"

@@ -23,6 +23,8 @@ directly rather than carved from a pool.
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -71,6 +73,30 @@ def make_shapes_hard(
         allow_flip=False,  # a flip swaps left and right
     )
     return ArrayDataset(images, labels, info, boxes=boxes)
+
+
+def answer_accuracy(confusion: np.ndarray | Sequence[Sequence[int]]) -> dict[str, float]:
+    """The two questions of a `shapes-hard` label, scored apart from a [12, 12] confusion
+    matrix (rows: true class, columns: predicted; class ``2 * shape + side``): how often the
+    largest shape is right ("shape"), the side of the smallest object ("side"), and the side
+    among the images whose shape is right ("side_given_shape"). A model that knows the shapes
+    but not the relation scores shape 1.0, side 0.5: top-1 0.5."""
+    c = np.asarray(confusion, dtype=np.float64)
+    k = len(HARD_CLASSES)
+    if c.shape != (k, k):
+        raise VitkitError(f"shapes-hard: a confusion matrix is {k}x{k}, not {c.shape}")
+    total = c.sum()
+    if total <= 0:
+        raise VitkitError("shapes-hard: the confusion matrix counts no images")
+    shape_of, side_of = np.divmod(np.arange(k), len(SIDES))  # of each class
+    same_shape = shape_of[:, None] == shape_of[None, :]  # [true, predicted]
+    same_side = side_of[:, None] == side_of[None, :]
+    shape_right = c[same_shape].sum()
+    return {
+        "shape": float(shape_right / total),
+        "side": float(c[same_side].sum() / total),
+        "side_given_shape": float(np.trace(c) / shape_right) if shape_right else math.nan,
+    }
 
 
 @functools.lru_cache(maxsize=3)  # a study's consecutive runs share their train, val and test
