@@ -54,7 +54,7 @@ data_scale_shapes() {
 # FACTOR (default 2) times the budget, seed 0: 10,000 images at FACTOR times the minimum steps
 # (2x: 3,003 instead of 1,521) and 100,000 at FACTOR times the epochs (2x: 20). SIZES picks a
 # size and MODELS the models ("vit", "resnet", "hybrid"; default all), so two processes can
-# share the cores.
+# share the cores; SEEDS=N runs seeds 0..N-1 (default 1: seed 0).
 data_scale_shapes_budget() {
   local models="" m factor=${FACTOR:-2}
   case "$factor" in
@@ -71,7 +71,7 @@ data_scale_shapes_budget() {
   done
   "$VITKIT" study data-scale --data shapes-hard --val-size 2000 --sizes "${SIZES:-10000,100000}" \
     --epochs $((10 * factor)) --min-steps $((1500 * factor)) --warmup-steps 100 --early-stop 3 \
-    --models "${models#,}" --seeds 1 --threads 1 --no-progress \
+    --models "${models#,}" --seeds "${SEEDS:-1}" --threads 1 --no-progress \
     --out-dir "$OUT/paper-data-scale-shapes-hard-${factor}x"
 }
 # A control for the largest size: a BiT ResNet with the ViT's parameter count (x0.25: 127k

@@ -92,7 +92,12 @@ def test_the_shapes_budget_check_trains_the_models_asked_for(tmp_path: Path) -> 
     )
     part = build_parser().parse_args(shlex.split(done.stdout))
     assert (part.sizes, part.out_dir) == ([10000], args.out_dir)
-    del env["SIZES"]
+    env["SEEDS"] = "2"  # seeds 0 and 1 (seed 0 reused)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
+    )
+    assert build_parser().parse_args(shlex.split(done.stdout)).seeds == 2
+    del env["SIZES"], env["SEEDS"]
     env["FACTOR"] = "4"  # four times the budget: its own --out-dir
     done = subprocess.run(
         ["bash", str(SCRIPT), "data-scale-shapes-budget"], env=env, capture_output=True, text=True
