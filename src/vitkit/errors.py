@@ -1,7 +1,10 @@
-"""The one exception type for problems a user can fix (bad names, bad files, bad input).
+"""The exception type for problems a user can fix, and the warning for an assumed setting.
 
-The CLI prints these as a single line and exits with a non-zero code; anything else is a bug
-and keeps its traceback.
+The CLI prints a :class:`VitkitError` as a single line and exits with a non-zero code; anything
+else is a bug and keeps its traceback. An :class:`AssumptionWarning` is one line said aloud
+when a checkpoint does not say a setting that changes the numbers (an epsilon, an activation,
+the heads, the block order, ...) and vitkit assumed it: it names the field, the value assumed,
+what else it could be and the override.
 """
 
 from __future__ import annotations
@@ -9,3 +12,7 @@ from __future__ import annotations
 
 class VitkitError(Exception):
     """A user-facing error whose message names the thing at fault and the problem."""
+
+
+class AssumptionWarning(UserWarning):
+    """A loaded checkpoint's setting that its file does not say, assumed by vitkit."""
