@@ -134,7 +134,10 @@ def test_load_model_overrides_non_weight_fields(tmp_path):
     save_checkpoint(tmp_path / "c", model)
     loaded, ckpt = load_model(tmp_path / "c", dropout=0.25)
     assert loaded.cfg == model.cfg.replace(dropout=0.25)
-    assert ckpt.model_config == model.cfg  # the checkpoint's own description is unchanged
+    # the checkpoint's description has the stated value, and says who stated it
+    assert ckpt.model_config == model.cfg.replace(dropout=0.25)
+    assert ckpt.provenance.sources["dropout"] == "given"
+    assert ckpt.provenance.sources["width"] == "file"
     assert_same_state(model.state_dict(), loaded.state_dict())
     with pytest.raises(VitkitError, match="does not fit"):
         load_model(tmp_path / "c", depth=3)

@@ -114,9 +114,13 @@ class ViTConfig:
         check_parallel_blocks(self)
         s = self.stem_stride
         for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
-            if i % (p * s):
+            # A plain ViT's own size need not be a multiple of the patch: the patch grid is
+            # floor(size / patch) and the remainder is unused, as timm and big_vision compute it
+            # (SigLIP so400m/14 at 384 px: 27 x 27 patches, the last 6 pixels left out).
+            if i < p * s or (s > 1 and i % (p * s)):
                 what = f"the patch {side} {p}" + (f" x the ResNet stride {s}" if s > 1 else "")
-                raise VitkitError(f"image {side} {i} is not a positive multiple of {what}")
+                least = "a positive multiple of" if s > 1 else "at least"
+                raise VitkitError(f"image {side} {i} is not {least} {what}")
         if self.resnet_layers is not None and int(64 * self.resnet_width_factor) < 1:
             raise VitkitError(f"resnet_width_factor must be > 0, got {self.resnet_width_factor}")
         if self.width % self.num_heads:
@@ -396,7 +400,11 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
         base["patch_size"] = patch
     check_fields(ViTConfig, overrides, "model option(s)")
     base.update(overrides)
-    return ViTConfig(**base)
+    cfg = ViTConfig(**base)
+    for side, i, p in zip(("height", "width"), cfg.image_size, cfg.patch_size):
+        if i % p:  # a new model tiles its images; a loaded one may floor (so400m/14 at 384)
+            raise VitkitError(f"image {side} {i} is not a positive multiple of the patch {p}")
+    return cfg
 
 
 def config_from_dict(d: dict[str, Any]) -> ModelConfig:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitkit.config import ViTConfig
+from vitkit.checkpoints.adapt import is_zero_head
+from vitkit.checkpoints.io import Checkpoint
+from vitkit.config import ResNetConfig, ViTConfig
+from vitkit.counts import count_params
 
 _GELU = {"tanh": "tanh approximation", "none": "exact (erf)", "quick": "quick x*sigmoid(1.702x)"}
 
@@ -75,6 +78,28 @@ def _later_family(cfg: ViTConfig) -> str:
     return "post-norm ViT" if cfg.block == "post" else ""
 
 
+def describe(ckpt: Checkpoint) -> dict[str, Any]:
+    """What ``vitkit inspect`` prints."""
+    cfg = ckpt.model_config
+    return {
+        "path": str(ckpt.path),
+        "format": ckpt.format,
+        "model": cfg.short_name,
+        "family": cfg.short_name if isinstance(cfg, ResNetConfig) else family_name(cfg),
+        "architecture": cfg.to_dict(),
+        "parameters": count_params(cfg),
+        "resolution": list(cfg.image_size),
+        "grid": None if isinstance(cfg, ResNetConfig) else list(cfg.grid_size),
+        "num_classes": cfg.num_classes,
+        "class_names": list(ckpt.class_names[:10])
+        + (["..."] if len(ckpt.class_names) > 10 else []),
+        "zero_head": is_zero_head(ckpt.state_dict),
+        "preprocess": ckpt.preprocess.to_dict(),
+        "dtype": sorted({str(v.dtype).replace("torch.", "") for v in ckpt.state_dict.values()}),
+        "provenance": None if ckpt.provenance is None else ckpt.provenance.to_dict(),
+    }
+
+
 def format_description(info: dict[str, Any]) -> str:
     """A checkpoint's description (``describe(read_checkpoint(...))``), one field a line."""
     arch = info["architecture"]
@@ -125,4 +150,32 @@ def format_description(info: dict[str, Any]) -> str:
         f"preprocess:  mean {pre['mean']}, std {pre['std']}, {pre['interpolation']}, "
         f"crop {pre['crop_pct']}"
     )
-    return "\n".join(lines)
+    return "\n".join(lines + _provenance_lines(info.get("provenance")))
+
+
+# the order in which inspect lists the sources, and their words
+_SOURCE_WORDS = {
+    "given": "given when loading",
+    "file": "the file's config",
+    "name": "the architecture's name",
+    "format": "the format",
+    "weights": "the weights",
+    "assumed": "ASSUMED",
+}
+
+
+def _provenance_lines(prov: dict[str, Any] | None) -> list[str]:
+    """Per source, the fields it set; each assumed field with what it could be instead."""
+    if not prov:
+        return []
+    by_source: dict[str, list[str]] = {}
+    for f, s in prov["sources"].items():
+        by_source.setdefault(s, []).append(f)
+    lines = ["provenance:"]
+    for source, words in _SOURCE_WORDS.items():
+        fields = by_source.get(source, [])
+        if fields:
+            lines.append(f"  {words + ':':24s}{', '.join(fields)}")
+    for line in prov.get("assumed", {}).values():
+        lines.append(f"  assumed: {line}")
+    return lines

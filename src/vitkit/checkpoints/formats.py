@@ -25,6 +25,7 @@ import re
 import shutil
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,11 +36,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip
+from vitkit.checkpoints import hf_family, hf_siglip, timm_hub
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
-from vitkit.checkpoints.adapt import adapt, is_zero_head
-from vitkit.checkpoints.description import family_name
+from vitkit.checkpoints.adapt import adapt
+from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
 from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
 from vitkit.checkpoints.io import (
     CONFIG,
@@ -54,8 +55,8 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
+from vitkit.checkpoints.provenance import Provenance
 from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
-from vitkit.counts import count_params
 from vitkit.errors import VitkitError
 from vitkit.posemb import Resample
 
@@ -169,6 +170,7 @@ def read_checkpoint(
     num_classes: int | None = None,
     pre_logits: bool | None = None,
     resample: Resample = "bicubic",
+    overrides: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
     """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
 
@@ -177,6 +179,11 @@ def read_checkpoint(
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
     ``checkpoint.format`` says which format it was read from; a converted checkpoint's
     ``meta["converted_from"]`` records the source (and is kept when it is saved as vitkit).
+
+    ``overrides`` are config fields the caller states (``gelu="quick"``, ``block="post"``,
+    ``dropout=0.1``): they replace what was read or assumed. ``checkpoint.provenance`` says
+    where each field came from; each setting that was assumed and changes the numbers is said
+    in one :class:`vitkit.errors.AssumptionWarning` line (:mod:`.provenance`).
 
     ``path`` may also be a Hugging Face model id, ``ORG/NAME`` or ``ORG/NAME@REVISION``, read
     from the local Hugging Face cache (:mod:`.hub_cache`; never downloaded); an existing local
@@ -195,6 +202,7 @@ def read_checkpoint(
                 num_classes=num_classes,
                 pre_logits=pre_logits,
                 resample=resample,
+                overrides=overrides,
             )
         except VitkitError as e:  # (the snapshot's path alone would not say which model)
             raise VitkitError(f"{path}: {e}") from None
@@ -206,19 +214,30 @@ def read_checkpoint(
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     if fmt == "vitkit":
         ckpt = load_checkpoint(p)
+        ckpt.provenance = Provenance().set("file", ckpt.model_config.to_dict())
     elif fmt == "npz":
         arrays = npz_conv.canonical_arrays(npz_conv.read_npz(p))
         cfg = _wrap(lambda: npz_conv.npz_config(arrays, grid), p)
         sd = _wrap(lambda: npz_conv.npz_to_state_dict(arrays, cfg), p)
         ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
+        official = "the official JAX code's (vision_transformer, big_vision)"
+        ckpt.provenance = (
+            Provenance()
+            .set("weights", cfg.to_dict())
+            .set("format", ["layer_norm_eps", "gelu", "block", "resnet_eps"], official)
+        )
     elif fmt == "timm":
         ckpt = _read_timm(p, num_heads, grid)
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
-    if fmt != "vitkit":  # (load_checkpoint has checked its own)
+    ckpt = _apply_overrides(ckpt, dict(overrides or {}), p)
+    if fmt != "vitkit":  # (load_checkpoint has checked its own, _apply_overrides the rest)
         check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
+    if fmt != "vitkit":
         ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
+    if ckpt.provenance is not None:
+        ckpt.provenance.warn(str(p), stacklevel=3)
     if image_size is None and num_classes is None and pre_logits is None:
         if fmt != "vitkit":  # released checkpoints with zeroed heads exist; warn about them
             adapt(ckpt.model_config, ckpt.state_dict, source=str(p))
@@ -230,6 +249,28 @@ def read_checkpoint(
         pre_logits=pre_logits,
         resample=resample,
     )
+
+
+def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Checkpoint:
+    """The caller's config fields over what was read or assumed; every field gets a source."""
+    prov = ckpt.provenance or Provenance()
+    if overrides:
+        try:
+            ckpt.model_config = ckpt.model_config.replace(**overrides)
+        except TypeError as e:
+            raise VitkitError(f"unknown model option: {e}") from None
+            check_weights_fit(ckpt.model_config, ckpt.state_dict, source=str(p))
+        except VitkitError as e:
+            raise VitkitError(
+                f"{p}: {_spelled(overrides)} does not fit the checkpoint: {e}"
+            ) from None
+        prov.give(overrides)
+    ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
+    return ckpt
+
+
+def _spelled(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in overrides.items())
 
 
 def adapt_checkpoint(
@@ -256,7 +297,13 @@ def adapt_checkpoint(
         cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, pre.crop_pct
     )
     names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
-    return Checkpoint(ckpt.path, cfg, pre, sd, names, ckpt.meta, format=ckpt.format)
+    prov = ckpt.provenance
+    if prov is not None:
+        old = ckpt.model_config.to_dict()
+        prov.set("given", [k for k, v in cfg.to_dict().items() if old.get(k) != v])
+    return Checkpoint(
+        ckpt.path, cfg, pre, sd, names, ckpt.meta, format=ckpt.format, provenance=prov
+    )
 
 
 def _wrap(fn: Any, p: Path) -> Any:
@@ -288,16 +335,29 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             if p.is_dir()
             else PreprocessConfig.for_model(bit)
         )
-        return Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
+        prov = Provenance().set("weights", bit.to_dict())
+        prov.set("file" if p.is_dir() else "assumed", ["image_size"], "the input size")
+        ckpt = Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
+        ckpt.provenance = prov
+        return ckpt
     if p.is_dir():
         hub = _read_json(p / CONFIG)
-        cfg = _wrap(lambda: timm_conv.timm_hub_to_config(hub, sd, str(p), num_heads), p)
+        if not isinstance(hub, dict):
+            raise VitkitError(f"{p / CONFIG}: not a JSON object")
+        cfg, prov = _wrap(
+            lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
+        )
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:
-        cfg = timm_conv.timm_config(sd, num_heads=num_heads, grid=grid, source=str(p))
+        cfg, prov = timm_conv.timm_config_provenance(
+            sd, num_heads=num_heads, grid=grid, source=str(p)
+        )
         pre, names = PreprocessConfig.for_model(cfg), ()
-    return Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
+        prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
+    ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
+    ckpt.provenance = prov
+    return ckpt
 
 
 def _read_hf(p: Path) -> Checkpoint:
@@ -316,13 +376,34 @@ def _read_hf(p: Path) -> Checkpoint:
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
+    prov = _hf_provenance(hf, cfg)
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
         names = tuple(str(id2label.get(str(i), id2label.get(i, i))) for i in range(cfg.num_classes))
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = ()
-    return Checkpoint(p, cfg, pre, sd, names)
+    return Checkpoint(p, cfg, pre, sd, names, provenance=prov)
+
+
+def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig) -> Provenance:
+    """A Hugging Face config's fields: in the file, or its class's default (the format's);
+    the rest from the weights."""
+    prov = Provenance().set("weights", cfg.to_dict())
+    inner = hf.get("vision_config")
+    vision: dict[str, Any] = inner if isinstance(inner, dict) else hf
+    for field, key in {**hf_conv.HF_FIELDS, **_HF_MORE}.items():
+        prov.set("file" if key in vision else "format", [field])
+    return prov
+
+
+_HF_MORE = {  # config fields beyond hf.HF_FIELDS that a Hugging Face config.json sets
+    "image_size": "image_size",
+    "patch_size": "patch_size",
+    "layer_norm_eps": "layer_norm_eps",
+    "gelu": "hidden_act",
+    "qkv_bias": "qkv_bias",
+}
 
 
 def _read_hf_siglip(p: Path, hf: dict[str, Any]) -> Checkpoint:
@@ -331,7 +412,8 @@ def _read_hf_siglip(p: Path, hf: dict[str, Any]) -> Checkpoint:
     sd = hf_siglip.siglip_to_state_dict(_weights_in(p), cfg, str(p))
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
-    return Checkpoint(p, cfg, _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file), sd)
+    pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
+    return Checkpoint(p, cfg, pre, sd, provenance=_hf_provenance(hf, cfg))
 
 
 def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
@@ -354,12 +436,8 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
         "resample",
     )
     read_kw = {k: overrides.pop(k) for k in read_keys if k in overrides}
-    ckpt = read_checkpoint(path, **read_kw)
-    try:
-        cfg = ckpt.model_config.replace(**overrides)
-    except TypeError as e:
-        raise VitkitError(f"unknown model option: {e}") from None
-    model = build_model(cfg)
+    ckpt = read_checkpoint(path, **read_kw, overrides=overrides)
+    model = build_model(ckpt.model_config)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
     return model.eval(), ckpt
@@ -514,24 +592,3 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
     for name, obj in jsons.items():
         _write_json(tmp / name, obj)
     return _install_dir(tmp, dst)
-
-
-def describe(ckpt: Checkpoint) -> dict[str, Any]:
-    """What ``vitkit inspect`` prints."""
-    cfg = ckpt.model_config
-    return {
-        "path": str(ckpt.path),
-        "format": ckpt.format,
-        "model": cfg.short_name,
-        "family": cfg.short_name if isinstance(cfg, ResNetConfig) else family_name(cfg),
-        "architecture": cfg.to_dict(),
-        "parameters": count_params(cfg),
-        "resolution": list(cfg.image_size),
-        "grid": None if isinstance(cfg, ResNetConfig) else list(cfg.grid_size),
-        "num_classes": cfg.num_classes,
-        "class_names": list(ckpt.class_names[:10])
-        + (["..."] if len(ckpt.class_names) > 10 else []),
-        "zero_head": is_zero_head(ckpt.state_dict),
-        "preprocess": ckpt.preprocess.to_dict(),
-        "dtype": sorted({str(v.dtype).replace("torch.", "") for v in ckpt.state_dict.values()}),
-    }

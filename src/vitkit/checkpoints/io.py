@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from vitkit.checkpoints.dcp_shards import DCP_DIR, read_model_state
+from vitkit.checkpoints.provenance import Provenance
 from vitkit.config import (
     ModelConfig,
     PreprocessConfig,
@@ -62,6 +63,8 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     train_state: dict[str, Any] | None = None  # see flatten_state / unflatten_state
     format: str = "vitkit"  # the format it was read from (see vitkit.checkpoints.formats)
+    # where each config field came from, and what was assumed (vitkit.checkpoints.provenance)
+    provenance: Provenance | None = None
 
 
 # ---------------------------------------------------------------------------------------------

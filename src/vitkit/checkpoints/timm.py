@@ -56,7 +56,9 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.checkpoints import timm_bare
 from vitkit.checkpoints import timm_switches as later
+from vitkit.checkpoints.provenance import Provenance
 from vitkit.checkpoints.timm_parallel import (
     parallel_architecture,
     parallel_model_args,
@@ -97,7 +99,26 @@ def timm_config(
     grid: tuple[int, int] | None = None,
     source: str = "timm state dict",
 ) -> ViTConfig:
-    """Infer the architecture of a timm ViT state dict."""
+    """Infer the architecture of a bare timm ViT state dict (see :mod:`.timm_bare`)."""
+    return timm_config_provenance(sd, num_heads=num_heads, grid=grid, source=source)[0]
+
+
+def timm_config_provenance(
+    sd: dict[str, Tensor],
+    *,
+    num_heads: int | None = None,
+    grid: tuple[int, int] | None = None,
+    source: str = "timm state dict",
+    bare: bool = True,
+) -> tuple[ViTConfig, Provenance]:
+    """The architecture of a timm ViT state dict and where each field came from; ``bare``:
+    no config nor name says anything else (:mod:`.timm_bare` completes it)."""
+    cfg = _timm_shapes(sd, grid=grid, source=source)
+    return timm_bare.complete(later.pack_swiglu(sd, source), cfg, num_heads, source, bare)
+
+
+def _timm_shapes(sd: dict[str, Tensor], *, grid: tuple[int, int] | None, source: str) -> ViTConfig:
+    """What the shapes and key names of a timm state dict say (one head as a placeholder)."""
     sd = later.pack_swiglu(sd, source)  # AIMv2's fc1_g / fc1_x as one fc1
     sd, parallel_blocks = plain_block_view(sd, source)  # timm_parallel: their switches
     map_head = _timm_map_head(sd, source)
@@ -116,13 +137,6 @@ def timm_config(
         )
     width, in_chans, ph, pw = sd["patch_embed.proj.weight"].shape
     depth = 1 + max(int(m[1]) for k in sd if (m := re.match(r"^blocks\.(\d+)\.", k)))
-    if num_heads is None:
-        if width not in HEADS_BY_WIDTH:
-            raise VitkitError(
-                f"{source}: width {width} is not a standard ViT size, so the number of heads "
-                "cannot be known from the weights; pass num_heads"
-            )
-        num_heads = HEADS_BY_WIDTH[width]
     class_token = "cls_token" in sd
     mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
     pool: Pool = "map" if map_head else "token" if class_token and not fc_norm else "gap"
@@ -155,7 +169,7 @@ def timm_config(
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         width=width,
         depth=depth,
-        num_heads=num_heads,
+        num_heads=1,  # (the heads are not in the shapes: timm_bare.complete)
         mlp_dim=mlp_dim,
         pool=pool,
         representation_size=rep,
@@ -517,56 +531,6 @@ def _name_settings(arch: str) -> dict[str, Any]:
             out["num_heads"] = heads
             break
     return out
-
-
-def timm_hub_to_config(
-    hub: dict[str, Any], sd: dict[str, Tensor], source: str, num_heads: int | None = None
-) -> ViTConfig:
-    """Architecture of a timm model folder: its ``model_args`` where given, then what its
-    ``architecture`` name fixes, else the weights (``num_heads`` where no table size)."""
-    arch = str(hub.get("architecture", ""))
-    for pattern, what in _NAME_REFUSED.items():
-        if pattern in arch:
-            raise VitkitError(f"{source}: {arch} has {what}; vitkit's blocks are the paper's")
-    args = {**_name_settings(arch), **(hub.get("model_args") or {})}
-    grid = None  # the input size, where given, says which E_pos rows are the patch grid
-    size, proj = args.get("img_size"), sd.get("patch_embed.proj.weight")
-    if size is not None and proj is not None and not any(k.startswith(_BACKBONE) for k in sd):
-        h, w = (size, size) if isinstance(size, int) else size
-        grid = (int(h) // proj.shape[2], int(w) // proj.shape[3])
-    cfg = timm_config(sd, num_heads=args.get("num_heads", num_heads), grid=grid, source=source)
-    act = args.get("act_layer", "gelu")
-    if act == "silu" and cfg.mlp == "swiglu":  # AIMv2: SwiGLU's own SiLU, no GELU
-        act = "gelu"
-    gelus = {v: k for k, v in _TIMM_ACT.items()}
-    if act not in gelus:
-        raise VitkitError(f"{source}: activation {act!r} is not a GELU vitkit has")
-    changes: dict[str, Any] = {"gelu": gelus[act]}
-    if "layer_norm_eps" in args:
-        changes["layer_norm_eps"] = args["layer_norm_eps"]
-    global_pool = args.get("global_pool", hub.get("global_pool"))
-    pools: dict[Any, str] = {p: p for p in ("token", "avgmax", "max", "map")}
-    pool = {**pools, "avg": "gap", None: cfg.pool}.get(global_pool)
-    if pool is None:
-        raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
-    if (pool == "map") != (cfg.pool == "map"):
-        what = "have" if cfg.pool == "map" else "have no"
-        raise VitkitError(
-            f"{source}: global_pool {global_pool!r}, but the weights {what} a MAP head"
-        )
-    if args.get("pool_include_prefix"):
-        raise VitkitError(f"{source}: pool_include_prefix=True (pooling the prefix tokens too)")
-    if pool == "token" and not cfg.has_class_token:
-        raise VitkitError(f"{source}: global_pool 'token' without a class token")
-    if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
-        has = cfg.has_class_token
-        changes.update(pool=pool, class_token=None if has == (pool == "token") else has)
-    if cfg.layer_scale_init is not None and args.get("init_values"):
-        changes["layer_scale_init"] = float(args["init_values"])
-    if "img_size" in args:
-        changes["image_size"] = args["img_size"]
-    changes.update(later.later_hub_changes(args))  # the post-norm block, eps of a named norm
-    return cfg.replace(**changes)
 
 
 def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> PreprocessConfig:

@@ -1,0 +1,100 @@
+"""Where each field of a loaded model's config came from, and the one line said for a guess.
+
+Every reader (vitkit, npz, timm, Hugging Face) returns, beside the config, one
+:class:`Provenance`: for each config field one of :data:`SOURCES`, a few words on why where it
+helps, and the :class:`Assumption` s it made. An assumption is a value that neither the file's
+config, nor the weights, nor a named architecture's table fixes, and that changes the numbers
+(an epsilon, the GELU, the heads, the block order, the pooling): it is said aloud when the
+checkpoint is read, as one :class:`vitkit.errors.AssumptionWarning` line naming the field, the
+value assumed, what else it could be and the override. A value the caller gives
+(``vitkit.load(path, gelu="quick")``, ``-o gelu=quick``) is ``"given"`` and silences it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitkit.errors import AssumptionWarning
+
+SOURCES: dict[str, str] = {
+    "file": "the file's own config",
+    "weights": "implied by the weights (shapes, key names)",
+    "name": "the named architecture's table",
+    "format": "fixed by the format (its writer has one value)",
+    "given": "given when loading",
+    "assumed": "assumed by vitkit (said when loaded)",
+}
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A setting vitkit assumed: ``value`` (``why``), what else it could be, and a value to
+    show in the override hint."""
+
+    field: str
+    value: Any
+    why: str
+    otherwise: str
+    example: Any
+
+    def line(self, source: str) -> str:
+        said = f"{source}: {self.field}={self.value!r} assumed ({self.why}); {self.otherwise}"
+        if self.example is None:  # an alternative vitkit cannot compute
+            return said
+        hint = f"{self.field}={self.example!r}"
+        return f"{said}: load with {hint} (-o {self.field}={self.example} on the command line)"
+
+
+@dataclass
+class Provenance:
+    """``sources[field]`` is a key of :data:`SOURCES`; ``notes[field]`` says why, briefly."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    assumptions: list[Assumption] = field(default_factory=list)
+
+    def set(self, source: str, fields: Iterable[str], note: str = "") -> Provenance:
+        for f in fields:
+            self.sources[f] = source
+            if note:
+                self.notes[f] = note
+            else:
+                self.notes.pop(f, None)
+        return self
+
+    def assume(self, a: Assumption) -> Provenance:
+        self.set("assumed", [a.field], a.why)
+        self.assumptions = [x for x in self.assumptions if x.field != a.field] + [a]
+        return self
+
+    def complete(self, all_fields: Iterable[str], default: str) -> Provenance:
+        """Every field of the config gets a source (``default`` where none was set)."""
+        for f in all_fields:
+            self.sources.setdefault(f, default)
+        return self
+
+    def give(self, given: Mapping[str, Any]) -> Provenance:
+        """Fields the caller stated: ``given``, their assumptions dropped."""
+        self.set("given", given)
+        self.assumptions = [a for a in self.assumptions if a.field not in given]
+        return self
+
+    def warn(self, source: str, stacklevel: int = 3) -> None:
+        for a in self.assumptions:
+            warnings.warn(AssumptionWarning(a.line(source)), stacklevel=stacklevel)
+
+    def by_source(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for f, s in self.sources.items():
+            out.setdefault(s, []).append(f)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": dict(self.sources),
+            "notes": dict(self.notes),
+            "assumed": {a.field: a.line("").lstrip(": ") for a in self.assumptions},
+        }
