@@ -11,11 +11,13 @@ from vitkit.cli.options import (
     add_checkpoint,
     add_command,
     image_size,
+    loading,
     non_negative_int,
     output_directory,
     output_file,
     path,
     positive_int,
+    reading,
 )
 from vitkit.errors import VitkitError
 
@@ -135,8 +137,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     ckpt = read_checkpoint(
         args.src,
-        format=args.src_format,
-        num_heads=args.num_heads,
+        **reading(args),
         image_size=image_size(args.image_size),
         num_classes=args.num_classes,
         pre_logits=False if args.drop_pre_logits else None,
@@ -162,7 +163,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import describe, read_checkpoint
     from vitkit.checkpoints.description import format_description
 
-    info = describe(read_checkpoint(args.ckpt, format=args.src_format, num_heads=args.num_heads))
+    info = describe(read_checkpoint(args.ckpt, **reading(args)))
     print(json.dumps(info, indent=1) if args.json else format_description(info))
     return 0
 
@@ -171,7 +172,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
     from vitkit.export import check_onnx, export_onnx
 
-    model, ckpt = load_model(args.ckpt)
+    model, ckpt = load_model(args.ckpt, **loading(args))
     out = export_onnx(model, args.out, opset=args.opset)
     cfg = ckpt.model_config
     print(

@@ -16,6 +16,7 @@ from vitkit.cli.options import (
     add_json,
     add_output,
     add_runtime,
+    loading,
     output_dir,
     positive_float,
     positive_int,
@@ -125,7 +126,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     )
     from vitkit.plotting import plot_confusion_matrix
 
-    model, ckpt = load_model(path)
+    model, ckpt = load_model(path, **loading(args))
     default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
     out = eval_output_dir(default, given=out_arg is not None, overwrite=args.overwrite)
     precision, why = checkpoint_precision(ckpt, args.precision)
@@ -176,7 +177,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitkit.model import build_model
 
     shots = args.shots
-    model, ckpt = load_model(args.ckpt)
+    model, ckpt = load_model(args.ckpt, **loading(args))
     if args.random_init:
         torch.manual_seed(0)
         model = build_model(ckpt.model_config).eval()
@@ -209,7 +210,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vitkit.eval.predict import format_top_k, predict_files
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
-    model, ckpt = load_model(args.ckpt)
+    model, ckpt = load_model(args.ckpt, **loading(args))
     for path, preds in zip(args.images, predict_files(model, ckpt, args.images, args.top_k)):
         if args.json:
             print(json.dumps({"image": str(path), "top_k": preds}))

@@ -16,6 +16,7 @@ from vitkit.cli.options import (
     add_json,
     add_output,
     add_runtime,
+    loading,
     non_negative_int,
     output_dir,
     positive_int,
@@ -96,7 +97,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     check_image_files(args.images)
     if args.top_k < 1:
         raise VitkitError(f"--top-k must be at least 1, got {args.top_k}")
-    loaded, ckpt = load_model(args.ckpt)
+    loaded, ckpt = load_model(args.ckpt, **loading(args))
     model = require_attention(loaded).to(args.device)
     out = output_dir(args.out, ckpt.path, "explain")
     for found in explain_files(
@@ -135,7 +136,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise VitkitError(f"--{name.replace('_', '-')} must be at least 1")
     if args.examples < 0:
         raise VitkitError(f"--examples must be at least 0, got {args.examples}")
-    loaded, ckpt = load_model(args.ckpt)
+    loaded, ckpt = load_model(args.ckpt, **loading(args))
     model = require_attention(loaded).to(args.device)
     data_name = args.data or ckpt.meta.get("dataset")
     data = None

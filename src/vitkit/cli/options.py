@@ -196,8 +196,9 @@ def add_checkpoint(
     source: bool = True,
 ) -> None:
     """The checkpoint a command reads: ``--from CKPT`` (or a positional ``CKPT``; none if not
-    ``source``); with ``formats`` also how to read a file whose format or heads cannot be told
-    from it."""
+    ``source``), and the loading options every command that reads one shares (``--num-heads``,
+    ``-o KEY=VALUE`` for a setting the checkpoint does not say; :func:`loading` turns them
+    into ``load_model``'s keywords); with ``formats`` also ``--format``."""
     g = p.add_argument_group("checkpoint")
     if source and positional:
         g.add_argument(
@@ -229,11 +230,44 @@ def add_checkpoint(
             choices=("vitkit", "npz", "timm", "hf"),
             help="format of the source (default: detected)",
         )
-        g.add_argument(
-            "--num-heads",
-            type=positive_int,
-            help="heads of a bare timm state dict whose width is not a standard size",
-        )
+    g.add_argument(
+        "--num-heads",
+        type=positive_int,
+        help="heads of a checkpoint that does not say them (a bare timm state dict)",
+    )
+    g.add_argument(
+        "-o",
+        "--assume",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a model setting the checkpoint does not say, e.g. -o gelu=quick -o "
+        "layer_norm_eps=1e-5 -o block=post: replaces what vitkit would assume (it says so "
+        "when it does)",
+    )
+
+
+def loading(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_model`` / ``read_checkpoint`` keywords from the loading options of
+    :func:`add_checkpoint` (``-o num_heads=N`` is ``--num-heads N``)."""
+    from vitkit.overrides import parse_key_values
+
+    overrides = parse_key_values(getattr(args, "assume", None))
+    out: dict[str, Any] = {}
+    heads = overrides.pop("num_heads", None)
+    if getattr(args, "num_heads", None) is not None:
+        heads = args.num_heads
+    if heads is not None:
+        out["num_heads"] = heads
+    if getattr(args, "src_format", None):
+        out["format"] = args.src_format
+    return {**out, **overrides}
+
+
+def reading(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`loading` for ``read_checkpoint``: the config fields under ``overrides``."""
+    kw = loading(args)
+    reads: dict[str, Any] = {k: kw.pop(k) for k in ("num_heads", "format") if k in kw}
+    return {**reads, "overrides": kw}
 
 
 def add_images(p: argparse.ArgumentParser) -> None:

@@ -69,7 +69,10 @@ def init_checkpoint(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
 
 def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
     k = info.num_classes
-    probe = read_checkpoint(cfg.init_from)  # type: ignore[arg-type]
+    # settings a checkpoint may not say (-o gelu=quick): stated when reading it, not assumed
+    stated = {f: v for f, v in cfg.model_overrides.items() if f in _STATED_WHEN_READING}
+    heads = stated.pop("num_heads", None)
+    probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
     size = cfg.image_size or info.image_size
     if not cfg.new_head and probe.model_config.num_classes != k:
         raise VitkitError(
@@ -87,6 +90,9 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
         ckpt.state_dict["head.weight"] = torch.zeros_like(ckpt.state_dict["head.weight"])
         ckpt.state_dict["head.bias"] = torch.zeros_like(ckpt.state_dict["head.bias"])
     return ckpt
+
+
+_STATED_WHEN_READING = ("gelu", "layer_norm_eps", "block", "num_heads")
 
 
 def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:

@@ -1,0 +1,210 @@
+"""No silent wrong numbers: a loaded checkpoint is exact, or says what it assumed, or is refused.
+
+Each case is a timm model of the kind a user shares (a bare ``model.safetensors`` saved from
+``state_dict()``, no config, no name; or a timm Hub folder written by timm's ``save_for_hf``),
+compared with live timm in float64 on random weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from references import import_reference
+from safetensors.torch import save_file
+
+from vitkit.checkpoints import describe, load_state_dict_strict, read_checkpoint
+from vitkit.checkpoints.description import format_description
+from vitkit.cli import main
+from vitkit.errors import AssumptionWarning, VitkitError
+from vitkit.model import build_model
+
+
+def timm_model(name: str, **kw: Any) -> torch.nn.Module:
+    timm = import_reference("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=5, **kw).double().eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # no zero bias or layer scale left to hide a difference
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    return model
+
+
+def bare(model: torch.nn.Module, tmp_path: Path) -> Path:
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def hub_folder(model: torch.nn.Module, tmp_path: Path) -> Path:
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(model, str(tmp_path / "hub"), safe_serialization=True)
+    return tmp_path / "hub"
+
+
+def load64(path: Path, **kw: Any) -> tuple[torch.nn.Module, list[str]]:
+    """vitkit's model of ``path`` in float64 and the AssumptionWarning lines it said."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = read_checkpoint(path, num_heads=kw.pop("num_heads", None), overrides=kw)
+    model = build_model(ckpt.model_config).double().eval()  # (float64 weights kept exactly)
+    load_state_dict_strict(model, ckpt.state_dict, source=str(path))
+    said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    return model, said
+
+
+def rel_diff(ref: torch.nn.Module, got: torch.nn.Module, size: int) -> float:
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(2)).double()
+    with torch.no_grad():
+        a, b = ref(x), got(x)
+    return ((a - b).abs().max() / a.abs().max()).item()
+
+
+def test_clip_quickgelu_bare_says_the_gelu_and_is_exact_when_told(tmp_path):
+    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
+    path = bare(ref, tmp_path)
+    model, said = load64(path)
+    assert model.cfg.layer_norm_eps == 1e-5  # the CLIP layout implies timm's CLIP eps
+    assert model.cfg.num_heads == 12  # and its heads
+    assert len(said) == 1 and "gelu='none' assumed" in said[0] and "gelu='quick'" in said[0]
+    assert str(path) in said[0] and "-o gelu=quick" in said[0]
+    assert rel_diff(ref, model, 32) > 1e-4  # what it assumed is not what this tower computes
+    model, said = load64(path, gelu="quick")
+    assert said == []  # stated, not assumed
+    assert rel_diff(ref, model, 32) <= 1e-12
+
+
+def test_clip_bare_with_exact_gelu_is_exact(tmp_path):
+    ref = timm_model("vit_base_patch16_clip_224", depth=1, img_size=32)
+    model, said = load64(bare(ref, tmp_path))
+    assert rel_diff(ref, model, 32) <= 1e-12
+    assert [s for s in said if "gelu" in s]  # the guess is still said
+
+
+def test_aimv2_large_bare_gets_aimv2_heads(tmp_path):
+    ref = timm_model("aimv2_large_patch14_224", depth=1, img_size=28)
+    model, said = load64(bare(ref, tmp_path))
+    assert model.cfg.num_heads == 8  # every AIMv2-L has 8 (the width table would say 16)
+    assert said == []
+    assert rel_diff(ref, model, 28) <= 1e-12
+
+
+def test_post_norm_rpn_bare_warns_and_is_exact_when_told(tmp_path):
+    ref = timm_model("vit_base_patch16_rpn_224", depth=1, img_size=32)
+    path = bare(ref, tmp_path)
+    model, said = load64(path)
+    assert any("block='pre' assumed" in s and "block='post'" in s for s in said)
+    assert rel_diff(ref, model, 32) > 1e-3
+    model, said = load64(path, block="post")
+    assert not [s for s in said if "block" in s]
+    assert rel_diff(ref, model, 32) <= 1e-12
+
+
+def test_siglip_map_bare_assumes_tanh_and_says_so(tmp_path):
+    ref2 = timm_model("vit_base_patch32_siglip_256", depth=1, img_size=64)  # SigLIP 2: tanh
+    model, said = load64(bare(ref2, tmp_path))
+    assert rel_diff(ref2, model, 64) <= 1e-12
+    assert any("gelu='tanh' assumed" in s for s in said)
+    ref1 = timm_model("vit_base_patch16_siglip_224", depth=1, img_size=32)  # SigLIP 1: exact
+    model, _ = load64(bare(ref1, tmp_path), gelu="none")
+    assert rel_diff(ref1, model, 32) <= 1e-12
+
+
+def test_gap_vit_b_bare_says_its_heads(tmp_path):
+    ref = timm_model("vit_base_patch16_gap_224", depth=1, img_size=32)  # B width, 16 heads
+    path = bare(ref, tmp_path)
+    _, said = load64(path)
+    assert any("num_heads=12 assumed" in s and "num_heads=16" in s for s in said)
+    model, said = load64(path, num_heads=16)
+    assert not [s for s in said if "num_heads" in s]
+    assert rel_diff(ref, model, 32) <= 1e-12
+
+
+def test_perception_encoder_is_refused_bare_and_as_a_hub_folder(tmp_path):
+    ref = timm_model("vit_pe_core_tiny_patch16_384", depth=1, img_size=32)
+    with pytest.raises(VitkitError, match="Perception Encoder"):
+        read_checkpoint(bare(ref, tmp_path))
+    folder = hub_folder(ref, tmp_path)
+    with pytest.raises(VitkitError) as err:
+        read_checkpoint(folder)
+    msg = str(err.value)
+    assert "vit_pe_core_tiny_patch16_384: rotary position embeddings" in msg
+    assert "\n" not in msg
+
+
+def test_so400m_patch14_at_384_floors_its_grid_as_timm(tmp_path):
+    # 384 px in 14 px patches: 27 x 27 patches, the last 6 pixels unused (timm, big_vision)
+    ref = timm_model(
+        "vit_so400m_patch14_siglip_384", depth=1, embed_dim=256, num_heads=16, mlp_ratio=2
+    )
+    model, said = load64(hub_folder(ref, tmp_path))
+    assert model.cfg.image_size == (384, 384) and model.cfg.grid_size == (27, 27)
+    assert said == []  # a registered name says everything
+    assert rel_diff(ref, model, 384) <= 1e-12
+
+
+def test_a_folder_naming_an_unknown_architecture_or_argument_is_refused(tmp_path):
+    import json
+
+    ref = timm_model("vit_base_patch16_224", depth=1, img_size=32, embed_dim=64, num_heads=2)
+    folder = hub_folder(ref, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architecture": "my_vit"}))
+    with pytest.raises(VitkitError, match="'my_vit' is not one of the timm ViTs"):
+        read_checkpoint(folder)
+    args = {**config["model_args"], "use_rope": True}
+    (folder / "config.json").write_text(json.dumps({**config, "model_args": args}))
+    with pytest.raises(VitkitError, match="model_args use_rope"):
+        read_checkpoint(folder)
+
+
+def test_provenance_per_field_bare_and_folder(tmp_path):
+    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
+    with pytest.warns(AssumptionWarning):
+        ckpt = read_checkpoint(bare(ref, tmp_path))
+    src = ckpt.provenance.sources
+    assert src["width"] == src["layer_norm_eps"] == src["num_heads"] == "weights"
+    assert src["gelu"] == "assumed"
+    assert set(src) == set(ckpt.model_config.to_dict())  # every field has a source
+    text = format_description(describe(ckpt))
+    assert "ASSUMED" in text and "gelu" in text.split("ASSUMED")[1]
+    hub = read_checkpoint(hub_folder(ref, tmp_path))
+    src = hub.provenance.sources
+    assert src["gelu"] == "name" and src["depth"] == "file" and src["qkv_bias"] == "weights"
+    assert hub.model_config.gelu == "quick" and hub.provenance.assumptions == []
+
+
+def test_cli_loading_options_state_what_the_file_does_not(tmp_path, capsys):
+    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
+    path = bare(ref, tmp_path)
+    with pytest.warns(AssumptionWarning, match="gelu='none' assumed"):
+        assert main(["inspect", str(path)]) == 0
+    out, _ = capsys.readouterr()
+    assert "ASSUMED" in out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["inspect", str(path), "-o", "gelu=quick"]) == 0
+    assert not [w for w in caught if issubclass(w.category, AssumptionWarning)]
+    out, _ = capsys.readouterr()
+    assert "given when loading:" in out and "GELU quick" in out
+    dst = tmp_path / "converted"
+    assert main(["convert", str(path), str(dst), "--to", "vitkit", "-o", "gelu=quick"]) == 0
+    capsys.readouterr()
+    model, said = load64(dst)  # the stated value travels with the converted checkpoint
+    assert said == [] and rel_diff(ref, model, 32) <= 1e-6  # (vitkit's format: float32)
+
+
+def test_every_reading_command_takes_the_loading_options():
+    from vitkit.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command" or a.choices)
+    for name in ("eval", "predict", "fewshot", "explain", "analyze", "export", "inspect"):
+        p = sub.choices[name]
+        opts = {s for a in p._actions for s in a.option_strings}
+        assert {"--num-heads", "-o"} <= opts, name
