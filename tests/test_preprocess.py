@@ -254,3 +254,22 @@ def test_float_pixels_with_no_range_to_scale_by_are_refused(tmp_path):
     Image.fromarray(np.full((8, 8), -1.0, np.float32)).save(tmp_path / "neg.tif")
     with pytest.raises(VitkitError, match="neg.tif: cannot read image .*no range"):
         load_images([tmp_path / "neg.tif"], PreprocessConfig(image_size=(8, 8)))
+
+
+def test_eval_on_an_image_folder_feeds_what_predict_feeds(tmp_path):
+    """``vitkit eval``'s data path: the checkpoint's own resize, crop and rescaling too (a
+    folder's default transform crops at 0.875 and divides by 255)."""
+    from vitkit.checkpoints import Checkpoint
+    from vitkit.eval.checkpoint import _prepare, checkpoint_dataset
+
+    pp = {"size": {"height": 64, "width": 48}, "do_rescale": False, "image_mean": [0.2] * 3}
+    pre = hf_preprocess(pp, CFG)
+    ckpt = Checkpoint(tmp_path / "ckpt", CFG.replace(num_classes=2), pre, {})
+    paths = []
+    for i, name in enumerate(("chelsea", "astronaut")):
+        (tmp_path / "data" / f"c{i}").mkdir(parents=True)
+        paths.append(tmp_path / "data" / f"c{i}" / f"{name}.png")
+        paths[-1].write_bytes(photo(tmp_path, name).read_bytes())
+    data = checkpoint_dataset(ckpt, str(tmp_path / "data"), "all", None, check_classes=False)
+    batch = torch.stack([data[i][0] for i in range(len(data))])
+    torch.testing.assert_close(_prepare(ckpt)(batch), model_input(pre, *paths))
