@@ -497,7 +497,15 @@ class PreprocessConfig:
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # per channel, on [0, 1] pixels
     std: tuple[float, ...] = (0.5, 0.5, 0.5)  # the paper's (x - 0.5) / 0.5 maps pixels to [-1, 1]
     interpolation: str = "bilinear"  # resampling filter for resizing
-    crop_pct: float = 1.0  # eval: resize the shorter side to size / crop_pct, then centre-crop
+    crop_pct: float = 1.0  # eval: resize to size / crop_pct (as `resize` says), centre-crop size
+    # "shortest_edge": the shorter side to floor(size / crop_pct), aspect kept (timm's "center",
+    # Hugging Face's size.shortest_edge); "squash": both sides to floor(side / crop_pct), aspect
+    # not kept (timm's "squash", Hugging Face's size.height/width); "none": no resize, only the
+    # centre crop (zero-padded where the image is smaller)
+    resize: str = "shortest_edge"
+    rescale_factor: float = 1 / 255  # pixels 0..255 times this, then (x - mean) / std
+    crop_offset: str = "floor"  # centre crop's first row/column: floor((new - size) / 2), or
+    # "round" (Python's round, half to even: torchvision's CenterCrop, what timm uses)
 
     def __post_init__(self) -> None:
         for name, value in check_preprocess(self).items():  # every field's type and range
@@ -511,6 +519,9 @@ class PreprocessConfig:
         d = dataclasses.asdict(self)
         d.update(image_size=list(self.image_size), mean=list(self.mean), std=list(self.std))
         return d
+
+    def replace(self, **changes: Any) -> PreprocessConfig:
+        return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreprocessConfig:

@@ -208,9 +208,14 @@ def check_preprocess(cfg: Any) -> dict[str, Any]:
         "mean": floats("mean", cfg.mean, -1e3, 1e3),
         "std": floats("std", cfg.std, 0.0, 1e3, open_lo=True),
         "interpolation": choice(
-            "interpolation", cfg.interpolation, ("nearest", "bilinear", "bicubic", "lanczos")
+            "interpolation",
+            cfg.interpolation,
+            ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"),
         ),
         "crop_pct": real("crop_pct", cfg.crop_pct, 0.0, 1.0, open_lo=True),
+        "resize": choice("resize", cfg.resize, ("shortest_edge", "squash", "none")),
+        "rescale_factor": real("rescale_factor", cfg.rescale_factor, 0.0, 1e3, open_lo=True),
+        "crop_offset": choice("crop_offset", cfg.crop_offset, ("floor", "round")),
     }
 
 

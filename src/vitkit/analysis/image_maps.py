@@ -48,7 +48,8 @@ def explain_files(
 
     pre = ckpt.preprocess
     raw = load_images([str(p) for p in paths], pre)
-    found = explain(model, normalize(raw.float(), pre.mean, pre.std), head_fusion=head_fusion)
+    x = normalize(raw.float(), pre.mean, pre.std, pre.rescale_factor)
+    found = explain(model, x, head_fusion=head_fusion)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if model.cfg.num_classes:

@@ -98,7 +98,7 @@ def sample_dataset(
     else:  # a stream (webdataset shards): its first n images
         raw, labels = _first_images(dataset, n)
     pre = preprocess
-    x = to_model_input(raw, pre.image_size, pre.channels, pre.mean, pre.std)
+    x = to_model_input(raw, pre.image_size, pre.channels, pre.mean, pre.std, pre.rescale_factor)
     mean = torch.tensor(pre.mean).view(1, -1, 1, 1)
     std = torch.tensor(pre.std).view(1, -1, 1, 1)
     if boxes is not None:

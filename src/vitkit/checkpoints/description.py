@@ -146,9 +146,12 @@ def format_description(info: dict[str, Any]) -> str:
     )
     names = f"  {', '.join(info['class_names'])}" if info["class_names"] else ""
     lines.append(f"classes:     {head}{names}")
+    extra = "" if pre.get("resize", "shortest_edge") == "shortest_edge" else f", {pre['resize']}"
+    if pre.get("rescale_factor", 1 / 255) != 1 / 255:
+        extra += f", rescale {pre['rescale_factor']:g}"
     lines.append(
         f"preprocess:  mean {pre['mean']}, std {pre['std']}, {pre['interpolation']}, "
-        f"crop {pre['crop_pct']}"
+        f"crop {pre['crop_pct']}{extra}"
     )
     return "\n".join(lines + _provenance_lines(info.get("provenance")))
 

@@ -292,10 +292,7 @@ def adapt_checkpoint(
         resample=resample,
         source=str(ckpt.path),
     )
-    pre = ckpt.preprocess
-    pre = PreprocessConfig(
-        cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, pre.crop_pct
-    )
+    pre = ckpt.preprocess.replace(image_size=cfg.image_size)
     names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
     prov = ckpt.provenance
     if prov is not None:

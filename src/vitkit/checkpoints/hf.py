@@ -25,7 +25,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from vitkit.config import GeluApprox, PreprocessConfig, ViTConfig
+from vitkit.checkpoints.hf_processor import hf_preprocess as hf_preprocess  # the reader
+from vitkit.checkpoints.hf_processor import vit_to_hf_preprocess as vit_to_hf_preprocess
+from vitkit.config import GeluApprox, ViTConfig
 from vitkit.errors import VitkitError
 
 HfNaming = Literal["4", "5"]
@@ -35,7 +37,6 @@ ACTIVATIONS: dict[str, GeluApprox] = {
     "gelu_new": "tanh",
     "gelu_fast": "tanh",
 }
-_PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic", 1: "lanczos"}
 
 # vitkit name inside block i → (4.x name, 5.x name), without the weight/bias suffix.
 BLOCK = {
@@ -269,61 +270,4 @@ def hf_labels(num_classes: int, class_names: tuple[str, ...] = ()) -> dict[str, 
     return {
         "id2label": {str(i): n for i, n in enumerate(names)},
         "label2id": {n: i for i, n in enumerate(names)},
-    }
-
-
-def hf_preprocess(pp: dict[str, Any] | None, cfg: ViTConfig) -> PreprocessConfig:
-    """``preprocessor_config.json`` → :class:`PreprocessConfig`. ViTImageProcessor resizes to
-    the model's size; CLIP's and DINOv2's processors resize the shorter side and centre-crop
-    (``size.shortest_edge``, ``crop_size``): that crop is the size fed to the model (DINOv2's
-    224 px on a 518 px model: the model interpolates E_pos, as transformers does)."""
-    c = cfg.in_chans
-    if not pp:
-        return PreprocessConfig.for_model(cfg)
-    mean = tuple(pp.get("image_mean", (0.5,) * c))
-    std = tuple(pp.get("image_std", (0.5,) * c))
-    size, crop = pp.get("size"), pp.get("crop_size")
-    image_size, crop_pct = cfg.image_size, 1.0
-    if (
-        pp.get("do_center_crop")
-        and isinstance(size, dict)
-        and "shortest_edge" in size
-        and isinstance(crop, dict)
-        and {"height", "width"} <= crop.keys()
-    ):
-        image_size = (int(crop["height"]), int(crop["width"]))
-        crop_pct = min(image_size) / float(size["shortest_edge"])
-    return PreprocessConfig(
-        image_size=image_size,
-        channels=c,
-        mean=mean[:c],
-        std=std[:c],
-        interpolation=_PIL_RESAMPLE.get(int(pp.get("resample", 2)), "bilinear"),
-        crop_pct=crop_pct,
-    )
-
-
-def vit_to_hf_preprocess(p: PreprocessConfig) -> dict[str, Any]:
-    """ViTImageProcessor's settings; with a centre crop (``crop_pct`` < 1) the resize of the
-    shorter side and the crop of CLIP's and DINOv2's processors (BitImageProcessor)."""
-    resample = {v: k for k, v in _PIL_RESAMPLE.items()}.get(p.interpolation, 2)
-    h, w = p.image_size
-    if p.crop_pct != 1.0:
-        resize: dict[str, Any] = {
-            "image_processor_type": "BitImageProcessor",
-            "size": {"shortest_edge": round(min(h, w) / p.crop_pct)},
-            "do_center_crop": True,
-            "crop_size": {"height": h, "width": w},
-        }
-    else:
-        resize = {"image_processor_type": "ViTImageProcessor", "size": {"height": h, "width": w}}
-    return {
-        **resize,
-        "do_resize": True,
-        "resample": resample,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(p.mean),
-        "image_std": list(p.std),
     }

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.checkpoints.hf_processor import vit_to_hf_preprocess
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 
@@ -207,16 +208,9 @@ def vit_to_siglip_config(cfg: ViTConfig) -> dict[str, Any]:
 
 
 def vit_to_siglip_preprocess(p: PreprocessConfig) -> dict[str, Any]:
-    """``preprocessor_config.json`` (SiglipImageProcessor: resize to the size, no crop)."""
-    resample = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3}.get(p.interpolation, 2)
-    return {
-        "image_processor_type": "SiglipImageProcessor",
-        "do_resize": True,
-        "size": {"height": p.image_size[0], "width": p.image_size[1]},
-        "resample": resample,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(p.mean),
-        "image_std": list(p.std),
-    }
+    """``preprocessor_config.json``: SiglipImageProcessor's when it resizes to the size with no
+    crop (SigLIP's own), else the processor that does what ``p`` says (:mod:`.hf_processor`)."""
+    out = vit_to_hf_preprocess(p)
+    if out["image_processor_type"] == "ViTImageProcessor":
+        out["image_processor_type"] = "SiglipImageProcessor"
+    return out

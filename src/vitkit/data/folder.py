@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vitkit.data.arrays import DataInfo
-from vitkit.data.transforms import PilEvalTransform
+from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
@@ -75,13 +75,11 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> Sample | None:
         path, label = self.samples[index]
-        mode = "L" if self.channels == 1 else "RGB"
         img: Image.Image
         try:
             with Image.open(path) as img:
-                if img.mode == "P" and "transparency" in img.info:
-                    img = img.convert("RGBA")
-                img = img.convert(mode)  # forces the full decode, inside the `try`
+                img.load()  # the full decode, inside the `try`
+                img = convert_image(img, self.channels)  # 16-bit / float: by their range
         except _DECODE_ERRORS as e:
             if self.on_bad_image == "skip":
                 return None

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from vitkit.data.arrays import ArrayDataset, DataInfo
+from vitkit.data.transforms import convert_image
 from vitkit.errors import VitkitError
 
 
@@ -113,7 +114,7 @@ def _decode(cell: Any, file: Path, row: int, mode: str, size: tuple[int, int] | 
             img = Image.open(cell["path"])
         else:
             raise ValueError("no bytes and no path")
-        img = img.convert(mode)
+        img = convert_image(img, 1 if mode == "L" else 3)  # 16-bit / float: by their range
         if size is not None and img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
     except (OSError, ValueError, Image.DecompressionBombError) as e:

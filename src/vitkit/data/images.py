@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
 from PIL.Image import DecompressionBombError
 
-from vitkit.data.transforms import PilEvalTransform
+from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
 
 if TYPE_CHECKING:
@@ -25,26 +25,35 @@ def check_image_files(paths: Sequence[str | Path]) -> None:
 
 
 def load_image_file(path: str | Path, channels: int) -> Image.Image:
-    """Open an image for prediction, with a one-line error naming the file if that fails."""
+    """Open an image for prediction, with a one-line error naming the file if that fails;
+    16-bit and float pixels are scaled by their range (:func:`convert_image`), not clipped."""
     p = Path(path)
     if not p.is_file():
         raise VitkitError(f"{p}: no such image file")
     try:
         with Image.open(p) as img:
             img.load()
-            return img.convert("L" if channels == 1 else "RGB")
+            return convert_image(img, channels)
     except (UnidentifiedImageError, DecompressionBombError, OSError, ValueError) as e:
         raise VitkitError(f"{p}: cannot read image ({e})") from None
 
 
 def load_images(paths: Sequence[str | Path], preprocess: PreprocessConfig) -> torch.Tensor:
-    """Image files → the uint8 batch [B, C, H, W] the checkpoint's eval transform makes."""
-    pre = preprocess
-    if pre.interpolation not in ("bilinear", "bicubic"):
-        raise VitkitError(f"unsupported interpolation {pre.interpolation!r} in the checkpoint")
-    interpolation: Literal["bilinear", "bicubic"] = pre.interpolation  # type: ignore[assignment]
-    transform = PilEvalTransform(
-        pre.image_size, pre.channels, crop_pct=pre.crop_pct, interpolation=interpolation
-    )
-    images = [load_image_file(p, pre.channels) for p in paths]  # fail before any work
+    """Image files → the uint8 batch [B, C, H, W] the checkpoint's eval transform makes
+    (:func:`vitkit.data.transforms.normalize` with its mean, std and rescale factor next)."""
+    transform = eval_transform(preprocess)
+    images = [load_image_file(p, preprocess.channels) for p in paths]  # fail before any work
     return torch.stack([transform(img) for img in images])
+
+
+def eval_transform(preprocess: PreprocessConfig) -> PilEvalTransform:
+    """The per-image transform (resize, centre crop) a checkpoint's preprocessing describes."""
+    pre: Any = preprocess  # its fields are checked strings (config_checks), the Literals here
+    return PilEvalTransform(
+        pre.image_size,
+        pre.channels,
+        crop_pct=pre.crop_pct,
+        interpolation=pre.interpolation,
+        resize=pre.resize,
+        crop_offset=pre.crop_offset,
+    )

@@ -40,6 +40,7 @@ from vitkit.data.shards_index import (
     read_index,
     shard_info,
 )
+from vitkit.data.transforms import convert_image
 from vitkit.errors import VitkitError
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
@@ -86,13 +87,11 @@ class ShardDataset:
         label = label_of(sample, sample.get("__url__", "?"))
         if not 0 <= label < self.info.num_classes:
             raise VitkitError(f"{where} has label {label}, outside [0, {self.info.num_classes})")
-        mode = "L" if self.info.channels == 1 else "RGB"
         img: Image.Image
         try:
             with Image.open(io.BytesIO(data)) as img:
-                if img.mode == "P" and "transparency" in img.info:
-                    img = img.convert("RGBA")
-                img = img.convert(mode)
+                img.load()
+                img = convert_image(img, self.info.channels)  # 16-bit / float: by their range
         except _DECODE_ERRORS as e:
             if self.on_bad_image == "skip":
                 return None

@@ -34,18 +34,23 @@ _PIL_INTERPOLATION = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
 }
-Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos"]
+Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+Resize = Literal["shortest_edge", "squash", "none"]
 
 
 def normalize(
     images: torch.Tensor,
     mean: float | Sequence[float] = IMAGE_MEAN,
     std: float | Sequence[float] = IMAGE_STD,
+    scale: float = 1 / 255,
 ) -> torch.Tensor:
-    """`(x / 255 - mean) / std` for pixel values on the 0..255 scale (uint8 or float).
+    """`(x * scale - mean) / std` for pixel values on the 0..255 scale (uint8 or float).
 
     Works on [C, H, W] and [B, C, H, W]; `mean` and `std` are per channel (length 1 or C).
+    `scale` is a checkpoint's rescale factor (1 / 255: pixels on [0, 1]; 1: no rescaling).
     Returns float32 (or the input's float dtype).
     """
     x = images.float() if not images.is_floating_point() else images
@@ -57,7 +62,8 @@ def normalize(
             raise ValueError(
                 f"normalize: {name} has {value.shape[0]} values for {channels} channels"
             )
-    return (x / 255.0 - mean_t) / std_t
+    scaled = x / 255.0 if scale == 1 / 255 else x * scale  # the division: bitwise as before
+    return (scaled - mean_t) / std_t
 
 
 def match_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
@@ -99,13 +105,40 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def _convert(img: Image.Image, channels: int) -> Image.Image:
+def convert_image(img: Image.Image, channels: int) -> Image.Image:
+    """`img` as mode "L" (`channels` 1) or "RGB" (3), the one conversion every image file
+    goes through. 16-bit, 32-bit integer and float pixels (modes "I;16*", "I", "F") are first
+    scaled by their own range to 8 bits (PIL's own conversion clips them at 255: white):
+    "I;16" by 65535; "I" by 65535 when its values fit in 16 bits (a 16-bit PNG or TIFF), else
+    by 2**31 - 1; "F" by 1 when its values lie in [0, 1], else by 255 when they lie in
+    [0, 255], else by 65535. Negative, non-finite or larger values raise ValueError."""
     mode = "L" if channels == 1 else "RGB"
     if img.mode == mode:
         return img
-    if img.mode == "P" and "transparency" in img.info:
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        img = _to_8bit(img)
+    elif img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")  # avoids PIL's warning about palette transparency
-    return img.convert(mode)
+    return img if img.mode == mode else img.convert(mode)
+
+
+def _to_8bit(img: Image.Image) -> Image.Image:
+    """A one-channel 16-bit, 32-bit integer or float image as mode "L", scaled by its range."""
+    a = np.asarray(img).astype(np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"image mode {img.mode} with shape {a.shape} is not one channel")
+    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo < 0:
+        raise ValueError(f"mode {img.mode} pixels in [{lo:g}, {hi:g}]: no range to scale by")
+    if img.mode.startswith("I;16"):
+        top = 65535.0
+    elif img.mode == "I":
+        top = 65535.0 if hi <= 65535 else 2.0**31 - 1
+    else:
+        top = next((t for t in (1.0, 255.0, 65535.0) if hi <= t), 0.0)
+        if not top:
+            raise ValueError(f"mode F pixels up to {hi:g}: not [0, 1], [0, 255] or [0, 65535]")
+    return Image.fromarray(np.round(a * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
 
 
 class PilTrainTransform:
@@ -152,7 +185,7 @@ class PilTrainTransform:
         return left, top, left + w, top + h
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
-        img = _convert(img, self.channels)
+        img = convert_image(img, self.channels)
         box = self.crop_box(*img.size)
         out_h, out_w = self.size
         img = img.resize((out_w, out_h), _PIL_INTERPOLATION[self.interpolation], box=box)
@@ -168,7 +201,16 @@ class PilTrainTransform:
 
 
 class PilEvalTransform:
-    """Resize so the image covers `size / crop_pct` (the shorter side), then centre-crop `size`."""
+    """Resize to `size / crop_pct` as `resize` says, then centre-crop `size`.
+
+    `resize`: "shortest_edge" keeps the aspect ratio: a square `size` puts the shorter side at
+    floor(side / crop_pct) and the longer at int(that * long / short) (torchvision's and
+    Hugging Face's rule); a non-square one makes the image just cover `size / crop_pct`.
+    "squash" resizes each side to floor(side / crop_pct), the aspect ratio not kept. "none"
+    only crops. Where the image is smaller than the crop, the crop is padded with zeros (as
+    Hugging Face's center_crop). `crop_offset` "floor" starts the crop at floor((new - size)
+    / 2), as Hugging Face; "round" rounds half to even, as torchvision's CenterCrop (timm).
+    """
 
     def __init__(
         self,
@@ -176,6 +218,8 @@ class PilEvalTransform:
         channels: int = 3,
         crop_pct: float = 0.875,
         interpolation: Interpolation = "bilinear",
+        resize: Resize = "shortest_edge",
+        crop_offset: Literal["floor", "round"] = "floor",
     ) -> None:
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], not {crop_pct}")
@@ -183,22 +227,44 @@ class PilEvalTransform:
         self.channels = channels
         self.crop_pct = crop_pct
         self.interpolation = interpolation
+        self.resize = resize
+        self.crop_offset = crop_offset
 
-    def __call__(self, img: Image.Image) -> torch.Tensor:
-        img = _convert(img, self.channels)
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) of an image of `width` x `height` after the resize."""
         out_h, out_w = self.size
-        width, height = img.size
+        if self.resize == "none":
+            return width, height
+        target_h = int(math.floor(out_h / self.crop_pct + 1e-6))
+        target_w = int(math.floor(out_w / self.crop_pct + 1e-6))
+        if self.resize == "squash":
+            return target_w, target_h
+        if out_h == out_w:
+            short, long = min(width, height), max(width, height)
+            new_long = int(target_h * long / short)
+            return (target_h, new_long) if width <= height else (new_long, target_h)
         factor = max(out_h / self.crop_pct / height, out_w / self.crop_pct / width)
         new_w = max(out_w, int(math.floor(width * factor + 1e-6)))
         new_h = max(out_h, int(math.floor(height * factor + 1e-6)))
-        img = img.resize((new_w, new_h), _PIL_INTERPOLATION[self.interpolation])
-        left, top = (new_w - out_w) // 2, (new_h - out_h) // 2
+        return new_w, new_h
+
+    def _offset(self, new: int, out: int) -> int:
+        return int(round((new - out) / 2)) if self.crop_offset == "round" else (new - out) // 2
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        img = convert_image(img, self.channels)
+        out_h, out_w = self.size
+        new_w, new_h = self.resized_size(*img.size)
+        if (new_w, new_h) != img.size:
+            img = img.resize((new_w, new_h), _PIL_INTERPOLATION[self.interpolation])
+        left, top = self._offset(new_w, out_w), self._offset(new_h, out_h)
         return pil_to_tensor(img.crop((left, top, left + out_w, top + out_h)))
 
     def __repr__(self) -> str:
         return (
             f"PilEvalTransform(size={self.size}, channels={self.channels}, "
-            f"crop_pct={self.crop_pct}, interpolation={self.interpolation!r})"
+            f"crop_pct={self.crop_pct}, interpolation={self.interpolation!r}, "
+            f"resize={self.resize!r}, crop_offset={self.crop_offset!r})"
         )
 
 
@@ -339,6 +405,7 @@ def to_model_input(
     channels: int,
     mean: Sequence[float] = IMAGE_MEAN,
     std: Sequence[float] = IMAGE_STD,
+    scale: float = 1 / 255,
 ) -> torch.Tensor:
     """A uint8 (or 0..255 float) batch → the model's input: its channels, its size, normalised.
 
@@ -348,4 +415,4 @@ def to_model_input(
     x = match_channels(images, channels).float()
     if tuple(x.shape[-2:]) != tuple(image_size):
         x = resize_batch(x, image_size)
-    return normalize(x, mean, std)
+    return normalize(x, mean, std, scale)

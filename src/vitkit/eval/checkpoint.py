@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.data import load_dataset, make_loader, to_model_input
+from vitkit.data.images import eval_transform
 from vitkit.errors import VitkitError
 from vitkit.eval.classification import ClassificationResult, evaluate_classification
 from vitkit.eval.fewshot import extract_features
@@ -36,7 +37,9 @@ def checkpoint_dataset(
         kw.update(seed=run.get("seed", 0), val_size=run.get("val_size"))
     if data_root or (data == run.get("data") and run.get("data_root")):
         kw["root"] = data_root or run["data_root"]
-    dataset = load_dataset(data, split, image_size=ckpt.preprocess.image_size, **kw)  # type: ignore[arg-type]
+    pre = ckpt.preprocess  # image files: its own resize, crop and interpolation too
+    kw["eval_transform"] = eval_transform(pre)
+    dataset = load_dataset(data, split, image_size=pre.image_size, **kw)  # type: ignore[arg-type]
     problem = class_mismatch(ckpt, dataset, data)
     if check_classes and problem:
         raise VitkitError(problem)
@@ -121,7 +124,9 @@ def _prepare(ckpt: Checkpoint, device: str | None = None) -> Callable[[Tensor], 
 
     def prepare(images: Tensor) -> Tensor:
         x = images.to(device) if device is not None else images
-        return to_model_input(x, pre.image_size, pre.channels, pre.mean, pre.std)
+        return to_model_input(
+            x, pre.image_size, pre.channels, pre.mean, pre.std, pre.rescale_factor
+        )
 
     return prepare
 

@@ -45,7 +45,7 @@ def predict_files(
         raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")
     check_finite_weights(model, ckpt)
     pre = ckpt.preprocess
-    batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std)
+    batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std, pre.rescale_factor)
     with torch.inference_mode():
         probs = model(batch).float().softmax(-1)
     return top_k(probs, class_names(ckpt, probs.shape[-1]), k)

@@ -111,7 +111,9 @@ def probe(
             (*ds.get_batch(list(range(i, min(i + 256, len(ds))))), 0)
             for i in range(0, len(ds), 256)
         ]
-        prep = lambda x: to_model_input(x, size, pre.channels, pre.mean, pre.std)  # noqa: E731
+        prep = lambda x: to_model_input(  # noqa: E731
+            x, size, pre.channels, pre.mean, pre.std, pre.rescale_factor
+        )
         return extract_features(model, batches, prep, device=device)
 
     train, test = features("train"), features("test")

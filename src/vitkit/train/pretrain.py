@@ -95,7 +95,7 @@ class Pretrainer(Trainer):
         pre = self.preprocess
         mean = torch.tensor(pre.mean, device=x.device).view(1, -1, 1, 1)
         std = torch.tensor(pre.std, device=x.device).view(1, -1, 1, 1)
-        return (x.float() * std + mean).clamp(0, 1)
+        return ((x.float() * std + mean) / (255 * pre.rescale_factor)).clamp(0, 1)
 
     def _objective(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, int]:
         with self._autocast():

@@ -127,7 +127,13 @@ class TrainingRun:
         if self.init is not None:  # keep the checkpoint's normalisation and channels
             pre = self.init.preprocess
             self.preprocess = PreprocessConfig(
-                self.model_cfg.image_size, pre.channels, pre.mean, pre.std, pre.interpolation, crop
+                self.model_cfg.image_size,
+                pre.channels,
+                pre.mean,
+                pre.std,
+                pre.interpolation,
+                crop,
+                rescale_factor=pre.rescale_factor,
             )
         self.ema: WeightAverage | None = None
         if cfg.ema_decay is not None:
@@ -207,7 +213,12 @@ class TrainingRun:
         """uint8 batch → normalised float model input of the model's size and channels."""
         pre = self.preprocess
         return to_model_input(
-            images.to(self.device), pre.image_size, pre.channels, pre.mean, pre.std
+            images.to(self.device),
+            pre.image_size,
+            pre.channels,
+            pre.mean,
+            pre.std,
+            pre.rescale_factor,
         )
 
     def augment(self, images: Tensor) -> Tensor:
