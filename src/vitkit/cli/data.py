@@ -9,6 +9,7 @@ from typing import Any
 from vitkit.cli.options import (
     add_bad_image,
     add_command,
+    add_overwrite,
     byte_count,
     count,
     dataset,
@@ -58,13 +59,19 @@ def add_commands(sub: Any) -> None:
         help="bytes per shard at most (about)",
     )
     g.add_argument("--no-shuffle", action="store_true", help="keep the dataset's order")
+    add_overwrite(p, "replace shards (and shards.json) already in OUT; other files stay")
     p.set_defaults(func=cmd_shards)
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
     from vitkit.data.shards_index import INDEX
     from vitkit.data.shards_write import write_dataset_shards
+    from vitkit.files import check_destination
 
+    out = Path(args.out)
+    taken = [INDEX, *(p.name for p in out.glob("*.tar"))] if out.is_dir() else []
+    reads = [args.src] if Path(args.src).is_dir() else []  # (an ImageFolder directory)
+    check_destination(out, reads=reads, writes=taken, overwrite=args.overwrite)
     counts = write_dataset_shards(
         args.src,
         args.out,

@@ -311,6 +311,12 @@ def add_output(
     p.add_argument_group("output").add_argument("--out", type=kind, help=help)
 
 
+def add_overwrite(p: Any, help: str) -> None:
+    """``--overwrite``: replace the files the command writes where they already exist (never
+    a checkpoint being read: ``vitkit.files.check_destination``)."""
+    p.add_argument("--overwrite", action="store_true", help=help)
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
 
