@@ -56,3 +56,22 @@ def test_pretrain_help_names_the_recipe_it_starts_from() -> None:
     pretrain = build_parser()._subparsers._group_actions[0].choices["pretrain"]  # type: ignore[union-attr]
     (recipe,) = [a for a in pretrain._actions if "--recipe" in a.option_strings]
     assert "mnist-OBJECTIVE" in (recipe.help or "")
+
+
+def test_randaugment_count_must_be_whole_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--randaugment 2.5 9 was floored to 2 operations and trained."""
+    assert main(["train", "--smoke", "--data", "digits", "--randaugment", "2.5", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "randaugment takes" in err and "2.5" in err and "Traceback" not in err
+
+
+def test_pretrain_help_after_objective_names_its_recipe(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for objective in ("mae", "mpp"):
+        with pytest.raises(SystemExit):
+            main(["pretrain", "--objective", objective, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"recipe to start from (default: mnist-{objective})" in text

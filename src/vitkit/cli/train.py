@@ -21,6 +21,17 @@ from vitkit.cli.train_options import add_train_options, train_config_from_args
 from vitkit.errors import VitkitError
 
 
+class _Objective(argparse.Action):
+    """``--objective``, which also names the default recipe in a ``--help`` given after it
+    (``pretrain --objective mae --help``: "default: mnist-mae")."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        for action in parser._actions:
+            if action.dest == "recipe":
+                action.help = f"recipe to start from (default: mnist-{values})"
+
+
 def add_commands(sub: Any) -> None:
     p = add_command(
         sub,
@@ -96,6 +107,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--objective",
         choices=["mpp", "mae"],
+        action=_Objective,
         help="the pretext task (default: the recipe's; the recipe defaults to mnist-OBJECTIVE)",
     )
     p.add_argument(

@@ -246,7 +246,8 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         base = changes.get("objective_options", cfg.objective_options)
         changes["objective_options"] = {**base, **objective_opts}
     if args.randaugment is not None:
-        changes["randaugment"] = (int(args.randaugment[0]), float(args.randaugment[1]))
+        ops = float(args.randaugment[0])  # (2.5 reaches TrainConfig's check, not int()'s floor)
+        changes["randaugment"] = (int(ops) if ops.is_integer() else ops, args.randaugment[1])
     if getattr(args, "init_from", None):
         changes["init_from"] = args.init_from
     if args.keep_pre_logits:
