@@ -11,6 +11,7 @@ from vitkit.cli.options import (
     add_checkpoint,
     add_command,
     add_overwrite,
+    image_side,
     image_size,
     non_negative_int,
     output_directory,
@@ -27,7 +28,7 @@ def add_commands(sub: Any) -> None:
         "models",
         "the variant tables (ViTs, hybrids, BiT, the ViT family) with parameters and GFLOPs",
     )
-    p.add_argument("--image-size", type=positive_int, default=224, help="input resolution")
+    p.add_argument("--image-size", type=image_side, default=224, help="input resolution")
     p.add_argument(
         "--num-classes", type=non_negative_int, default=1000, help="classes of the head (0: none)"
     )
@@ -56,7 +57,7 @@ def add_commands(sub: Any) -> None:
     add_checkpoint(p, formats=True, source=False)
     g = p.add_argument_group("changes")
     g.add_argument(
-        "--image-size", type=positive_int, nargs="+", metavar="N", help="new resolution (H [W])"
+        "--image-size", type=image_side, nargs="+", metavar="N", help="new resolution (H [W])"
     )
     g.add_argument(
         "--resample",

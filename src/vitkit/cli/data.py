@@ -14,6 +14,7 @@ from vitkit.cli.options import (
     count,
     dataset,
     fraction_or_count,
+    image_side,
     output_directory,
     positive_int,
     seed,
@@ -43,9 +44,7 @@ def add_commands(sub: Any) -> None:
         "--val-size", type=fraction_or_count, help="held-out training images (count or fraction)"
     )
     g.add_argument("--seed", type=seed, default=0, help="chooses the val split and the order")
-    g.add_argument(
-        "--image-size", type=positive_int, help="built-in data: resize to this size first"
-    )
+    g.add_argument("--image-size", type=image_side, help="built-in data: resize to this size first")
     g.add_argument("--data-root", help="mnist: directory with the IDX files")
     add_bad_image(g, default="stop")
     g = p.add_argument_group("shards")

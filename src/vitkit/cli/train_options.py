@@ -14,6 +14,7 @@ from vitkit.cli.options import (
     add_threads_device,
     dataset,
     fraction_or_count,
+    image_side,
     non_negative_float,
     non_negative_int,
     output_directory,
@@ -95,7 +96,7 @@ def _add_model(g: Any) -> None:
         metavar="KEY=VALUE",
         help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
     )
-    g.add_argument("--image-size", type=positive_int, help="model input size (default: the data's)")
+    g.add_argument("--image-size", type=image_side, help="model input size (default: the data's)")
     g.add_argument(
         "--init-resample",
         choices=["bicubic", "bilinear", "zoom"],
