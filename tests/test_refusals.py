@@ -128,3 +128,13 @@ def test_running_out_of_memory_on_cpu_is_one_line(
     assert done.returncode == 2, done.stderr[-2000:]
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len([x for x in done.stderr.splitlines() if x.startswith("vitkit: error")]) == 1
+
+
+def test_a_bad_model_is_refused_before_torchrun_spawns_ranks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once, in one line, instead of once per rank and torchrun's traceback hint."""
+    args = ["train", "--nproc-per-node", "2", "--data", "digits", "--model", "Ti/2"]
+    assert main([*args, "-o", "width=64"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "vitkit: error: --model Ti/2: width 64 is not divisible by num_heads 3"
