@@ -205,6 +205,9 @@ def test_paths_of_the_wrong_kind_with_a_real_checkpoint(
     [
         ["train", "--image-size", "-8"],
         ["train", "--data", "digits", "--smoke", "--image-size", "-8"],
+        ["train", "--data", "digits", "--smoke", "--image-size", "100000"],
+        ["convert", "a", "b", "--image-size", "16385", "--to", "hf"],
+        ["shards", "digits", "out", "--image-size", "100000"],
         ["eval", "--from", "x", "--batch-size", "0"],
         ["predict", "a.png", "--from", "x", "--top-k", "-3"],
         ["explain", "a.png", "--from", "x", "--top-k", "0"],

@@ -59,3 +59,29 @@ def test_deit3_timm_folder_finetunes_and_exports(tmp_path, capsys):
     got = session.run(None, {"pixel_values": x.numpy()})[0]
     with torch.no_grad():
         assert np.abs(got - ours(x).numpy()).max() <= 1e-4
+
+
+def test_a_distilled_deit_finetunes_with_both_heads_replaced(tmp_path, capsys):
+    """DeiT's distillation head is a second classifier: fine-tuning to other classes replaces
+    it with the class head (it stopped with 'shape mismatches: head_dist.bias')."""
+    cfg = model_config(
+        "deit_tiny_distilled_patch16_224",
+        image_size=16,
+        patch_size=4,
+        width=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=7,
+    )
+    assert cfg.dist_token
+    model = build_model(cfg)
+    src = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), model.state_dict())
+    write_checkpoint(src, tmp_path / "deit", "vitkit")
+    out = tmp_path / "ft"
+    args = ["finetune", "--from", str(tmp_path / "deit"), "--data", "digits", "--smoke"]
+    args += ["--max-steps", "2", "--out-dir", str(out), "--no-progress", "--threads", "1"]
+    assert main(args) == 0, capsys.readouterr().err
+    tuned = load_checkpoint(out).state_dict
+    assert tuned["head.weight"].shape == tuned["head_dist.weight"].shape == (10, 32)
+    assert tuned["head_dist.bias"].shape == (10,)

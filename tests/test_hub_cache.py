@@ -221,3 +221,25 @@ def test_readme_model_id_example_runs(cache: Path, tmp_path: Path) -> None:
     Image.new("RGB", (20, 12), (200, 120, 40)).save(tmp_path / "cat.jpg")
     for line in found.group(1).splitlines():
         assert main(shlex.split(line)[1:]) == 0, line
+
+
+def test_a_ref_or_snapshot_leading_outside_the_cache_is_refused(cache: Path, tmp_path: Path):
+    """refs/NAME is a commit hash and snapshots/HASH a folder of the cache: anything else
+    would read files from elsewhere under the name of a model id."""
+    outside = write_checkpoint(as_ckpt(tiny(0)), tmp_path / "elsewhere" / "x", "hf")
+    snap = cache_folder(cache, "org/m", write_checkpoint(as_ckpt(tiny(1)), tmp_path / "a", "hf"))
+    refs = snap.parent.parent / "refs"
+    (refs / "evil").write_text(os.path.relpath(outside, snap.parent))
+    with pytest.raises(VitkitError, match=r"org/m@evil: .*refs/evil holds '\.\./.*not a commit"):
+        read_checkpoint("org/m@evil")
+    away = snap.parent / ("f" * 40)  # a snapshot that is a link out of the cache
+    away.symlink_to(outside, target_is_directory=True)
+    (refs / "away").write_text("f" * 40)
+    for rev in ("away", "f" * 40):
+        with pytest.raises(VitkitError, match=r"leads outside .*snapshots"):
+            read_checkpoint(f"org/m@{rev}")
+    (refs / "link").symlink_to(tmp_path / "elsewhere" / "ref")
+    (tmp_path / "elsewhere" / "ref").write_text(snap.name)
+    with pytest.raises(VitkitError, match=r"leads outside .*refs"):
+        read_checkpoint("org/m@link")
+    same_state(read_checkpoint("org/m").state_dict, read_checkpoint(snap).state_dict)

@@ -56,3 +56,85 @@ def test_pretrain_help_names_the_recipe_it_starts_from() -> None:
     pretrain = build_parser()._subparsers._group_actions[0].choices["pretrain"]  # type: ignore[union-attr]
     (recipe,) = [a for a in pretrain._actions if "--recipe" in a.option_strings]
     assert "mnist-OBJECTIVE" in (recipe.help or "")
+
+
+def test_randaugment_count_must_be_whole_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--randaugment 2.5 9 was floored to 2 operations and trained."""
+    assert main(["train", "--smoke", "--data", "digits", "--randaugment", "2.5", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "randaugment takes" in err and "2.5" in err and "Traceback" not in err
+
+
+def test_pretrain_help_after_objective_names_its_recipe(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for objective in ("mae", "mpp"):
+        with pytest.raises(SystemExit):
+            main(["pretrain", "--objective", objective, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"recipe to start from (default: mnist-{objective})" in text
+
+
+def test_image_size_is_capped_where_the_cli_reads_it(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (
+        ["train", "--smoke", "--data", "digits", "--image-size", "100000"],
+        ["shards", "digits", "out", "--image-size", "100000"],
+        ["models", "--image-size", "100000"],
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "--image-size" in err and "1..16384" in err and len(err.strip().splitlines()) == 1
+
+
+TINY_MAIN = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))  # a machine with 6 GiB
+from vitkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--image-size", "4000"], "images at 4000x4000 px need 19.3 GiB in memory"),
+        (
+            ["-o", "mlp_dim=262144", "--batch-size", "1024"],
+            "out of memory on cpu at batch size 1024 (1024 images per micro-batch), asking "
+            "for 17.0 GiB more: lower --batch-size (e.g. 512) or keep it with --accum-steps 2",
+        ),
+    ],
+    ids=["dataset", "step"],
+)
+def test_running_out_of_memory_on_cpu_is_one_line(
+    tmp_path: Path, extra: list[str], expected: str
+) -> None:
+    """A real allocation failure (the address space capped in a child process), as on CUDA:
+    one line naming the batch, the memory asked for and the fix, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    model = ["--model", "Ti/2", "-o", "width=32", "-o", "depth=1", "-o", "num_heads=2"]
+    args = ["train", "--data", "digits", *model, "--no-progress", "--max-steps", "1"]
+    args += ["--precision", "fp32", "--out-dir", str(tmp_path / "run"), *extra]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run(
+        [sys.executable, "-c", TINY_MAIN, *args], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert len([x for x in done.stderr.splitlines() if x.startswith("vitkit: error")]) == 1
+
+
+def test_a_bad_model_is_refused_before_torchrun_spawns_ranks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once, in one line, instead of once per rank and torchrun's traceback hint."""
+    args = ["train", "--nproc-per-node", "2", "--data", "digits", "--model", "Ti/2"]
+    assert main([*args, "-o", "width=64"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "vitkit: error: --model Ti/2: width 64 is not divisible by num_heads 3"

@@ -202,3 +202,27 @@ def test_consolidate_never_deletes_what_it_did_not_write(
     assert code == 2 and "--overwrite" in err and listing(run) == before
     assert run_cli(["consolidate", str(run), str(tmp_path / "one")], capsys)[0] == 0
     assert listing(tmp_path / "one") == ["config.json", "model.safetensors"]
+
+
+def test_resuming_in_memory_data_with_workers_does_not_warn(tmp_path: Path) -> None:
+    """--num-workers changes nothing for in-memory data (no worker process decodes or
+    augments it): resuming with it stays bitwise the same, and says nothing."""
+    import warnings
+
+    import torch
+
+    from vitkit.checkpoints import LATEST, load_checkpoint
+
+    full = tmp_path / "full"
+    args = [*DIGITS, "--epochs", "1", "--max-steps", "4", "--ckpt-every", "2", "--threads", "1"]
+    assert main(["train", *args, "--keep-checkpoints", "9", "--out-dir", str(full)]) == 0
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000002")
+    (run / "checkpoints" / LATEST).write_text("step_00000002\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["train", "--out-dir", str(run), "--resume", "--num-workers", "2"]) == 0
+    assert not [w for w in caught if "bitwise" in str(w.message)]
+    a, b = load_checkpoint(full).state_dict, load_checkpoint(run).state_dict
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -22,6 +22,7 @@ from torch import nn
 
 from vitkit.config import ModelConfig
 from vitkit.errors import VitkitError
+from vitkit.files import publish
 
 
 def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None) -> Path:
@@ -52,14 +53,15 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
             external_data=False,
             **kwargs,
         )
-    os.replace(tmp, path)
-    return path
+    return publish(tmp, path)
 
 
 def check_onnx(
     model: nn.Module, path: str | Path, batch_sizes: tuple[int, ...] = (1, 3), seed: int = 0
 ) -> float:
-    """Max |onnxruntime - PyTorch| over random inputs of several batch sizes."""
+    """Max |onnxruntime - PyTorch| over random inputs of several batch sizes; ``inf`` where
+    either side is not finite (NaN is a failure, never a difference of 0: Python's ``max``
+    and ``>`` both drop a NaN)."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -73,5 +75,7 @@ def check_onnx(
         with torch.inference_mode():
             ref = model.eval().float()(x).numpy()
         out = session.run(None, {"pixel_values": x.numpy()})[0]
+        if out.shape != ref.shape or not (np.isfinite(out).all() and np.isfinite(ref).all()):
+            return float("inf")
         worst = max(worst, float(np.abs(out - ref).max()))
     return worst

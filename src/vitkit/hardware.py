@@ -48,13 +48,25 @@ def resolve_precision(precision: str, device: torch.device) -> Literal["fp32", "
     return "bf16" if precision == "bf16" else "fp32"
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """An allocation that did not fit: CUDA's OutOfMemoryError, the CPU allocator's
+    RuntimeError ("can't allocate memory") or Python's MemoryError."""
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    )
+
+
 def out_of_memory_message(
     err: BaseException, device: torch.device | str, batch_size: int, accum_steps: int, micro: int
 ) -> str:
     """One line for a training step that did not fit: the batch, the images per micro-batch on
     this process (``micro``), the memory the allocation asked for (from PyTorch's message) and
     what to change (a smaller batch, or the same batch in more micro-batches)."""
-    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGTP]?i?B)", str(err))
+    found = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGTP]?i?B)", str(err))
+    in_bytes = re.search(r"tried to allocate (\d+) bytes", str(err))  # the CPU allocator's
+    asked = found.group(1) if found else None
+    if in_bytes:
+        asked = f"{int(in_bytes.group(1)) / 2**30:.1f} GiB"
     fix = "use a smaller model"
     if batch_size > 1:
         fix = f"lower --batch-size (e.g. {batch_size // 2})"
@@ -62,6 +74,6 @@ def out_of_memory_message(
         fix += f" or keep it with --accum-steps {accum_steps * 2} (half the memory per step)"
     return (
         f"out of memory on {device} at batch size {batch_size} ({micro} images per micro-batch)"
-        + (f", asking for {asked.group(1)} more" if asked else "")
+        + (f", asking for {asked} more" if asked else "")
         + f": {fix}"
     )

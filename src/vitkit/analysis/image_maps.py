@@ -30,6 +30,19 @@ class ExplainedImage:
     prefix_rollout: dict[str, float] = field(default_factory=dict)
 
 
+def output_stems(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Each image's output name stem: its file's, with ``_1``, ``_2``, ... by position where
+    several images share one."""
+    stems = [Path(p).stem for p in paths]
+    return [s if stems.count(s) == 1 else f"{s}_{i + 1}" for i, s in enumerate(stems)]
+
+
+def output_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Every file :func:`explain_files` may write for ``paths``."""
+    kinds = ("rollout", "layers", "pool")
+    return [f"{stem}_{kind}.png" for stem in output_stems(paths) for kind in kinds]
+
+
 def explain_files(
     model: VisionTransformer,
     ckpt: Checkpoint,
@@ -57,10 +70,8 @@ def explain_files(
         tops = top_k(found.logits.softmax(-1), names, k)
     else:
         tops = [[] for _ in paths]
-    stems = [Path(p).stem for p in paths]
     explained = []
-    for i, path in enumerate(paths):
-        stem = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}_{i + 1}"
+    for i, (path, stem) in enumerate(zip(paths, output_stems(paths))):
         shown = format_top_k(tops[i])
         title = f"{Path(path).name}: {shown}" if shown else Path(path).name
         pixels = raw[i].float() / 255

@@ -69,12 +69,14 @@ def adapt(
         raise VitkitError(f"num_classes must be >= 0, got {k}")
     new_head = k != cfg.num_classes or drop_pre
     new = new.replace(num_classes=k)
-    if new_head:
-        sd.pop("head.weight", None)
-        sd.pop("head.bias", None)
-        if k:
-            sd["head.weight"] = torch.zeros(k, new.feature_dim)
-            sd["head.bias"] = torch.zeros(k)
+    if new_head:  # both of DeiT's heads: the class head and the distillation head
+        heads = ["head"] + (["head_dist"] if "head_dist.weight" in sd else [])
+        for head in heads:
+            sd.pop(f"{head}.weight", None)
+            sd.pop(f"{head}.bias", None)
+            if k:
+                sd[f"{head}.weight"] = torch.zeros(k, new.feature_dim)
+                sd[f"{head}.bias"] = torch.zeros(k)
     elif is_zero_head(sd):
         warnings.warn(
             f"{source}: the classification head is all zeros (as in the released ImageNet-21k "

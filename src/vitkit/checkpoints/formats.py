@@ -58,6 +58,7 @@ from vitkit.checkpoints.io import (
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
+from vitkit.files import check_destination, publish, set_file_mode
 from vitkit.posemb import Resample
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
@@ -461,14 +462,16 @@ def write_checkpoint(
     """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
     temporary name and renamed into place, so an interrupted write never leaves half a file.
 
-    Nothing is deleted that this call did not write: an existing file, a non-empty directory,
-    or a destination that is (or lies inside) the checkpoint read (``ckpt.path``, or the
-    ``source`` the user named) is refused unless ``overwrite``; then only the files written
-    here are replaced and whatever else a directory holds stays."""
+    Nothing is deleted that this call did not write (``vitkit.files.check_destination``): a
+    destination that is (or lies inside) the checkpoint read (``ckpt.path``; for a run's
+    checkpoint the run's ``checkpoints/``) is refused, ``overwrite`` or not; an existing file
+    or a non-empty directory is refused unless ``overwrite``; then only the files written here
+    are replaced and whatever else a directory holds stays. ``source``: the path the user
+    named (kept for callers; ``ckpt.path`` is what was read)."""
     from vitkit.model import build_model
 
     dst = Path(dst)
-    _check_destination(dst, [ckpt.path] + ([Path(source)] if source else []), overwrite)
+    check_destination(dst, reads=[ckpt.path], overwrite=overwrite)
     cfg, sd = ckpt.model_config, ckpt.state_dict
     check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
     if to == "vitkit":
@@ -538,29 +541,7 @@ def write_checkpoint(
 
 
 def _replace(tmp: Path, dst: Path) -> Path:
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
-    _fsync_dir(dst.parent)
-    return dst
-
-
-def _check_destination(dst: Path, sources: list[Path], overwrite: bool) -> None:
-    """Refuse (unless ``overwrite``) a destination whose writing would replace files this
-    write did not create: the source itself or a place inside it, an existing file, a
-    directory that is not empty."""
-    if overwrite:
-        return
-    hint = "choose another destination, or pass --overwrite (it replaces only the files written)"
-    target = dst.resolve()
-    for src in sources:
-        src = src.resolve()
-        if target == src or src in target.parents:
-            raise VitkitError(f"{dst}: is the source checkpoint or inside it; {hint}")
-    if dst.is_dir() and any(dst.iterdir()):
-        raise VitkitError(f"{dst}: exists and is not empty; {hint}")
-    if dst.exists() and not dst.is_dir():
-        raise VitkitError(f"{dst}: exists; {hint}")
+    return publish(tmp, dst)
 
 
 def _install_dir(tmp: Path, dst: Path) -> Path:
@@ -586,6 +567,7 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    set_file_mode(tmp / "model.safetensors")  # (safetensors creates 0600)
     for name, obj in jsons.items():
         _write_json(tmp / name, obj)
     return _install_dir(tmp, dst)

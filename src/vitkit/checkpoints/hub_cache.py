@@ -79,8 +79,16 @@ def resolve_model_id(text: str) -> Path:
                 f"{text}: the cached {repo_id} has no revision '{rev}' ({repo / 'refs'} holds "
                 f"{', '.join(known) or 'none'}); {hint}"
             )
-        commit = ref.read_text().strip()
+        if not _inside(ref, repo / "refs"):
+            raise VitkitError(f"{text}: {ref} leads outside {repo / 'refs'}; {hint}")
+        commit = ref.read_text(errors="replace").strip()
+        if not _COMMIT.match(commit):  # ('../../x' would leave the cache)
+            raise VitkitError(
+                f"{text}: {ref} holds {commit[:50]!r}, not a commit hash (40 hex digits); {hint}"
+            )
     snap = repo / "snapshots" / commit
+    if snap.exists() and not _inside(snap, repo / "snapshots"):
+        raise VitkitError(f"{text}: {snap} leads outside {repo / 'snapshots'}; {hint}")
     if not snap.is_dir():
         raise VitkitError(
             f"{text}: revision '{rev}' of the cached {repo_id} is commit {commit}, but "
@@ -88,6 +96,12 @@ def resolve_model_id(text: str) -> Path:
         )
     _check_snapshot(text, repo_id, snap, hint)
     return snap
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """``path`` (links followed) is ``root``'s or lies in it (links followed too)."""
+    real, top = path.resolve(), root.resolve()
+    return real == top or top in real.parents
 
 
 def _check_snapshot(text: str, repo_id: str, snap: Path, hint: str) -> None:

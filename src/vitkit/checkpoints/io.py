@@ -41,6 +41,7 @@ from vitkit.config import (
 )
 from vitkit.counts import count_params
 from vitkit.errors import VitkitError
+from vitkit.files import set_file_mode
 
 FORMAT = "vitkit"
 FORMAT_VERSION = 1
@@ -141,6 +142,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    set_file_mode(path)  # safetensors creates 0600 whatever the umask
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 

@@ -10,6 +10,8 @@ from typing import Any
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
+    add_overwrite,
+    image_side,
     image_size,
     loading,
     non_negative_int,
@@ -28,7 +30,7 @@ def add_commands(sub: Any) -> None:
         "models",
         "the variant tables (ViTs, hybrids, BiT, the ViT family) with parameters and GFLOPs",
     )
-    p.add_argument("--image-size", type=positive_int, default=224, help="input resolution")
+    p.add_argument("--image-size", type=image_side, default=224, help="input resolution")
     p.add_argument(
         "--num-classes", type=non_negative_int, default=1000, help="classes of the head (0: none)"
     )
@@ -57,7 +59,7 @@ def add_commands(sub: Any) -> None:
     add_checkpoint(p, formats=True, source=False)
     g = p.add_argument_group("changes")
     g.add_argument(
-        "--image-size", type=positive_int, nargs="+", metavar="N", help="new resolution (H [W])"
+        "--image-size", type=image_side, nargs="+", metavar="N", help="new resolution (H [W])"
     )
     g.add_argument(
         "--resample",
@@ -84,8 +86,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="write into an existing DST (even the source): replaces only the files convert "
-        "writes, keeps everything else",
+        help="write into an existing DST (even the run read, never into its checkpoints): "
+        "replaces only the files convert writes, keeps everything else",
     )
     p.set_defaults(func=cmd_convert)
 
@@ -112,6 +114,7 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="skip comparing onnxruntime's outputs with PyTorch's (needs onnxruntime)",
     )
+    add_overwrite(p, "replace an existing OUT (never a file of the checkpoint read)")
     p.set_defaults(func=cmd_export)
 
     p = add_command(
@@ -170,9 +173,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
+    from vitkit.eval.checkpoint import check_finite_weights
     from vitkit.export import check_onnx, export_onnx
+    from vitkit.files import check_destination
 
     model, ckpt = load_model(args.ckpt, **loading(args))
+    check_destination(args.out, reads=[ckpt.path], overwrite=args.overwrite)
+    check_finite_weights(model, ckpt)
     out = export_onnx(model, args.out, opset=args.opset)
     cfg = ckpt.model_config
     print(
@@ -182,7 +189,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.no_check:
         diff = check_onnx(model, out)
         print(f"onnxruntime vs PyTorch: max abs difference {diff:.2e}")
-        if diff > 1e-4:
+        if not diff <= 1e-4:  # (inf: a side returned NaN or inf)
             raise VitkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.2e} (> 1e-4)")
     return 0
 

@@ -9,10 +9,12 @@ from typing import Any
 from vitkit.cli.options import (
     add_bad_image,
     add_command,
+    add_overwrite,
     byte_count,
     count,
     dataset,
     fraction_or_count,
+    image_side,
     output_directory,
     positive_int,
     seed,
@@ -42,9 +44,7 @@ def add_commands(sub: Any) -> None:
         "--val-size", type=fraction_or_count, help="held-out training images (count or fraction)"
     )
     g.add_argument("--seed", type=seed, default=0, help="chooses the val split and the order")
-    g.add_argument(
-        "--image-size", type=positive_int, help="built-in data: resize to this size first"
-    )
+    g.add_argument("--image-size", type=image_side, help="built-in data: resize to this size first")
     g.add_argument("--data-root", help="mnist: directory with the IDX files")
     add_bad_image(g, default="stop")
     g = p.add_argument_group("shards")
@@ -58,13 +58,19 @@ def add_commands(sub: Any) -> None:
         help="bytes per shard at most (about)",
     )
     g.add_argument("--no-shuffle", action="store_true", help="keep the dataset's order")
+    add_overwrite(p, "replace shards (and shards.json) already in OUT; other files stay")
     p.set_defaults(func=cmd_shards)
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
     from vitkit.data.shards_index import INDEX
     from vitkit.data.shards_write import write_dataset_shards
+    from vitkit.files import check_destination
 
+    out = Path(args.out)
+    taken = [INDEX, *(p.name for p in out.glob("*.tar"))] if out.is_dir() else []
+    reads = [args.src] if Path(args.src).is_dir() else []  # (an ImageFolder directory)
+    check_destination(out, reads=reads, writes=taken, overwrite=args.overwrite)
     counts = write_dataset_shards(
         args.src,
         args.out,

@@ -15,6 +15,7 @@ from vitkit.cli.options import (
     add_images,
     add_json,
     add_output,
+    add_overwrite,
     add_runtime,
     loading,
     output_dir,
@@ -43,7 +44,7 @@ def add_commands(sub: Any) -> None:
         "--overwrite",
         action="store_true",
         help="replace an earlier evaluation in --out (default: refused; without --out a new "
-        "RUN/eval_SPLIT-2, -3, ... is used)",
+        "RUN/eval_SPLIT-2, -3, ... is used); never writes into the checkpoint read",
     )
     add_runtime(p, batch_size=256)
     p.set_defaults(func=cmd_eval)
@@ -78,6 +79,7 @@ def add_commands(sub: Any) -> None:
         help="the same architecture, freshly initialised (the baseline for pre-training)",
     )
     add_output(p, "write the results as JSON to this file", file=True)
+    add_overwrite(p, "replace an existing --out file (never one of the checkpoint read)")
     add_runtime(p, batch_size=256)
     p.set_defaults(func=cmd_fewshot)
 
@@ -98,6 +100,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.seeds < 1 or not all("{seed}" in p for p in paths):
             raise VitkitError("--seeds N needs N >= 1 and '{seed}' in every --from path")
         paths = [p.replace("{seed}", str(s)) for p in paths for s in range(args.seeds)]
+    if args.out and len(paths) > 1:
+        from vitkit.files import check_destination
+
+        check_destination(args.out, writes=["summary.json"], overwrite=args.overwrite)
     results = []
     for i, path in enumerate(paths):
         out = Path(args.out) / str(i) if args.out and len(paths) > 1 else args.out
@@ -128,7 +134,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
 
     model, ckpt = load_model(path, **loading(args))
     default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
-    out = eval_output_dir(default, given=out_arg is not None, overwrite=args.overwrite)
+    out = eval_output_dir(
+        default, given=out_arg is not None, overwrite=args.overwrite, reads=[ckpt.path]
+    )
     precision, why = checkpoint_precision(ckpt, args.precision)
     model.to(args.device)
     data = args.data or ckpt.meta.get("dataset")
@@ -171,13 +179,16 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     import torch
 
-    from vitkit.checkpoints import load_model
+    from vitkit.checkpoints import atomic_write_text, load_model
     from vitkit.eval.checkpoint import checkpoint_features, checkpoint_precision
     from vitkit.eval.fewshot import DEFAULT_L2_GRID, fewshot_evaluate, format_fewshot
+    from vitkit.files import check_destination
     from vitkit.model import build_model
 
     shots = args.shots
     model, ckpt = load_model(args.ckpt, **loading(args))
+    if args.out:  # before the features are computed
+        check_destination(args.out, reads=[ckpt.path], overwrite=args.overwrite)
     if args.random_init:
         torch.manual_seed(0)
         model = build_model(ckpt.model_config).eval()
@@ -200,7 +211,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
             "results": [r.to_json_dict() for r in results],
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        atomic_write_text(args.out, json.dumps(out, indent=1))
     return 0
 
 

@@ -15,6 +15,7 @@ from vitkit.cli.options import (
     add_images,
     add_json,
     add_output,
+    add_overwrite,
     add_runtime,
     loading,
     non_negative_int,
@@ -23,6 +24,7 @@ from vitkit.cli.options import (
     set_threads,
 )
 from vitkit.errors import VitkitError
+from vitkit.files import check_destination, fresh_directory
 
 HEAD_FUSION = ("mean", "max", "min")
 
@@ -51,6 +53,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--top-k", type=positive_int, default=5, help="labels to print")
     _add_head_fusion(p)
     add_output(p, "directory for the PNGs", "explain")
+    add_overwrite(
+        p,
+        "replace earlier PNGs of these images in --out (default: refused; without --out a new "
+        "RUN/explain-2, -3, ... is used)",
+    )
     add_json(p)
     add_runtime(p, precision=False)
     p.set_defaults(func=cmd_explain)
@@ -82,6 +89,11 @@ def add_commands(sub: Any) -> None:
     )
     _add_head_fusion(g)
     add_output(p, "output directory", "analysis")
+    add_overwrite(
+        p,
+        "replace an earlier analysis in --out (default: refused; without --out a run's own "
+        "analysis/ and report.html are rewritten)",
+    )
     add_runtime(p, batch_size=32, precision=False)
     p.set_defaults(func=cmd_analyze)
 
@@ -89,7 +101,7 @@ def add_commands(sub: Any) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     from vitkit.analysis.attention import require_attention
-    from vitkit.analysis.image_maps import explain_files
+    from vitkit.analysis.image_maps import explain_files, output_names
     from vitkit.checkpoints import load_model
     from vitkit.data.images import check_image_files
     from vitkit.eval.predict import format_top_k
@@ -99,7 +111,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise VitkitError(f"--top-k must be at least 1, got {args.top_k}")
     loaded, ckpt = load_model(args.ckpt, **loading(args))
     model = require_attention(loaded).to(args.device)
-    out = output_dir(args.out, ckpt.path, "explain")
+    out = fresh_directory(
+        output_dir(args.out, ckpt.path, "explain"),
+        given=args.out is not None,
+        overwrite=args.overwrite,
+        writes=output_names(args.images),
+        reads=[ckpt.path],
+    )
     for found in explain_files(
         model, ckpt, args.images, out, k=args.top_k, head_fusion=args.head_fusion
     ):
@@ -127,7 +145,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     from vitkit.analysis import analyze_model, sample_dataset, write_report
     from vitkit.analysis.attention import require_attention
-    from vitkit.analysis.summary import format_numbers
+    from vitkit.analysis.summary import FILES, format_numbers
     from vitkit.checkpoints import load_model
     from vitkit.eval.checkpoint import checkpoint_dataset, class_mismatch
 
@@ -165,6 +183,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     out = output_dir(args.out, ckpt.path, "analysis")
+    # A run's own analysis (no --out) is rewritten with its report.html: a run keeps one.
+    check_destination(
+        out,
+        reads=[ckpt.path],
+        writes=[*FILES.values(), "report.html"],
+        overwrite=args.overwrite or args.out is None,
+    )
     result = analyze_model(
         model,
         out,

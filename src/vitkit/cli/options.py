@@ -52,6 +52,16 @@ def positive_int(text: str) -> int:
     return int(_number(text, int, "a whole number >= 1", lambda v: v >= 1))
 
 
+def image_side(text: str) -> int:
+    """Pixels along a side of the model's input: 1 .. MAX_SIDE (the cap a checkpoint's config
+    gets too), checked before any image is resized to it."""
+    from vitkit.config_checks import MAX_SIDE
+
+    return int(
+        _number(text, int, f"a whole number of pixels, 1..{MAX_SIDE}", lambda v: 1 <= v <= MAX_SIDE)
+    )
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (workers, seeds, optional counts)."""
     return int(_number(text, int, "a whole number >= 0", lambda v: v >= 0))
@@ -343,6 +353,12 @@ def add_output(
         )
     kind = output_file if file else output_directory
     p.add_argument_group("output").add_argument("--out", type=kind, help=help)
+
+
+def add_overwrite(p: Any, help: str) -> None:
+    """``--overwrite``: replace the files the command writes where they already exist (never
+    a checkpoint being read: ``vitkit.files.check_destination``)."""
+    p.add_argument("--overwrite", action="store_true", help=help)
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,17 @@ from vitkit.cli.train_options import add_train_options, train_config_from_args
 from vitkit.errors import VitkitError
 
 
+class _Objective(argparse.Action):
+    """``--objective``, which also names the default recipe in a ``--help`` given after it
+    (``pretrain --objective mae --help``: "default: mnist-mae")."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        for action in parser._actions:
+            if action.dest == "recipe":
+                action.help = f"recipe to start from (default: mnist-{values})"
+
+
 def add_commands(sub: Any) -> None:
     p = add_command(
         sub,
@@ -96,6 +107,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--objective",
         choices=["mpp", "mae"],
+        action=_Objective,
         help="the pretext task (default: the recipe's; the recipe defaults to mnist-OBJECTIVE)",
     )
     p.add_argument(
@@ -116,6 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.list_recipes:
         return list_recipes()
     if args.nproc_per_node is not None:
+        check_model_before_spawning(train_config_from_args(args))
         return launch_torchrun(args.nproc_per_node, args.argv)
     from vitkit.train import distributed
     from vitkit.train.trainer import Trainer
@@ -237,6 +250,22 @@ def list_recipes() -> int:
         settings = r.config.to_dict()
         print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in keys.split()) + "\n")
     return 0
+
+
+def check_model_before_spawning(cfg: Any) -> None:
+    """The model's config, checked once before torchrun starts N processes that would each
+    fail on it (and end with torchrun's traceback hint). The data's size is not known yet: an
+    error about the image size is left to the run, which knows it."""
+    from vitkit.config import model_config
+
+    if cfg.init_from or cfg.resume:  # (the checkpoint's config: checked where it is read)
+        return
+    size = {"image_size": cfg.image_size} if cfg.image_size else {}
+    try:
+        model_config(cfg.model, **{**cfg.model_overrides, **size})
+    except VitkitError as e:
+        if "image" not in str(e) or size:
+            raise VitkitError(f"--model {cfg.model}: {e}") from None
 
 
 def launch_torchrun(nproc_per_node: int, argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from vitkit.cli.options import (
     add_threads_device,
     dataset,
     fraction_or_count,
+    image_side,
     non_negative_float,
     non_negative_int,
     output_directory,
@@ -95,7 +96,7 @@ def _add_model(g: Any) -> None:
         metavar="KEY=VALUE",
         help="override a model config field, e.g. -o depth=6 -o pool=gap -o dropout=0.1",
     )
-    g.add_argument("--image-size", type=positive_int, help="model input size (default: the data's)")
+    g.add_argument("--image-size", type=image_side, help="model input size (default: the data's)")
     g.add_argument(
         "--init-resample",
         choices=["bicubic", "bilinear", "zoom"],
@@ -246,7 +247,8 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         base = changes.get("objective_options", cfg.objective_options)
         changes["objective_options"] = {**base, **objective_opts}
     if args.randaugment is not None:
-        changes["randaugment"] = (int(args.randaugment[0]), float(args.randaugment[1]))
+        ops = float(args.randaugment[0])  # (2.5 reaches TrainConfig's check, not int()'s floor)
+        changes["randaugment"] = (int(ops) if ops.is_integer() else ops, args.randaugment[1])
     if getattr(args, "init_from", None):
         changes["init_from"] = args.init_from
     if args.keep_pre_logits:

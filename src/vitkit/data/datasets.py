@@ -302,11 +302,21 @@ def _adapt(
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     if size is not None and tuple(size) != info.image_size:
         (h, w), (new_h, new_w) = info.image_size, (int(size[0]), int(size[1]))
-        chunks = [
-            resize_batch(images[i : i + _RESIZE_CHUNK], (new_h, new_w)).round_().clamp_(0, 255)
-            for i in range(0, images.shape[0], _RESIZE_CHUNK)
-        ]
-        images = torch.cat(chunks).to(torch.uint8)
+        try:
+            chunks = [
+                resize_batch(images[i : i + _RESIZE_CHUNK], (new_h, new_w)).round_().clamp_(0, 255)
+                for i in range(0, images.shape[0], _RESIZE_CHUNK)
+            ]
+            images = torch.cat(chunks).to(torch.uint8)
+        except (RuntimeError, MemoryError) as e:
+            if "can't allocate memory" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            need = images.shape[0] * images.shape[1] * new_h * new_w / 2**30
+            raise VitkitError(
+                f"dataset '{info.name}': {images.shape[0]:,} images at {new_h}x{new_w} px need "
+                f"{need:.1f} GiB in memory (as uint8, more while resizing), more than can be "
+                "allocated here: choose a smaller --image-size"
+            ) from None
         if boxes is not None:
             boxes = boxes * torch.tensor([new_w / w, new_h / h, new_w / w, new_h / h])
         info = replace(info, image_size=(new_h, new_w))

@@ -30,6 +30,7 @@ import torch
 from vitkit.data.arrays import ArrayDataset, DataInfo
 from vitkit.data.safe_pickle import load_data_pickle
 from vitkit.errors import VitkitError
+from vitkit.files import set_file_mode
 
 MNIST_INFO = DataInfo(
     name="mnist",
@@ -133,6 +134,7 @@ def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
         with os.fdopen(fd, "wb") as f:
             # The stub lets `**arrays` reach `allow_pickle: bool`; our keys are _CACHE_KEYS.
             np.savez(f, **arrays)  # type: ignore[arg-type]
+        set_file_mode(tmp)  # mkstemp creates 0600 whatever the umask
         os.replace(tmp, path)
     except OSError:
         Path(tmp).unlink(missing_ok=True)

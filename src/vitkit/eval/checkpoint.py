@@ -17,6 +17,9 @@ from vitkit.data.images import eval_transform
 from vitkit.errors import VitkitError
 from vitkit.eval.classification import ClassificationResult, evaluate_classification
 from vitkit.eval.fewshot import extract_features
+from vitkit.files import fresh_directory
+
+EVAL_FILES = ("eval.json", "confusion.png")
 
 
 def checkpoint_dataset(
@@ -74,25 +77,12 @@ def checkpoint_precision(ckpt: Checkpoint, precision: str | None) -> tuple[str, 
     return "fp32", "the checkpoint names none"
 
 
-def eval_output_dir(out: Path, given: bool, overwrite: bool) -> Path:
+def eval_output_dir(out: Path, given: bool, overwrite: bool, reads: Sequence[Path] = ()) -> Path:
     """Where an evaluation writes ``eval.json`` and ``confusion.png``: ``out``, unless an
     earlier evaluation is there; then the first free ``out-2``, ``out-3``, ... for a default
-    place, while a ``given`` one is refused unless ``overwrite``."""
-
-    def taken(d: Path) -> bool:
-        return (d / "eval.json").exists() or (d / "confusion.png").exists()
-
-    if overwrite or not taken(out):
-        return out
-    if given:
-        raise VitkitError(
-            f"{out}: holds an earlier evaluation (eval.json); choose another --out or pass "
-            "--overwrite"
-        )
-    n = 2
-    while taken(out.with_name(f"{out.name}-{n}")):
-        n += 1
-    return out.with_name(f"{out.name}-{n}")
+    place, while a ``given`` one is refused unless ``overwrite``; never inside a checkpoint in
+    ``reads`` (``vitkit.files.fresh_directory``)."""
+    return fresh_directory(out, given=given, overwrite=overwrite, writes=EVAL_FILES, reads=reads)
 
 
 def non_finite_weights(model: nn.Module) -> list[str]:
@@ -114,7 +104,7 @@ def check_finite_weights(model: nn.Module, ckpt: Checkpoint) -> None:
         raise VitkitError(
             f"{ckpt.path}: {len(bad)} weight tensor(s) hold NaN or infinite values (first: "
             f"{bad[0]}); the training that wrote it diverged, there is nothing to evaluate or "
-            "predict with"
+            "predict with or export"
         )
 
 

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vitkit.files import set_file_mode
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -39,7 +41,7 @@ def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=DPI)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a figure is meant to be shared
+        set_file_mode(tmp)  # mkstemp creates 0600 whatever the umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -30,11 +30,14 @@ from vitkit.checkpoints.distributed import (
 from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
 from vitkit.train import distributed as D
-from vitkit.train.config import NUMERIC_CHANGES, RESUMABLE_CHANGES, TrainConfig
+from vitkit.train.config import NUMERIC_CHANGES, RESUMABLE_CHANGES, WORKER_CHANGES, TrainConfig
 
 
-def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
-    """Refuse to resume the run saved at ``path`` with settings that change what is trained."""
+def check_same_run(
+    path: Path, saved_config: str, now: TrainConfig, *, in_memory: bool = False
+) -> None:
+    """Refuse to resume the run saved at ``path`` with settings that change what is trained;
+    warn about those that change the arithmetic (``in_memory`` data: the workers do not)."""
     saved = TrainConfig.from_dict(json.loads(saved_config))
     current = now.to_dict()
     changed = [
@@ -50,7 +53,10 @@ def check_same_run(path: Path, saved_config: str, now: TrainConfig) -> None:
     numeric = [
         f"{k} {v!r} -> {current[k]!r}"
         for k, v in saved.to_dict().items()
-        if k in NUMERIC_CHANGES and v is not None and v != current[k]
+        if k in NUMERIC_CHANGES
+        and v is not None
+        and v != current[k]
+        and not (in_memory and k in WORKER_CHANGES)
     ]
     if numeric:
         warnings.warn(
@@ -165,7 +171,13 @@ class CheckpointManager:
         return path
 
     def restore(
-        self, model: nn.Module, optimizer: Any, model_config: ModelConfig, run: TrainConfig
+        self,
+        model: nn.Module,
+        optimizer: Any,
+        model_config: ModelConfig,
+        run: TrainConfig,
+        *,
+        in_memory: bool = False,
     ) -> tuple[Path, dict[str, Any]] | None:
         """Load the newest checkpoint's model and optimizer state into ``model`` and
         ``optimizer`` after checking that it is this run; returns its path and the rest of its
@@ -177,7 +189,7 @@ class CheckpointManager:
             _check_architecture(path, load_checkpoint(path).model_config, model_config)
             state = load_distributed_checkpoint(path, model, optimizer)
             try:
-                check_same_run(path, state["train_config"], run)
+                check_same_run(path, state["train_config"], run, in_memory=in_memory)
             except (KeyError, TypeError, ValueError) as e:
                 raise VitkitError(f"{path}: incomplete training state ({e!r})") from None
             return path, state
@@ -185,7 +197,7 @@ class CheckpointManager:
         _check_architecture(ckpt.path, ckpt.model_config, model_config)
         state = ckpt.train_state or {}
         try:
-            check_same_run(ckpt.path, state["train_config"], run)
+            check_same_run(ckpt.path, state["train_config"], run, in_memory=in_memory)
             if self.dist.enabled:  # parameter names, not positions: fits DDP and FSDP alike
                 D.load_full_state(model, optimizer, ckpt.state_dict, state["optimizer"])
             else:

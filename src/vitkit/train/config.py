@@ -200,3 +200,6 @@ RESUMABLE_CHANGES = frozenset(
 NUMERIC_CHANGES = frozenset(
     {"threads", "device", "compile", "num_workers", "persistent_workers", "strategy"}
 )
+# Of those, the ones that matter only where DataLoader workers decode and augment (ImageFolder,
+# shards): in-memory data is gathered and augmented in the main process whatever the workers.
+WORKER_CHANGES = frozenset({"num_workers", "persistent_workers"})

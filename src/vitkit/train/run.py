@@ -332,7 +332,10 @@ class TrainingRun:
 
     def restore(self) -> bool:
         """Load the newest checkpoint of ``out_dir`` if there is one; True if resumed."""
-        found = self.checkpoints.restore(self.model, self.optimizer, self.model_cfg, self.cfg)
+        in_memory = isinstance(self.train_set, ArrayDataset)  # (no workers: --num-workers is moot)
+        found = self.checkpoints.restore(
+            self.model, self.optimizer, self.model_cfg, self.cfg, in_memory=in_memory
+        )
         if found is None:
             return False
         path, state = found

@@ -87,8 +87,9 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
         resample=cfg.init_resample,
     )
     if cfg.new_head and ckpt.model_config.num_classes == probe.model_config.num_classes:
-        ckpt.state_dict["head.weight"] = torch.zeros_like(ckpt.state_dict["head.weight"])
-        ckpt.state_dict["head.bias"] = torch.zeros_like(ckpt.state_dict["head.bias"])
+        for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+            if key in ckpt.state_dict:  # (DeiT's distillation head is replaced too)
+                ckpt.state_dict[key] = torch.zeros_like(ckpt.state_dict[key])
     return ckpt
 
 

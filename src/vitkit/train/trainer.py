@@ -39,7 +39,7 @@ from torch import Tensor
 from vitkit.checkpoints import atomic_write_text, load_checkpoint, save_checkpoint
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
-from vitkit.hardware import out_of_memory_message
+from vitkit.hardware import is_out_of_memory, out_of_memory_message
 from vitkit.train import distributed as D
 from vitkit.train import report as run_report
 from vitkit.train.augment import mix
@@ -296,7 +296,9 @@ class Trainer(TrainingRun):
                     continue
                 try:
                     loss, acc = self.train_step(pending)
-                except torch.cuda.OutOfMemoryError as e:  # (torch.OutOfMemoryError from 2.5)
+                except (RuntimeError, MemoryError) as e:  # CUDA's OutOfMemoryError, the CPU's
+                    if not is_out_of_memory(e):
+                        raise
                     raise VitkitError(
                         f"{self.out}: "
                         + out_of_memory_message(

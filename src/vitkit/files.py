@@ -1,0 +1,131 @@
+"""Writing files: where a command may write, and the mode a written file gets.
+
+One rule for every command that writes (:func:`check_destination`): nothing is ever written
+into a checkpoint that is being read (the checkpoint's directory or file, and for a run's
+checkpoint the run's whole ``checkpoints/``), ``--overwrite`` or not; an existing file is
+replaced only with ``--overwrite``. Every file is written under a temporary name and renamed
+into place (:func:`publish`) with the mode the umask gives a new file (``0o666 & ~umask``):
+``tempfile.mkstemp`` and some writers (safetensors) create ``0o600`` whatever the umask, which
+would keep a run from the other users of a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from vitkit.errors import VitkitError
+
+HINT = "choose another destination, or pass --overwrite (it replaces only the files written)"
+
+
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file under the current umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def set_file_mode(path: str | os.PathLike[str]) -> None:
+    """Give a file just written the umask's mode (see the module's docstring)."""
+    os.chmod(path, file_mode())
+
+
+def publish(tmp: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Move the finished file ``tmp`` to ``dst``: the umask's mode, fsynced, renamed."""
+    set_file_mode(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    fsync_dir(Path(dst).parent)
+    return Path(dst)
+
+
+def read_paths(read: str | os.PathLike[str]) -> list[Path]:
+    """What a write must never enter while the checkpoint ``read`` is read: the checkpoint
+    itself and, for a run's checkpoint (``RUN/checkpoints/step_N``), ``RUN/checkpoints``."""
+    p = Path(read).resolve()
+    return [p, p.parent] if p.parent.name == "checkpoints" else [p]
+
+
+def check_destination(
+    dst: str | os.PathLike[str],
+    *,
+    reads: Iterable[str | os.PathLike[str]] = (),
+    writes: Iterable[str] | None = None,
+    overwrite: bool = False,
+    flag: str = "--overwrite",
+) -> None:
+    """Refuse ``dst`` if it is (or lies inside) a checkpoint in ``reads`` (always), or if
+    writing it would replace an existing file (unless ``overwrite``). ``writes``: the names the
+    command writes inside the directory ``dst``; None: ``dst`` is written as one file, or a
+    whole directory that must then be absent or empty."""
+    dst = Path(dst)
+    target = dst.resolve()
+    for read in reads:
+        for p in read_paths(read):
+            if target == p or p in target.parents:
+                raise VitkitError(
+                    f"{dst}: is {p} or inside it, which this command reads; nothing is written "
+                    f"into a checkpoint or dataset being read ({flag} or not): choose another "
+                    "destination"
+                )
+    if overwrite:
+        return
+    if writes is not None:
+        taken = [name for name in writes if (dst / name).exists()]
+        if taken:
+            more = f" (and {len(taken) - 1} more of the files it writes)" if len(taken) > 1 else ""
+            raise VitkitError(f"{dst}: already holds {taken[0]}{more}; {HINT}")
+        return
+    if dst.is_dir() and any(dst.iterdir()):
+        raise VitkitError(f"{dst}: exists and is not empty; {HINT}")
+    if dst.exists() and not dst.is_dir():
+        raise VitkitError(f"{dst}: exists; {HINT}")
+
+
+def fresh_directory(
+    out: Path, *, given: bool, overwrite: bool, writes: Iterable[str], reads: Iterable[Path] = ()
+) -> Path:
+    """Where a command writes the files ``writes``: ``out``, unless an earlier result is
+    there; then the first free ``out-2``, ``out-3``, ... for a default place (not ``given``),
+    while a ``given`` one is refused unless ``overwrite``. Never inside a checkpoint in
+    ``reads``."""
+    names = list(writes)
+    reads = list(reads)
+    check_destination(out, reads=reads, writes=names, overwrite=overwrite or not given)
+
+    def taken(d: Path) -> bool:
+        return any((d / n).exists() for n in names)
+
+    if overwrite or given or not taken(out):
+        return out
+    n = 2
+    while taken(out.with_name(f"{out.name}-{n}")):
+        n += 1
+    return out.with_name(f"{out.name}-{n}")
+
+
+__all__ = [
+    "check_destination",
+    "file_mode",
+    "fresh_directory",
+    "fsync_dir",
+    "publish",
+    "read_paths",
+    "set_file_mode",
+]
