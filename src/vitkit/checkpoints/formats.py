@@ -18,21 +18,19 @@ names them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import pickle
 import re
-import shutil
 import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
@@ -47,22 +45,16 @@ from vitkit.checkpoints.io import (
     LATEST,
     WEIGHTS,
     Checkpoint,
-    _fsync_dir,
-    _write_json,
     check_weights_fit,
     load_checkpoint,
     load_state_dict_strict,
-    replace_dir,
-    save_checkpoint,
 )
-from vitkit.checkpoints.provenance import Provenance
-from vitkit.config import PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
+from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
+from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.files import check_destination, publish, set_file_mode
 from vitkit.posemb import Resample
 
-Format = Literal["vitkit", "npz", "timm", "hf"]
-FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
 
@@ -215,7 +207,7 @@ def read_checkpoint(
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     if fmt == "vitkit":
         ckpt = load_checkpoint(p)
-        ckpt.provenance = Provenance().set("file", ckpt.model_config.to_dict())
+        ckpt.provenance = Provenance().set("file", [*ckpt.model_config.to_dict(), *_PRE])
     elif fmt == "npz":
         arrays = npz_conv.canonical_arrays(npz_conv.read_npz(p))
         cfg = _wrap(lambda: npz_conv.npz_config(arrays, grid), p)
@@ -225,7 +217,7 @@ def read_checkpoint(
         ckpt.provenance = (
             Provenance()
             .set("weights", cfg.to_dict())
-            .set("format", ["layer_norm_eps", "gelu", "block", "resnet_eps"], official)
+            .set("format", ["layer_norm_eps", "gelu", "block", "resnet_eps", *_PRE], official)
         )
     elif fmt == "timm":
         ckpt = _read_timm(p, num_heads, grid)
@@ -252,9 +244,26 @@ def read_checkpoint(
     )
 
 
+# preprocessing fields a caller may state when loading (-o mean=...); not the model's size
+_PREPROCESS_FIELDS = ("mean", "std", "interpolation", "crop_pct", "resize", "rescale_factor")
+_PRE = ("mean", "std", "interpolation", "crop_pct")  # the ones provenance lists
+
+
 def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Checkpoint:
     """The caller's config fields over what was read or assumed; every field gets a source."""
     prov = ckpt.provenance or Provenance()
+    pre = {k: overrides.pop(k) for k in _PREPROCESS_FIELDS if k in overrides}
+    if pre:
+        for k in ("mean", "std"):  # one value for every channel, or one per channel
+            if k in pre and not isinstance(pre[k], (list, tuple)):
+                pre[k] = (pre[k],) * ckpt.preprocess.channels
+        try:
+            ckpt.preprocess = dataclasses.replace(ckpt.preprocess, **pre)
+        except (TypeError, ValueError) as e:
+            raise VitkitError(f"{p}: preprocessing {_spelled(pre)}: {e}") from None
+        prov.give(pre)
+        if "mean" in pre or "std" in pre:  # (the paper's-preprocessing guess is about both)
+            prov.give({"mean": None, "std": None})
     if overrides:
         try:
             ckpt.model_config = ckpt.model_config.replace(**overrides)
@@ -334,7 +343,9 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             else PreprocessConfig.for_model(bit)
         )
         prov = Provenance().set("weights", bit.to_dict())
-        prov.set("file" if p.is_dir() else "assumed", ["image_size"], "the input size")
+        prov.set("file" if p.is_dir() else "assumed", ["image_size", *_PRE], "the input")
+        if not p.is_dir():
+            prov.assume(PAPER_PREPROCESS)
         ckpt = Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
         ckpt.provenance = prov
         return ckpt
@@ -346,6 +357,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
         )
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+        prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:
         cfg, prov = timm_conv.timm_config_provenance(
@@ -353,6 +365,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         )
         pre, names = PreprocessConfig.for_model(cfg), ()
         prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
+        prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
     ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
@@ -374,7 +387,7 @@ def _read_hf(p: Path) -> Checkpoint:
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
-    prov = _hf_provenance(hf, cfg)
+    prov = _hf_provenance(hf, cfg, pp is not None)
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
@@ -384,7 +397,7 @@ def _read_hf(p: Path) -> Checkpoint:
     return Checkpoint(p, cfg, pre, sd, names, provenance=prov)
 
 
-def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig) -> Provenance:
+def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig, has_pp: bool) -> Provenance:
     """A Hugging Face config's fields: in the file, or its class's default (the format's);
     the rest from the weights."""
     prov = Provenance().set("weights", cfg.to_dict())
@@ -392,6 +405,10 @@ def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig) -> Provenance:
     vision: dict[str, Any] = inner if isinstance(inner, dict) else hf
     for field, key in {**hf_conv.HF_FIELDS, **_HF_MORE}.items():
         prov.set("file" if key in vision else "format", [field])
+    if has_pp:
+        prov.set("file", _PRE, "preprocessor_config.json")
+    else:
+        prov.set("assumed", _PRE, "no preprocessor_config.json").assume(PAPER_PREPROCESS)
     return prov
 
 
@@ -411,7 +428,7 @@ def _read_hf_siglip(p: Path, hf: dict[str, Any]) -> Checkpoint:
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
-    return Checkpoint(p, cfg, pre, sd, provenance=_hf_provenance(hf, cfg))
+    return Checkpoint(p, cfg, pre, sd, provenance=_hf_provenance(hf, cfg, pp is not None))
 
 
 def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:
@@ -444,130 +461,3 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
 def load(path: str | Path, **overrides: Any) -> nn.Module:
     """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode."""
     return load_model(path, **overrides)[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
-def write_checkpoint(
-    ckpt: Checkpoint,
-    dst: str | Path,
-    to: Format,
-    *,
-    hf_naming: hf_conv.HfNaming = "4",
-    source: str | Path | None = None,
-    overwrite: bool = False,
-) -> Path:
-    """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
-    temporary name and renamed into place, so an interrupted write never leaves half a file.
-
-    Nothing is deleted that this call did not write (``vitkit.files.check_destination``): a
-    destination that is (or lies inside) the checkpoint read (``ckpt.path``; for a run's
-    checkpoint the run's ``checkpoints/``) is refused, ``overwrite`` or not; an existing file
-    or a non-empty directory is refused unless ``overwrite``; then only the files written here
-    are replaced and whatever else a directory holds stays. ``source``: the path the user
-    named (kept for callers; ``ckpt.path`` is what was read)."""
-    from vitkit.model import build_model
-
-    dst = Path(dst)
-    check_destination(dst, reads=[ckpt.path], overwrite=overwrite)
-    cfg, sd = ckpt.model_config, ckpt.state_dict
-    check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
-    if to == "vitkit":
-        model = build_model(cfg)
-        load_state_dict_strict(model, sd, source=str(ckpt.path))
-        if dst.exists() and not dst.is_dir():
-            raise VitkitError(f"{dst}: exists and is not a directory")
-        tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
-        save_checkpoint(
-            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
-        )
-        return _install_dir(tmp, dst)
-    if isinstance(cfg, ResNetConfig):
-        raise VitkitError(
-            f"{ckpt.path}: {cfg.short_name} is a BiT ResNet; vitkit writes ResNets only in its "
-            "own format (the npz, timm and Hugging Face converters are for ViTs)"
-        )
-    if to == "npz":
-        arrays = npz_conv.state_dict_to_npz(sd, cfg)  # refuses what the naming cannot hold
-        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh" or cfg.resnet_eps != "vit_jax":
-            eps = ", timm's ResNet epsilons" if cfg.is_hybrid and cfg.resnet_eps == "timm" else ""
-            warnings.warn(
-                f".npz files carry no settings: readers assume the official LayerNorm epsilon "
-                f"1e-6 and tanh GELU, but this model uses {cfg.layer_norm_eps:g} and "
-                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU{eps}; outputs will differ "
-                "slightly",
-                stacklevel=2,
-            )
-        if dst.suffix != ".npz":
-            raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
-        tmp = dst.with_name(f".{dst.name}.tmp.npz")
-        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
-        return _replace(tmp, dst)
-    if to == "timm":
-        tsd = timm_conv.state_dict_to_timm(sd, cfg)
-        if dst.suffix in (".safetensors", ".pth", ".bin"):
-            timm_conv.warn_hybrid_eps(cfg)
-            tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
-            if dst.suffix == ".safetensors":
-                save_file(tsd, str(tmp))
-            else:
-                torch.save(tsd, tmp)
-            return _replace(tmp, dst)
-        hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
-        return _write_dir(dst, {CONFIG: hub}, tsd)
-    if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
-        siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
-        tower = {
-            CONFIG: hf_siglip.vit_to_siglip_config(cfg),
-            "preprocessor_config.json": hf_siglip.vit_to_siglip_preprocess(ckpt.preprocess),
-        }
-        return _write_dir(dst, tower, siglip)
-    if to == "hf":
-        if cfg.family_switches:  # DeiT, Dinov2, CLIP (always the 4.x naming)
-            arch, hub, hsd = hf_family.state_dict_to_family(sd, cfg)
-            if not arch.startswith("CLIP"):  # (CLIP's "head" is its projection)
-                hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))
-        else:
-            arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
-            hub = hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names)
-        files: dict[str, Any] = {
-            CONFIG: hub,
-            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
-        }
-        return _write_dir(dst, files, hsd)
-    raise VitkitError(f"unknown format {to!r} (choose from {', '.join(FORMATS)})")
-
-
-def _replace(tmp: Path, dst: Path) -> Path:
-    return publish(tmp, dst)
-
-
-def _install_dir(tmp: Path, dst: Path) -> Path:
-    """Move the finished directory ``tmp`` to ``dst``; into an existing directory file by file
-    (each an atomic rename), so that whatever else it holds stays."""
-    if not dst.exists():
-        return replace_dir(tmp, dst)
-    if not dst.is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise VitkitError(f"{dst}: exists and is not a directory")
-    for f in sorted(tmp.iterdir()):
-        os.replace(f, dst / f.name)
-    tmp.rmdir()
-    _fsync_dir(dst)
-    return dst
-
-
-def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.exists() and not dst.is_dir():
-        raise VitkitError(f"{dst}: exists and is not a directory")
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-    set_file_mode(tmp / "model.safetensors")  # (safetensors creates 0600)
-    for name, obj in jsons.items():
-        _write_json(tmp / name, obj)
-    return _install_dir(tmp, dst)

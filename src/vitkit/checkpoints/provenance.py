@@ -44,8 +44,28 @@ class Assumption:
         said = f"{source}: {self.field}={self.value!r} assumed ({self.why}); {self.otherwise}"
         if self.example is None:  # an alternative vitkit cannot compute
             return said
-        hint = f"{self.field}={self.example!r}"
-        return f"{said}: load with {hint} (-o {self.field}={self.example} on the command line)"
+        # ``example``: one value of ``field``, or {field: value} where a hint needs several
+        example = self.example if isinstance(self.example, dict) else {self.field: self.example}
+        hint = ", ".join(f"{k}={v!r}" for k, v in example.items())
+        cli = " ".join(f"-o {k}={_cli(v)}" for k, v in example.items())
+        return f"{said}: load with {hint} ({cli} on the command line)"
+
+
+def _cli(value: Any) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else str(value)
+
+
+# What a file without its preprocessing gets, said once (mean and std change every input).
+IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+PAPER_PREPROCESS = Assumption(
+    "mean",
+    (0.5, 0.5, 0.5),
+    "the paper's preprocessing: pixels to [-1, 1] with std 0.5, bilinear resize; the file "
+    "does not say its own",
+    "timm's ImageNet models (DeiT, DINOv2, ...) normalise with ImageNet's mean and std, "
+    "CLIP towers with OpenAI's (0.481, 0.458, 0.408) / (0.269, 0.261, 0.276)",
+    IMAGENET,
+)
 
 
 @dataclass

@@ -1,0 +1,162 @@
+"""Writing a :class:`Checkpoint` in any format (``vitkit convert``'s second half).
+
+Directories and files are written to a temporary name and renamed into place; nothing is
+deleted that the write did not create (see :func:`write_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from vitkit.checkpoints import hf as hf_conv
+from vitkit.checkpoints import hf_family, hf_siglip
+from vitkit.checkpoints import npz as npz_conv
+from vitkit.checkpoints import timm as timm_conv
+from vitkit.checkpoints.io import (
+    CONFIG,
+    Checkpoint,
+    _fsync_dir,
+    _write_json,
+    check_weights_fit,
+    load_state_dict_strict,
+    replace_dir,
+    save_checkpoint,
+)
+from vitkit.config import ResNetConfig
+from vitkit.errors import VitkitError
+from vitkit.files import check_destination, publish, set_file_mode
+
+Format = Literal["vitkit", "npz", "timm", "hf"]
+FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")
+
+
+def write_checkpoint(
+    ckpt: Checkpoint,
+    dst: str | Path,
+    to: Format,
+    *,
+    hf_naming: hf_conv.HfNaming = "4",
+    source: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
+    temporary name and renamed into place, so an interrupted write never leaves half a file.
+
+    Nothing is deleted that this call did not write (``vitkit.files.check_destination``): a
+    destination that is (or lies inside) the checkpoint read (``ckpt.path``; for a run's
+    checkpoint the run's ``checkpoints/``) is refused, ``overwrite`` or not; an existing file
+    or a non-empty directory is refused unless ``overwrite``; then only the files written here
+    are replaced and whatever else a directory holds stays. ``source``: the path the user
+    named (kept for callers; ``ckpt.path`` is what was read)."""
+    from vitkit.model import build_model
+
+    dst = Path(dst)
+    check_destination(dst, reads=[ckpt.path], overwrite=overwrite)
+    cfg, sd = ckpt.model_config, ckpt.state_dict
+    check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
+    if to == "vitkit":
+        model = build_model(cfg)
+        load_state_dict_strict(model, sd, source=str(ckpt.path))
+        if dst.exists() and not dst.is_dir():
+            raise VitkitError(f"{dst}: exists and is not a directory")
+        tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
+        save_checkpoint(
+            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
+        )
+        return _install_dir(tmp, dst)
+    if isinstance(cfg, ResNetConfig):
+        raise VitkitError(
+            f"{ckpt.path}: {cfg.short_name} is a BiT ResNet; vitkit writes ResNets only in its "
+            "own format (the npz, timm and Hugging Face converters are for ViTs)"
+        )
+    if to == "npz":
+        arrays = npz_conv.state_dict_to_npz(sd, cfg)  # refuses what the naming cannot hold
+        if cfg.layer_norm_eps != 1e-6 or cfg.gelu != "tanh" or cfg.resnet_eps != "vit_jax":
+            eps = ", timm's ResNet epsilons" if cfg.is_hybrid and cfg.resnet_eps == "timm" else ""
+            warnings.warn(
+                f".npz files carry no settings: readers assume the official LayerNorm epsilon "
+                f"1e-6 and tanh GELU, but this model uses {cfg.layer_norm_eps:g} and "
+                f"{'tanh' if cfg.gelu == 'tanh' else 'exact'} GELU{eps}; outputs will differ "
+                "slightly",
+                stacklevel=2,
+            )
+        if dst.suffix != ".npz":
+            raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
+        tmp = dst.with_name(f".{dst.name}.tmp.npz")
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
+        return _replace(tmp, dst)
+    if to == "timm":
+        tsd = timm_conv.state_dict_to_timm(sd, cfg)
+        if dst.suffix in (".safetensors", ".pth", ".bin"):
+            timm_conv.warn_hybrid_eps(cfg)
+            tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
+            if dst.suffix == ".safetensors":
+                save_file(tsd, str(tmp))
+            else:
+                torch.save(tsd, tmp)
+            return _replace(tmp, dst)
+        hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
+        return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
+        siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
+        tower = {
+            CONFIG: hf_siglip.vit_to_siglip_config(cfg),
+            "preprocessor_config.json": hf_siglip.vit_to_siglip_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, tower, siglip)
+    if to == "hf":
+        if cfg.family_switches:  # DeiT, Dinov2, CLIP (always the 4.x naming)
+            arch, hub, hsd = hf_family.state_dict_to_family(sd, cfg)
+            if not arch.startswith("CLIP"):  # (CLIP's "head" is its projection)
+                hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))
+        else:
+            arch, hsd = hf_conv.state_dict_to_hf(sd, cfg, hf_naming)
+            hub = hf_conv.vit_to_hf_config(cfg, arch, ckpt.class_names)
+        files: dict[str, Any] = {
+            CONFIG: hub,
+            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, files, hsd)
+    raise VitkitError(f"unknown format {to!r} (choose from {', '.join(FORMATS)})")
+
+
+def _replace(tmp: Path, dst: Path) -> Path:
+    return publish(tmp, dst)
+
+
+def _install_dir(tmp: Path, dst: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``dst``; into an existing directory file by file
+    (each an atomic rename), so that whatever else it holds stays."""
+    if not dst.exists():
+        return replace_dir(tmp, dst)
+    if not dst.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise VitkitError(f"{dst}: exists and is not a directory")
+    for f in sorted(tmp.iterdir()):
+        os.replace(f, dst / f.name)
+    tmp.rmdir()
+    _fsync_dir(dst)
+    return dst
+
+
+def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists() and not dst.is_dir():
+        raise VitkitError(f"{dst}: exists and is not a directory")
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    set_file_mode(tmp / "model.safetensors")  # (safetensors creates 0600)
+    for name, obj in jsons.items():
+        _write_json(tmp / name, obj)
+    return _install_dir(tmp, dst)
