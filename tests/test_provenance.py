@@ -208,3 +208,24 @@ def test_every_reading_command_takes_the_loading_options():
         p = sub.choices[name]
         opts = {s for a in p._actions for s in a.option_strings}
         assert {"--num-heads", "-o"} <= opts, name
+
+
+def test_a_hugging_face_class_vitkit_does_not_read_is_refused(tmp_path):
+    import json
+
+    transformers = import_reference("transformers")
+    conf = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
+    transformers.ViTModel(conf).save_pretrained(tmp_path / "hf")
+    read_checkpoint(tmp_path / "hf")  # as written: read
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["architectures"] = ["ViTForMaskedImageModeling"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VitkitError, match="'ViTForMaskedImageModeling' is not a Hugging Face"):
+        read_checkpoint(tmp_path / "hf")

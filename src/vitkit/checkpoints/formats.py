@@ -375,9 +375,17 @@ def _read_hf(p: Path) -> Checkpoint:
     if p.is_file():
         raise VitkitError(f"{p}: Hugging Face weights need their folder (with {CONFIG})")
     hf = _read_json(p / CONFIG)
-    if isinstance(hf, dict) and hf_siglip.is_siglip(hf):  # SigLIP's image tower
+    if not isinstance(hf, dict):
+        raise VitkitError(f"{p / CONFIG}: not a JSON object")
+    odd = [a for a in hf.get("architectures") or [] if a not in _HF_CLASSES]
+    if odd:  # a class vitkit does not read is never read as the nearest one it does
+        raise VitkitError(
+            f"{p / CONFIG}: architectures {odd[0]!r} is not a Hugging Face class vitkit reads "
+            f"({', '.join(sorted(_HF_CLASSES))})"
+        )
+    if hf_siglip.is_siglip(hf):  # SigLIP's image tower
         return _read_hf_siglip(p, hf)
-    if isinstance(hf, dict) and hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
+    if hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
         weights = _weights_in(p)
         cfg = _wrap(lambda: hf_family.family_config(hf, weights), p / CONFIG)
         sd = _wrap(lambda: hf_family.family_to_state_dict(hf, weights, cfg), p)
@@ -395,6 +403,15 @@ def _read_hf(p: Path) -> Checkpoint:
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = ()
     return Checkpoint(p, cfg, pre, sd, names, provenance=prov)
+
+
+_HF_CLASSES = frozenset(
+    "ViTModel ViTForImageClassification DeiTModel DeiTForImageClassification "
+    "DeiTForImageClassificationWithTeacher Dinov2Model Dinov2ForImageClassification "
+    "Dinov2WithRegistersModel Dinov2WithRegistersForImageClassification ViTMAEModel "
+    "ViTMAEForPreTraining CLIPModel CLIPVisionModel CLIPVisionModelWithProjection SiglipModel "
+    "SiglipVisionModel".split()
+)
 
 
 def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig, has_pp: bool) -> Provenance:

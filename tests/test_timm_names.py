@@ -1,0 +1,36 @@
+"""vitkit's table of timm architecture names equals the installed timm's registry, so a name
+timm adds or moves to another module is noticed here rather than read as the nearest ViT."""
+
+from __future__ import annotations
+
+import pytest
+from references import import_reference
+
+from vitkit.checkpoints.timm_names import OTHER_MODULES, TIMM_VERSION, VIT_NAMES, check_architecture
+from vitkit.errors import VitkitError
+
+
+def test_tables_equal_the_installed_timm():
+    timm = import_reference("timm")
+    if timm.__version__ != TIMM_VERSION:
+        pytest.skip(f"tables are timm {TIMM_VERSION}'s; installed {timm.__version__}")
+    vit = {
+        n
+        for m in ("vision_transformer", "deit", "vision_transformer_hybrid")
+        for n in timm.list_models(module=m)
+    }
+    assert vit == VIT_NAMES
+    for module, (_, names) in OTHER_MODULES.items():
+        assert names == set(timm.list_models(module=module)), module
+
+
+def test_names_read_refused_and_unknown():
+    assert check_architecture("vit_base_patch16_224.augreg_in21k", "f") == "vit_base_patch16_224"
+    with pytest.raises(VitkitError, match="vit_small_patch16_dinov3: rotary position"):
+        check_architecture("vit_small_patch16_dinov3", "f")
+    with pytest.raises(VitkitError, match="beit_base_patch16_224: BEiT's relative"):
+        check_architecture("beit_base_patch16_224", "f")
+    with pytest.raises(VitkitError, match="NaFlex"):
+        check_architecture("naflexvit_base_patch16_gap", "f")
+    with pytest.raises(VitkitError, match="'resnet50' is not one of the timm ViTs"):
+        check_architecture("resnet50", "f")
