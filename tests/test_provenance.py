@@ -229,3 +229,18 @@ def test_a_hugging_face_class_vitkit_does_not_read_is_refused(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(VitkitError, match="'ViTForMaskedImageModeling' is not a Hugging Face"):
         read_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("beit_base_patch16_224", "BEiT's relative position bias"),
+        ("eva02_tiny_patch14_224", "EVA-02's separate q and v biases"),
+        ("vit_relpos_base_patch16_224", "relative position embeddings"),
+        ("vit_small_patch16_rope_ape_224", "rotary position embeddings"),
+    ],
+)
+def test_bare_weights_of_other_timm_modules_are_refused_by_what_they_are(tmp_path, name, says):
+    ref = timm_model(name, depth=1, img_size=32)
+    with pytest.raises(VitkitError, match=says):
+        read_checkpoint(bare(ref, tmp_path))

@@ -113,6 +113,7 @@ def timm_config_provenance(
 ) -> tuple[ViTConfig, Provenance]:
     """The architecture of a timm ViT state dict and where each field came from; ``bare``:
     no config nor name says anything else (:mod:`.timm_bare` completes it)."""
+    timm_bare.refuse_other_keys(sd, source)
     cfg = _timm_shapes(sd, grid=grid, source=source)
     return timm_bare.complete(later.pack_swiglu(sd, source), cfg, num_heads, source, bare)
 

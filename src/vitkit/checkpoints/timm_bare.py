@@ -67,6 +67,32 @@ def family(sd: dict[str, Tensor], cfg: ViTConfig) -> str:
     return ""
 
 
+# Keys only timm's other ViT modules have: (pattern, what it is, what vitkit lacks)
+_OTHER_KEYS: tuple[tuple[str, str], ...] = (  # (the first match names the architecture)
+    (r"relative_position_bias_table", "BEiT's relative position bias (timm beit.py), which"),
+    (r"(^|\.)(shared_)?rel_pos\.", "timm's relative position embeddings (relpos), which"),
+    (r"^embeds\.", "timm naflexvit.py's NaFlex embedding (packed variable-size patches), which"),
+    (r"\.attn\.[qv]_bias$", "EVA-02's separate q and v biases (timm eva.py), whose RoPE"),
+    (
+        r"\.gamma_[12]$|\.attn\.[qkv]_proj\.",
+        "timm eva.py's blocks (gamma_1 layer scale or split q/k/v: EVA, DINOv3, RoPE-ViT, "
+        "LingBot, Sapiens2), whose rotary position embeddings",
+    ),
+)
+
+
+def refuse_other_keys(sd: dict[str, Tensor], source: str) -> None:
+    """State dicts with keys only an architecture vitkit does not implement has."""
+    import re
+
+    for pattern, what in _OTHER_KEYS:
+        key = next((k for k in sd if re.search(pattern, k)), None)
+        if key is not None:
+            raise VitkitError(
+                f"{source}: {key}: these weights are {what} vitkit does not implement"
+            )
+
+
 def refuse_other_architectures(cfg: ViTConfig, source: str) -> None:
     """Layouts that only an architecture vitkit does not implement has."""
     if cfg.norm_pre and not cfg.patch_bias and (cfg.pool == "map" or not cfg.final_norm):

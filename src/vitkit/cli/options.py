@@ -250,9 +250,9 @@ def add_checkpoint(
         "--assume",
         action="append",
         metavar="KEY=VALUE",
-        help="a model setting the checkpoint does not say, e.g. -o gelu=quick -o "
-        "layer_norm_eps=1e-5 -o block=post: replaces what vitkit would assume (it says so "
-        "when it does)",
+        help="a setting the checkpoint does not say, e.g. -o gelu=quick -o block=post -o "
+        "num_heads=16 -o mean=0.485,0.456,0.406: replaces what vitkit would assume (it says "
+        "so when it does)",
     )
 
 
