@@ -244,3 +244,31 @@ def test_bare_weights_of_other_timm_modules_are_refused_by_what_they_are(tmp_pat
     ref = timm_model(name, depth=1, img_size=32)
     with pytest.raises(VitkitError, match=says):
         read_checkpoint(bare(ref, tmp_path))
+
+
+def test_readme_stating_what_a_bare_file_does_not_say_runs(tmp_path, capsys):
+    """The README's predict line as written, on a bare CLIP quick-GELU tower and a PNG: every
+    guess stated, so nothing is assumed, and the top-5 is printed."""
+    import shlex
+
+    import numpy as np
+    from PIL import Image
+    from test_readme import readme_commands
+
+    (line,) = [c for c in readme_commands() if "predict" in c and "-o gelu=quick" in c]
+    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
+    bare(ref, tmp_path)
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "cat.jpg", format="PNG")
+    args = [
+        str(tmp_path / a) if a in ("cat.jpg", "model.safetensors") else a
+        for a in shlex.split(line)[1:]
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*args, "--json"]) == 0
+    assert not [w for w in caught if issubclass(w.category, AssumptionWarning)]
+    import json
+
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(row["top_k"]) == 5 and row["top_k"][0]["prob"] >= row["top_k"][1]["prob"]
