@@ -285,3 +285,41 @@ def test_load_dataset_refuses_an_empty_name(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(VitkitError, match="empty dataset name"):
         load_dataset("", "train")
+
+
+LOADING_VALUES = [
+    ["-o", "nonsense=1"],  # not a field
+    ["-o", "gelu=banana"],  # not a value of the field
+    ["-o", "depth=9"],  # does not fit the weights
+    ["-o", "num_heads=3"],  # width 16 not divisible
+    ["-o", "num_heads=0"],
+    ["-o", "mean=abc"],
+    ["-o", "mean=0.5,0.5"],  # two values for one channel
+    ["-o", "std=0"],
+    ["-o", "interpolation=sideways"],
+    ["-o", "=1"],
+    ["-o", "novalue"],
+    ["--num-heads", "5"],  # width 16 not divisible
+]
+
+
+def test_loading_options_of_every_reading_command_end_in_one_line(
+    checkpoint_and_image: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """-o KEY=VALUE and --num-heads, the loading options every command that reads a
+    checkpoint shares, with a real checkpoint: wrong ones end in one line naming them."""
+    monkeypatch.chdir(tmp_path)
+    given = {**checkpoint_and_image, "src": checkpoint_and_image["ckpt"], "data": "digits"}
+    readers = 0
+    for words, p in subcommands():
+        if "assume" not in {a.dest for a in p._actions}:
+            continue
+        readers += 1
+        base = base_argv(words, p, given, str(tmp_path / "new"))
+        for extra in LOADING_VALUES:
+            code, err = run([*base, *extra], capsys)
+            assert code != 0, (words, extra)
+    assert readers >= 8  # eval, fewshot, predict, explain, analyze, export, inspect, convert

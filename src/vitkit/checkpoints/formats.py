@@ -224,7 +224,10 @@ def read_checkpoint(
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
-    ckpt = _apply_overrides(ckpt, dict(overrides or {}), p)
+    stated = dict(overrides or {})
+    if num_heads is not None:  # (every format: a file that says its heads must agree)
+        stated = {"num_heads": num_heads, **stated}
+    ckpt = _apply_overrides(ckpt, stated, p)
     if fmt != "vitkit":  # (load_checkpoint has checked its own, _apply_overrides the rest)
         check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
     if fmt != "vitkit":
@@ -269,11 +272,14 @@ def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Ch
             ckpt.model_config = ckpt.model_config.replace(**overrides)
         except TypeError as e:
             raise VitkitError(f"unknown model option: {e}") from None
-            check_weights_fit(ckpt.model_config, ckpt.state_dict, source=str(p))
         except VitkitError as e:
-            raise VitkitError(
-                f"{p}: {_spelled(overrides)} does not fit the checkpoint: {e}"
-            ) from None
+            raise VitkitError(f"{p}: {_spelled(overrides)}: {e}") from None
+        try:
+            check_weights_fit(
+                ckpt.model_config, ckpt.state_dict, config_source="the settings", source=str(p)
+            )
+        except VitkitError as e:
+            raise VitkitError(f"{p}: {_spelled(overrides)} does not fit its weights: {e}") from None
         prov.give(overrides)
     ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
     return ckpt
