@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings, timm_config
+from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings, timm_config_provenance
 from vitkit.errors import AssumptionWarning, VitkitError
 
 TIMM_MODULES = (
@@ -165,8 +165,9 @@ def native_heads_check(timm: Any, name: str) -> dict[str, Any]:
         sd = {k: make(s, dtype=d) for k, (s, d) in shapes.items()}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            try:
-                cfg = timm_config(sd, source=name)
+            try:  # (read_checkpoint says the provenance's assumptions as warnings)
+                cfg, prov = timm_config_provenance(sd, source=name)
+                prov.warn(name)
             except VitkitError as e:
                 out["result"] = f"refused: {str(e).strip().splitlines()[0]}"
                 return out

@@ -5,7 +5,6 @@ the native-width heads check, the seven timm modules, the Hugging Face classes, 
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,6 @@ def coverage():
 @pytest.fixture(scope="module")
 def timm():
     return import_reference("timm")
-
-
-def _warn_on_read(monkeypatch, said: str) -> None:
-    """vitkit's timm reader says ``said`` as an AssumptionWarning on every read (hub and bare)."""
-    import vitkit.checkpoints.timm as timm_conv
-    from vitkit.errors import AssumptionWarning
-
-    real = timm_conv.timm_config
-
-    def timm_config(*args, **kwargs):
-        warnings.warn(said, AssumptionWarning, stacklevel=2)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(timm_conv, "timm_config", timm_config)
 
 
 def test_timm_names_are_the_seven_modules(coverage, timm):
@@ -93,7 +78,7 @@ def test_bare_scaled_width_passes_the_heads(coverage, timm, tmp_path):
     assert r["status"] == "exact" and r["heads"] == 12, r
 
 
-def test_silent_warned_and_exact_with_warnings(coverage, timm, tmp_path, monkeypatch):
+def test_silent_warned_and_exact_with_warnings(coverage, timm, tmp_path):
     name = "deit_tiny_patch16_224"
     ref = coverage.build_timm(timm, name)
     exact = coverage.check_timm(timm, name, tmp_path / "a", "hub", ref=ref)
@@ -102,12 +87,14 @@ def test_silent_warned_and_exact_with_warnings(coverage, timm, tmp_path, monkeyp
     silent = coverage.check_timm(timm, name, tmp_path / "b", "hub", ref=altered)
     assert silent["status"] == "silent", silent
     assert 1e-3 < silent["rel_f64"] < 1e-1 and silent["warnings"] == []
-    said = "layer_norm_eps: not in the checkpoint; assumed 1e-6 (could be 1e-5)"
-    _warn_on_read(monkeypatch, said)
+    # bare, the file does not say its preprocessing: the loader says so (once), which makes a
+    # difference "warned" and leaves an exact row exact with the line recorded
     warned = coverage.check_timm(timm, name, tmp_path / "c", "bare", ref=altered)
-    assert warned["status"] == "warned" and warned["warnings"] == [said], warned  # said once
+    said = warned["warnings"]
+    assert warned["status"] == "warned" and len(said) == len(set(said)) >= 1, warned
+    assert any("mean=(0.5, 0.5, 0.5) assumed" in w for w in said), said
     exact = coverage.check_timm(timm, name, tmp_path / "d", "bare", ref=ref)
-    assert exact["status"] == "exact" and exact["warnings"] == [said], exact
+    assert exact["status"] == "exact" and exact["warnings"] == said, exact
 
 
 def test_score_classifies(coverage):
@@ -144,28 +131,18 @@ def test_bare_state_dicts_that_cannot_say_their_settings(coverage, timm, tmp_pat
         assert (r["status"] == "warned") == bool(r["warnings"]), r
 
 
-def test_native_width_heads(coverage, timm, monkeypatch):
+def test_native_width_heads(coverage, timm):
     cm = coverage.cm
     ok = cm.native_heads_check(timm, "vit_base_patch16_224")
     assert ok == {"timm": 12, "width": 768, "vitkit": 12, "warned": False, "result": "ok"}
-    # 768 wide with 16 heads: the width table says 12
+    # 768 wide with 16 heads: the layout's entries disagree (SigLIP-GAP B has 12), so it is said
     wrong = cm.native_heads_check(timm, "vit_base_patch16_gap_224")
-    assert wrong["timm"] == 16 and wrong["vitkit"] != 16, wrong
-    assert wrong["result"] == ("warned" if wrong["warned"] else "silent"), wrong
-    refused = cm.native_heads_check(timm, "vit_medium_patch16_gap_256")  # 512: no table size
+    assert wrong["timm"] == 16 and wrong["vitkit"] == 12, wrong
+    assert wrong["result"] == "warned" and wrong["warned"], wrong
+    aimv2 = cm.native_heads_check(timm, "aimv2_large_patch14_224")  # the family's own heads
+    assert aimv2["result"] == "ok" and aimv2["vitkit"] == 8, aimv2
+    refused = cm.native_heads_check(timm, "test_vit")  # 64 wide: no table says its heads
     assert refused["result"].startswith("refused: ") and "num_heads" in refused["result"]
-
-    from vitkit.errors import AssumptionWarning
-
-    real = cm.timm_config
-
-    def timm_config(*args, **kwargs):
-        warnings.warn("num_heads: assumed 12 from the width", AssumptionWarning, stacklevel=2)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cm, "timm_config", timm_config)
-    said = cm.native_heads_check(timm, "vit_base_patch16_gap_224")
-    assert said["result"] == "warned" and said["warned"], said
 
 
 def test_bare_row_is_silent_where_native_heads_are(coverage, timm, tmp_path, monkeypatch):
