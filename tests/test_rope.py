@@ -11,7 +11,6 @@ import torch
 from references import import_reference, perturbed
 from safetensors.torch import load_file, save_file
 
-import vitkit
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
 from vitkit.checkpoints.io import Checkpoint
 from vitkit.config import PreprocessConfig, ViTConfig
@@ -165,8 +164,15 @@ def test_onnx_and_bf16_autocast(tmp_path):
     assert (low.float() - model(x)).abs().max() <= 0.05 * model(x).abs().max()
 
 
-def test_create_model_counts_match_timm():
-    timm = import_reference("timm")
-    ref = timm.create_model("vit_small_patch16_dinov3_qkvb", **SMALL)
-    model = vitkit.create_model("B/16", **{**DINO, "num_classes": 5})
-    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in model.parameters())
+@pytest.mark.parametrize(
+    "name", ["vit_small_patch16_dinov3_qkvb", "vit_small_patch16_rope_mixed_224"]
+)
+def test_counts_and_family_name_match_timm(tmp_path, name):
+    from vitkit.checkpoints.description import family_name
+    from vitkit.counts import count_params
+
+    ref, folder = timm_folder(tmp_path, name)
+    cfg = read_checkpoint(folder).model_config
+    n = sum(p.numel() for p in ref.parameters())
+    assert count_params(cfg) == n == sum(p.numel() for p in VisionTransformer(cfg).parameters())
+    assert family_name(cfg).startswith("DINOv3" if "dinov3" in name else "RoPE-ViT (mixed)")
