@@ -20,6 +20,7 @@ from vitkit.config_checks import (
     check_parallel_blocks,
     check_preprocess,
     check_resnet,
+    check_rope,
     check_vit,
     family_switches,
 )
@@ -32,6 +33,7 @@ ResNetRoot = Literal["bit", "small"]
 ResNetEps = Literal["vit_jax", "timm"]
 NormKind = Literal["layernorm", "rmsnorm"]
 BlockKind = Literal["pre", "post"]
+RopeKind = Literal["none", "dinov3", "axial", "mixed"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -107,11 +109,23 @@ class ViTConfig:
     scale_attn_norm: bool = False  # a norm on the heads' output before the projection (BEiT-3)
     scale_mlp_norm: bool = False  # a norm on the MLP hidden after the activation (BEiT-3)
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
+    # Rotary position embeddings on the patch tokens' q / k (vitkit.rope; timm eva.py's family)
+    rope: RopeKind = "none"  # "dinov3": centred coords in [-1, 1] (DINOv3); "axial": patch
+    # indices (RoPE-ViT, EVA-02, PE); "mixed": learned per-block frequencies (RoPE-ViT mixed)
+    rope_theta: float = 100.0  # RoPE base (timm rope_temperature): DINOv3 / RoPE-ViT 100
+    rope_half: bool = False  # pair channel c with c + d/2 (timm rotate_half; DINOv3); False:
+    # pairs (2c, 2c + 1), RoFormer's interleaved layout (EVA-02, RoPE-ViT)
+    rope_xy: bool = False  # per-axis channels (x, y), not (row, column) (timm grid_indexing="xy")
+    rope_offset: float = 0.0  # added to every patch coordinate (timm rope_grid_offset; PE: 1)
+    rope_ref_grid: tuple[int, int] | None = None  # indices rescaled to this grid (EVA-02)
+    abs_pos_embed: bool = True  # the learned E_pos of Eq. 1; False: none (DINOv3, RoPE-ViT)
+    k_bias: bool = True  # False: q and v biases only, the key's fixed at 0 (timm q_bias/v_bias)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
             object.__setattr__(self, name, value)
         check_parallel_blocks(self)
+        check_rope(self)
         s = self.stem_stride
         for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
             # A plain ViT's own size need not be a multiple of the patch: the patch grid is
@@ -253,6 +267,8 @@ class ViTConfig:
         d["patch_size"] = list(self.patch_size)
         if self.resnet_layers is not None:
             d["resnet_layers"] = list(self.resnet_layers)
+        if self.rope_ref_grid is not None:
+            d["rope_ref_grid"] = list(self.rope_ref_grid)
         return d
 
     @classmethod

@@ -149,7 +149,52 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
         out["pos_embed_prefix"] = False
     out.update(parallel_switches(cfg))
+    out.update(rope_switches(cfg))
     return out
+
+
+_ROPE_DEFAULTS = {"rope_theta": 100.0, "rope_half": False, "rope_xy": False, "rope_offset": 0.0}
+
+
+def rope_switches(cfg: Any) -> dict[str, Any]:
+    """The rotary-embedding switches that differ from the paper (vitkit.rope)."""
+    out = {k: getattr(cfg, k) for k in ("abs_pos_embed", "k_bias") if not getattr(cfg, k)}
+    if cfg.rope != "none":
+        out["rope"] = cfg.rope
+        out.update({k: getattr(cfg, k) for k, v in _ROPE_DEFAULTS.items() if getattr(cfg, k) != v})
+        if cfg.rope_ref_grid is not None:
+            out["rope_ref_grid"] = cfg.rope_ref_grid
+    return out
+
+
+def check_rope(cfg: Any) -> None:
+    """Normalise the rotary-embedding fields of a ViTConfig in place; refuse what none has."""
+    values = {
+        "rope": choice("rope", cfg.rope, ("none", "dinov3", "axial", "mixed")),
+        "rope_theta": real("rope_theta", cfg.rope_theta, 1.0, 1e9, open_lo=True),
+        "rope_half": choice("rope_half", cfg.rope_half, (True, False)),
+        "rope_xy": choice("rope_xy", cfg.rope_xy, (True, False)),
+        "rope_offset": real("rope_offset", cfg.rope_offset, -MAX_SIDE, MAX_SIDE),
+        "abs_pos_embed": choice("abs_pos_embed", cfg.abs_pos_embed, (True, False)),
+        "k_bias": choice("k_bias", cfg.k_bias, (True, False)),
+    }
+    if cfg.rope_ref_grid is not None:
+        values["rope_ref_grid"] = pair("rope_ref_grid", cfg.rope_ref_grid, 1, MAX_SIDE)
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+    if not cfg.k_bias and not cfg.qkv_bias:
+        raise VitkitError("k_bias=False (q and v biases only) needs qkv_bias=True")
+    if cfg.rope == "none":
+        return
+    head_dim = cfg.width // cfg.num_heads
+    if head_dim % 4:
+        raise VitkitError(f"rope needs a head width divisible by 4, got {head_dim}")
+    if cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn or cfg.is_hybrid:
+        raise VitkitError("rope is applied by the paper's block only (no parallel, diff, hybrid)")
+    if cfg.rope == "mixed" and cfg.rope_half:
+        raise VitkitError("rope='mixed' pairs channels interleaved (rope_half=False)")
+    if cfg.rope != "axial" and cfg.rope_ref_grid is not None:
+        raise VitkitError("rope_ref_grid rescales the axial RoPE's indices only")
 
 
 # parallel blocks (vitkit.parallel_blocks)

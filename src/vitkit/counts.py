@@ -19,8 +19,11 @@ def count_params(cfg: ModelConfig) -> int:
     n = cfg.patch_in_chans * ph * pw * d + (d if cfg.patch_bias else 0)  # patch embedding
     n += _resnet_params(cfg)
     n += cfg.num_prefix_tokens * d  # class token, registers
-    n += (cfg.num_patches + cfg.num_pos_prefix) * d  # position embeddings
-    qkv_bias = 3 * d if cfg.qkv_bias else 0
+    if cfg.abs_pos_embed:  # position embeddings (none with rotary ones only: DINOv3)
+        n += (cfg.num_patches + cfg.num_pos_prefix) * d
+    if cfg.rope == "mixed":  # RoPE-ViT mixed's learned frequencies [2, depth, heads, hd / 2]
+        n += 2 * cfg.depth * cfg.num_heads * (d // cfg.num_heads // 2)
+    qkv_bias = (3 if cfg.k_bias else 2) * d if cfg.qkv_bias else 0  # EVA: q and v only
     layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
     qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
     fc2_in = m // 2 if cfg.mlp == "swiglu" else m

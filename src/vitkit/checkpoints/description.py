@@ -20,7 +20,11 @@ def family_name(cfg: ViTConfig) -> str:
     same family."""
     details: list[str] = []
     size = cfg.short_name
-    if _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
+    if cfg.rope != "none":  # vitkit.rope: named by the rotary embedding's kind
+        kinds = {"dinov3": "DINOv3", "axial": "RoPE-ViT (axial)", "mixed": "RoPE-ViT (mixed)"}
+        family = kinds[cfg.rope] if cfg.rope_ref_grid is None else "timm RoPE ViT (SBB)"
+        details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
+    elif _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
         family = _later_family(cfg)
     elif cfg.dist_token:
         family = "DeiT (distilled)"

@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_hub
+from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_hub
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
@@ -50,6 +50,7 @@ from vitkit.checkpoints.io import (
     load_state_dict_strict,
 )
 from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
+from vitkit.checkpoints.timm_names import EVA_NAMES
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
@@ -359,6 +360,8 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         hub = _read_json(p / CONFIG)
         if not isinstance(hub, dict):
             raise VitkitError(f"{p / CONFIG}: not a JSON object")
+        if str(hub.get("architecture", "")).split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
+            return _read_timm_eva(p, hub, sd, num_heads)
         cfg, prov = _wrap(
             lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
         )
@@ -373,6 +376,19 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
     ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
+    ckpt.provenance = prov
+    return ckpt
+
+
+def _read_timm_eva(
+    p: Path, hub: dict[str, Any], sd: dict[str, Tensor], num_heads: int | None
+) -> Checkpoint:
+    """A timm folder naming an eva.py entry vitkit reads (:mod:`.timm_eva`)."""
+    cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
+    pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+    prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
+    names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
 

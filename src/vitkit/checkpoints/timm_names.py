@@ -3,6 +3,7 @@
 A timm folder's ``config.json`` names its ``architecture``. vitkit computes exactly the
 entries of timm's ``vision_transformer.py``, ``deit.py`` and ``vision_transformer_hybrid.py``
 (:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout); the entries of timm's
+``eva.py`` in :data:`EVA_NAMES` (:mod:`.timm_eva`), and those of timm's
 other ViT modules (:data:`OTHER_MODULES`) compute something their weights do not show (rotary
 or relative position embeddings, NaFlex's packing), so a folder naming one is refused with
 what is missing, never read as the nearest ViT. A name in neither table (a later timm's, a
@@ -12,6 +13,7 @@ installed timm.
 
 from __future__ import annotations
 
+from vitkit.checkpoints.timm_eva import check_eva_architecture, family_of
 from vitkit.errors import VitkitError
 
 TIMM_VERSION = "1.0.31"
@@ -99,13 +101,9 @@ VIT_NAMES: frozenset[str] = (
     )
 )
 
-# timm's other ViT modules: (what vitkit lacks, their names)
-OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
-    "eva": (
-        "rotary position embeddings (timm eva.py: EVA-02, DINOv3, Perception Encoder, "
-        "RoPE-ViT, Sapiens2, LingBot) are not supported",
-        frozenset(
-            """
+# timm eva.py's entries (rotary position embeddings: vitkit.rope, checkpoints.timm_eva)
+_EVA_ALL = frozenset(
+    """
     eva02_base_patch14_224 eva02_base_patch14_448 eva02_base_patch16_clip_224
     eva02_enormous_patch14_clip_224 eva02_large_patch14_224 eva02_large_patch14_448
     eva02_large_patch14_clip_224 eva02_large_patch14_clip_336 eva02_small_patch14_224
@@ -133,7 +131,16 @@ OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     vit_small_plus_patch16_dinov3 vit_small_plus_patch16_dinov3_qkvb
     vit_tiny_patch16_dinov3_qkvb
 """.split()
-        ),
+)
+# the eva.py entries read exactly (DINOv3, LingBot, RoPE-ViT, timm's SBB RoPE ViTs)
+EVA_NAMES: frozenset[str] = frozenset(n for n in _EVA_ALL if family_of(n) is not None)
+
+# timm's other ViT modules: (what vitkit lacks, their names)
+OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
+    "eva": (
+        "EVA-02's / Perception Encoder's / Sapiens2's / EVA-1's blocks (timm eva.py) are not "
+        "read yet",
+        _EVA_ALL - EVA_NAMES,
     ),
     "naflexvit": (
         "NaFlex (timm naflexvit.py: factorised position embeddings, patches of several images "
@@ -180,8 +187,10 @@ def check_architecture(arch: str, source: str) -> str:
     """``arch`` (a pretrained tag after a dot dropped) if vitkit reads it; else one line
     naming what is missing."""
     name = arch.split(".")[0]
-    if name in VIT_NAMES:
+    if name in VIT_NAMES or name in EVA_NAMES:
         return name
+    if name in _EVA_ALL:
+        check_eva_architecture(name, source)  # raises with what is missing
     for why, names in OTHER_MODULES.values():
         if name in names:
             raise VitkitError(f"{source}: {name}: {why}")

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip
+from vitkit.checkpoints import hf_family, hf_siglip, timm_eva
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -94,6 +94,15 @@ def write_checkpoint(
         tmp = dst.with_name(f".{dst.name}.tmp.npz")
         np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
         return _replace(tmp, dst)
+    if to == "timm" and (cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias):
+        # rotary embeddings: timm eva.py's Eva (refused without rope)
+        tsd = timm_eva.state_dict_to_eva(sd, cfg)
+        if dst.suffix in (".safetensors", ".pth", ".bin"):
+            raise VitkitError(
+                "a bare timm state dict does not say its rotary embedding; write a timm folder"
+            )
+        hub = timm_eva.eva_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
+        return _write_dir(dst, {CONFIG: hub}, tsd)
     if to == "timm":
         tsd = timm_conv.state_dict_to_timm(sd, cfg)
         if dst.suffix in (".safetensors", ".pth", ".bin"):

@@ -49,6 +49,8 @@ def random_masking(
 def encode_visible(encoder: VisionTransformer, x: Tensor, visible: Tensor) -> Tensor:
     """The encoder on the visible patches only: ``[B, prefix + K, D]`` final-normalised tokens."""
     p = encoder.cfg.num_pos_prefix  # E_pos rows of the class token and registers (or none)
+    if encoder.pos_embed is None or encoder.rope is not None:
+        raise VitkitError("MAE here needs the learned E_pos and no rotary embeddings (rope)")
     patches = encoder.patch_embed(x) + encoder.pos_embed[:, p:]
     d = patches.shape[-1]
     tokens = patches.gather(1, visible.to(x.device).unsqueeze(-1).expand(-1, -1, d))

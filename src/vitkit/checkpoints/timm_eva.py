@@ -1,0 +1,383 @@
+"""timm ``eva.py`` (``Eva``: DINOv3, RoPE-ViT) state dicts and folders ↔ vitkit: pure functions.
+
+timm's ``Eva`` is the ViT with rotary position embeddings (:mod:`vitkit.rope`). Its keys are
+vitkit's except three: layer scale is ``blocks.{i}.gamma_1`` / ``gamma_2`` (vitkit ``ls1.gamma``
+/ ``ls2.gamma``), a SwiGLU MLP with ``swiglu_align_to`` or a sub-norm keeps its two input
+projections apart, ``mlp.fc1_g`` / ``mlp.fc1_x`` (vitkit packs them into ``mlp.fc1``, gate
+first, as timm's own ``GluMlp``), and EVA's attention has ``attn.q_bias`` / ``attn.v_bias``
+with the key's bias fixed at 0 (vitkit ``k_bias=False``, the same names). RoPE-ViT mixed's
+learned frequencies are ``rope.freqs`` in both.
+
+What the weights do not show is the rotary embedding itself (kind, base, channel pairing,
+axis order), the norms' epsilon and the pooling. A timm folder names its entry, and the entry
+fixes them (:data:`FAMILIES`, timm 1.0.31); its ``model_args`` may override them. Exact here
+(float64 logits to rounding, any input size the patches tile): DINOv3 (``vit_*_dinov3*``),
+LingBot (``vit_*_lingbot``), RoPE-ViT axial / mixed with and without E_pos (``vit_*_rope_*_224``)
+and timm's SBB RoPE ViTs (``vit_*_rope_reg*_gap_256``). The others (EVA-02, Perception
+Encoder, Sapiens2, EVA-1 giants) are refused with what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitkit.checkpoints.provenance import Provenance
+from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.errors import VitkitError
+
+# timm eva.py entries vitkit reads: (name pattern, what the entry fixes beyond the weights)
+_DINO = {"rope": "dinov3", "rope_theta": 100.0, "rope_half": True, "layer_norm_eps": 1e-5}
+_ROPEVIT = {"rope_xy": True, "pool": "token", "layer_norm_eps": 1e-6}
+_APE = {"pos_embed_prefix": False}  # E_pos on the patches only (timm no_embed_class)
+_MIXED = {"rope": "mixed", "rope_theta": 10.0}
+FAMILIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("DINOv3", r"^vit_\w+_patch16_dinov3(_qkvb)?$", {**_DINO, "pool": "gap"}),
+    ("LingBot", r"^vit_\w+_patch16_lingbot$", {**_DINO, "pool": "token"}),
+    ("RoPE-ViT", r"^vit_\w+_patch16_rope_224$", {**_ROPEVIT, "rope": "axial"}),
+    ("RoPE-ViT", r"^vit_\w+_patch16_rope_ape_224$", {**_ROPEVIT, **_APE, "rope": "axial"}),
+    ("RoPE-ViT", r"^vit_\w+_patch16_rope_mixed_224$", {**_ROPEVIT, **_MIXED}),
+    ("RoPE-ViT", r"^vit_\w+_patch16_rope_mixed_ape_224$", {**_ROPEVIT, **_APE, **_MIXED}),
+    (
+        "RoPE-ViT",  # timm's SBB ViTs with RoPE
+        r"^vit_\w+_patch16_rope_reg\d_gap_256$",
+        {"rope": "axial", "rope_theta": 10000.0, "rope_ref_grid": (16, 16), "pool": "gap"},
+    ),
+)
+# eva.py entries refused, by name: what vitkit lacks
+REFUSED: tuple[tuple[str, str], ...] = (
+    (r"^eva02_", "EVA-02's RoPE and SwiGLU sub-norm are not read yet"),
+    (r"^eva_giant_", "EVA-1 giant (timm eva.py) is not read yet"),
+    (r"^vit_pe_", "Perception Encoder's RoPE and attention-pool head are not read yet"),
+    (r"_sapiens2$", "Sapiens2's grouped-query attention (num_kv_heads) is not supported"),
+)
+_LS = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
+_FC1 = re.compile(r"^(blocks\.\d+\.mlp\.)fc1_([gx])\.(weight|bias)$")
+
+
+def family_of(arch: str) -> tuple[str, dict[str, Any]] | None:
+    """(family, settings) of a timm eva.py entry vitkit reads; None for another name."""
+    for fam, pattern, settings in FAMILIES:
+        if re.match(pattern, arch):
+            return fam, settings
+    return None
+
+
+def check_eva_architecture(arch: str, source: str) -> tuple[str, dict[str, Any]]:
+    """The family of an eva.py entry, or one line naming what vitkit lacks for it."""
+    found = family_of(arch)
+    if found is not None:
+        return found
+    for pattern, why in REFUSED:
+        if re.search(pattern, arch):
+            raise VitkitError(f"{source}: {arch}: {why}")
+    raise VitkitError(f"{source}: {arch} is not an eva.py entry vitkit reads")
+
+
+def is_eva(sd: dict[str, Tensor]) -> bool:
+    """Whether the keys are timm eva.py's (``gamma_1`` layer scale, ``q_bias``, ``rope.*``,
+    or a patch embedding with no E_pos)."""
+    return any(
+        _LS.match(k) or k.endswith((".attn.q_bias", ".mlp.fc1_g.weight")) or k.startswith("rope.")
+        for k in sd
+    ) or ("patch_embed.proj.weight" in sd and "pos_embed" not in sd)
+
+
+def eva_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """timm eva.py keys → vitkit keys (``gamma_*`` → ``ls*.gamma``, ``fc1_g`` + ``fc1_x`` →
+    ``fc1``); everything else equal."""
+    del cfg  # same signature as every converter
+    out: dict[str, Tensor] = {}
+    halves: dict[tuple[str, str], dict[str, Tensor]] = {}
+    for k, v in sd.items():
+        if m := _LS.match(k):
+            out[f"{m[1]}ls{m[2]}.gamma"] = v
+        elif m := _FC1.match(k):
+            halves.setdefault((m[1], m[3]), {})[m[2]] = v
+        else:
+            out[k] = v
+    for (prefix, part), pair in halves.items():
+        if set(pair) != {"g", "x"}:
+            raise VitkitError(f"{prefix}fc1_g / fc1_x: only one of the SwiGLU halves is there")
+        out[f"{prefix}fc1.{part}"] = torch.cat([pair["g"], pair["x"]], dim=0)
+    return out
+
+
+def state_dict_to_eva(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """vitkit keys → timm eva.py keys (the inverse of :func:`eva_to_state_dict`; a SwiGLU
+    fc1 is written as ``fc1_g`` / ``fc1_x``, timm's ``SwiGLU``)."""
+    why = eva_write_refusal(cfg)
+    if why:
+        raise VitkitError(why)
+    out: dict[str, Tensor] = {}
+    for k, v in sd.items():
+        m = re.match(r"^(blocks\.\d+\.)ls([12])\.gamma$", k)
+        f = re.match(r"^(blocks\.\d+\.mlp\.)fc1\.(weight|bias)$", k)
+        if m:
+            out[f"{m[1]}gamma_{m[2]}"] = v.contiguous()
+        elif f and cfg.mlp == "swiglu":
+            g, x = v.chunk(2, dim=0)
+            out[f"{f[1]}fc1_g.{f[2]}"], out[f"{f[1]}fc1_x.{f[2]}"] = g.contiguous(), x.contiguous()
+        else:
+            out[k] = v.contiguous()
+    return out
+
+
+def eva_write_refusal(cfg: ViTConfig) -> str | None:
+    """Why timm's ``Eva`` cannot hold ``cfg`` (None when it can)."""
+    if cfg.rope == "none":
+        return "timm's Eva writer is for rotary-embedding models (rope)"
+    odd = {
+        "representation_size": cfg.representation_size,
+        "dist_token": cfg.dist_token,
+        "pool": cfg.pool in ("map", "token_gap"),
+        "norm": cfg.norm != "layernorm",
+        "patch_norm": cfg.patch_norm,
+        "proj_bias": not cfg.proj_bias,
+        "block": cfg.block != "pre",
+        "final_norm": not cfg.final_norm,
+        "gelu": cfg.gelu != "none" and cfg.mlp != "swiglu",
+        "qkv_bias": cfg.qkv_bias and cfg.k_bias and cfg.rope != "axial",
+        "norm_pre": cfg.norm_pre == cfg.patch_bias,
+        # the entry fixes the norms' epsilon (timm's model_args cannot hold a norm_layer)
+        "layer_norm_eps": cfg.layer_norm_eps != (1e-5 if cfg.rope == "dinov3" else 1e-6),
+    }
+    bad = [k for k, v in odd.items() if v]
+    if bad:
+        return f"timm's Eva has no {', '.join(bad)} as this model has them"
+    return None
+
+
+def eva_architecture(cfg: ViTConfig) -> str:
+    """A registered eva.py entry of the same family (``model_args`` set the rest)."""
+    if cfg.rope == "dinov3":
+        return "vit_small_patch16_lingbot" if cfg.pool == "token" else "vit_small_patch16_dinov3"
+    if cfg.rope == "mixed":
+        return "vit_small_patch16_rope_mixed_224"
+    return "vit_small_patch16_rope_224"
+
+
+def eva_model_args(cfg: ViTConfig) -> dict[str, Any]:
+    """``timm.create_model(eva_architecture(cfg), **args)`` builds the same network."""
+    hidden = cfg.mlp_dim // 2 if cfg.mlp == "swiglu" else cfg.mlp_dim
+    rope_type = {"dinov3": "dinov3", "axial": "cat", "mixed": "mixed"}[cfg.rope]
+    args: dict[str, Any] = {
+        "img_size": list(cfg.image_size),
+        "patch_size": list(cfg.patch_size),
+        "in_chans": cfg.in_chans,
+        "num_classes": cfg.num_classes,
+        "embed_dim": cfg.width,
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+        "mlp_ratio": hidden / cfg.width,
+        "qkv_bias": cfg.qkv_bias,
+        "attn_type": "eva" if (not cfg.k_bias or not cfg.qkv_bias) else "rope",
+        "class_token": cfg.has_class_token,
+        "num_reg_tokens": cfg.num_reg_tokens,
+        "no_embed_class": not cfg.pos_embed_prefix,
+        "global_pool": {"gap": "avg"}.get(cfg.pool, cfg.pool),
+        "use_fc_norm": cfg.fc_norm,
+        "init_values": cfg.layer_scale_init,
+        "use_pre_transformer_norm": cfg.norm_pre,
+        "qk_norm": cfg.qk_norm,
+        "scale_attn_inner": cfg.scale_attn_norm,
+        "scale_mlp": cfg.scale_mlp_norm,
+        "swiglu_mlp": cfg.mlp == "swiglu",
+        "swiglu_align_to": 0 if cfg.scale_mlp_norm or cfg.mlp != "swiglu" else 1,
+        "use_abs_pos_emb": cfg.abs_pos_embed,
+        "use_rot_pos_emb": True,
+        "rope_type": rope_type,
+        "rope_temperature": cfg.rope_theta,
+        "rope_rotate_half": cfg.rope_half,
+        "rope_grid_indexing": "xy" if cfg.rope_xy else "ij",
+        "rope_grid_offset": cfg.rope_offset,
+        "ref_feat_shape": None if cfg.rope_ref_grid is None else list(cfg.rope_ref_grid),
+        "dynamic_img_size": True,
+    }
+    return args
+
+
+# model_args keys: the config fields they set ("" = read below or training only)
+_ARGS = frozenset(
+    "img_size patch_size in_chans num_classes embed_dim depth num_heads mlp_ratio qkv_bias "
+    "attn_type class_token num_reg_tokens no_embed_class global_pool use_fc_norm init_values "
+    "use_pre_transformer_norm qk_norm scale_attn_inner scale_mlp swiglu_mlp swiglu_align_to "
+    "use_abs_pos_emb use_rot_pos_emb rope_type rope_temperature rope_rotate_half "
+    "rope_grid_indexing rope_grid_offset ref_feat_shape dynamic_img_size "
+    "qkv_fused drop_rate pos_drop_rate patch_drop_rate proj_drop_rate attn_drop_rate "
+    "drop_path_rate head_init_scale device dtype".split()
+)
+_ROPE_TYPES = {"dinov3": "dinov3", "cat": "axial", "mixed": "mixed"}
+
+
+def _shapes(sd: dict[str, Tensor], source: str) -> dict[str, Any]:
+    """What an eva.py state dict's keys and shapes show."""
+    if "patch_embed.proj.weight" not in sd:
+        raise VitkitError(f"{source}: no patch_embed.proj.weight: not a timm Eva state dict")
+    proj = sd["patch_embed.proj.weight"]
+    width = proj.shape[0]
+    depth = len({int(k.split(".")[1]) for k in sd if k.startswith("blocks.")})
+    b = "blocks.0."
+    if f"{b}mlp.fc1_g.weight" in sd:
+        mlp, mlp_dim = "swiglu", 2 * sd[f"{b}mlp.fc1_g.weight"].shape[0]
+    else:
+        fc1, fc2 = sd[f"{b}mlp.fc1.weight"].shape[0], sd[f"{b}mlp.fc2.weight"].shape[1]
+        mlp, mlp_dim = ("swiglu" if fc2 * 2 == fc1 else "mlp"), fc1
+    for key in sd:
+        if re.match(r"blocks\.\d+\.attn\.[qkv]_proj\.", key) or key.startswith("attn_pool."):
+            raise VitkitError(f"{source}: {key}: split q/k/v or an attention pool is not read")
+    qv = f"{b}attn.q_bias" in sd
+    ls = f"{b}gamma_1" in sd
+    out: dict[str, Any] = {
+        "patch_size": tuple(proj.shape[2:]),
+        "in_chans": proj.shape[1],
+        "width": width,
+        "depth": depth,
+        "mlp": mlp,
+        "mlp_dim": mlp_dim,
+        "qkv_bias": qv or f"{b}attn.qkv.bias" in sd,
+        "k_bias": not qv,
+        "class_token": "cls_token" in sd,
+        "num_reg_tokens": sd["reg_token"].shape[1] if "reg_token" in sd else 0,
+        "abs_pos_embed": "pos_embed" in sd,
+        "layer_scale_init": 1e-5 if ls else None,
+        "norm_pre": "norm_pre.weight" in sd,
+        "patch_bias": "patch_embed.proj.bias" in sd,
+        "qk_norm": f"{b}attn.q_norm.weight" in sd,
+        "scale_attn_norm": f"{b}attn.norm.weight" in sd,
+        "scale_mlp_norm": f"{b}mlp.norm.weight" in sd,
+        "fc_norm": "fc_norm.weight" in sd,
+        "final_norm": "norm.weight" in sd or "fc_norm.weight" in sd,
+        "num_classes": sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        "gelu": "none",
+    }
+    if "rope.freqs" in sd:
+        out["rope"], out["num_heads"] = "mixed", sd["rope.freqs"].shape[2]
+    return out
+
+
+def eva_hub_config_provenance(
+    hub: dict[str, Any], sd: dict[str, Tensor], source: str, num_heads: int | None = None
+) -> tuple[ViTConfig, Provenance]:
+    """The architecture of a timm folder naming an eva.py entry: the weights, then what the
+    entry fixes (:data:`FAMILIES`), then the folder's ``model_args``."""
+    arch = str(hub.get("architecture", "")).split(".")[0]
+    _, named = check_eva_architecture(arch, source)
+    args = hub.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise VitkitError(f"{source}: model_args is not a JSON object")
+    unknown = sorted(set(args) - _ARGS)
+    if unknown:
+        raise VitkitError(
+            f"{source}: model_args {', '.join(unknown)}: not arguments of timm's Eva vitkit "
+            "knows; vitkit will not guess what they change"
+        )
+    shown = _shapes(sd, source)
+    fields = {**shown, **named}
+    if args.get("use_rot_pos_emb") is False:
+        raise VitkitError(f"{source}: use_rot_pos_emb=False: an Eva without RoPE is not read")
+    if "rope_type" in args:
+        if args["rope_type"] not in _ROPE_TYPES:
+            raise VitkitError(f"{source}: rope_type={args['rope_type']!r} is not one vitkit has")
+        fields["rope"] = _ROPE_TYPES[args["rope_type"]]
+    for key, field in (
+        ("rope_temperature", "rope_theta"),
+        ("rope_rotate_half", "rope_half"),
+        ("rope_grid_offset", "rope_offset"),
+        ("init_values", "layer_scale_init"),
+        ("num_heads", "num_heads"),
+    ):
+        if args.get(key) is not None:
+            fields[field] = args[key]
+    if "rope_grid_indexing" in args:
+        fields["rope_xy"] = args["rope_grid_indexing"] == "xy"
+    if "ref_feat_shape" in args:
+        ref = args["ref_feat_shape"]
+        fields["rope_ref_grid"] = None if ref is None else tuple(ref)
+    if fields["layer_scale_init"] is None or not shown["layer_scale_init"]:
+        fields["layer_scale_init"] = None
+    pool = {"avg": "gap"}.get(args.get("global_pool", ""), args.get("global_pool"))
+    pool = pool or fields["pool"]
+    if pool not in ("gap", "token", "avgmax", "max"):
+        raise VitkitError(f"{source}: global_pool {pool!r} is not one vitkit reads for Eva")
+    fields["pool"] = pool
+    if "use_fc_norm" not in args and "fc_norm.weight" in sd:
+        fields["fc_norm"] = True
+    fields["class_token"] = shown["class_token"]
+    if "num_heads" not in fields:
+        fields["num_heads"] = num_heads if num_heads is not None else _heads(shown["width"])
+    size = args.get("img_size")
+    grid = _pos_grid(sd, shown, fields.get("pos_embed_prefix", True), args)
+    if size is None:
+        size = (grid[0] * shown["patch_size"][0], grid[1] * shown["patch_size"][1])
+    fields["image_size"] = size
+    if "no_embed_class" in args:
+        fields["pos_embed_prefix"] = not args["no_embed_class"]
+    if not shown["abs_pos_embed"]:
+        fields["pos_embed_prefix"] = True
+    cfg = ViTConfig(**fields)
+    prov = Provenance().set("weights", cfg.to_dict())
+    prov.set("name", list(named), f"timm's {arch}")
+    prov.set("file", [k for k in fields if k in args], "model_args")
+    return cfg, prov
+
+
+# heads by width of every eva.py entry read here (DINOv3 H+ 1280: 20, 7B 4096: 32; SBB 512, 640)
+_DINOV3_HEADS = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1280: 20, 4096: 32}
+
+
+def _heads(width: int) -> int:
+    if width in _DINOV3_HEADS:
+        return _DINOV3_HEADS[width]
+    raise VitkitError(f"width {width}: the number of heads is not known; give num_heads")
+
+
+def _pos_grid(
+    sd: dict[str, Tensor], shown: dict[str, Any], prefix_rows: bool, args: dict[str, Any]
+) -> tuple[int, int]:
+    """The patch grid: from ``img_size``, else a square E_pos, else 14 x 14 (RoPE only: any
+    input size gives the same numbers, so the model's own size is a default, not a guess)."""
+    size = args.get("img_size")
+    p = shown["patch_size"]
+    if size is not None:
+        h, w = (size, size) if isinstance(size, int) else size
+        return int(h) // p[0], int(w) // p[1]
+    if "pos_embed" in sd:
+        prefix = shown["class_token"] + shown["num_reg_tokens"] if prefix_rows else 0
+        n = sd["pos_embed"].shape[1] - prefix
+        side = int(round(n**0.5))
+        return side, side
+    return 14, 14
+
+
+def eva_hub_config(
+    cfg: ViTConfig, preprocess: PreprocessConfig, class_names: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The ``config.json`` of a timm folder holding ``cfg`` as an eva.py entry."""
+    k = 255 * preprocess.rescale_factor if preprocess.rescale_factor != 1 / 255 else 1.0
+    args = eva_model_args(cfg)
+    out: dict[str, Any] = {
+        "architecture": eva_architecture(cfg),
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.width,
+        "global_pool": args["global_pool"],
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [cfg.in_chans, *cfg.image_size],
+            "fixed_input_size": False,
+            "interpolation": preprocess.interpolation,
+            "crop_pct": preprocess.crop_pct,
+            "crop_mode": "squash" if preprocess.resize == "squash" else "center",
+            "mean": [m / k for m in preprocess.mean],
+            "std": [v / k for v in preprocess.std],
+            "num_classes": cfg.num_classes,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+        },
+    }
+    if class_names:
+        out["label_names"] = list(class_names)
+    return out
