@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 from references import import_reference
 
-from vitkit.checkpoints.timm_names import OTHER_MODULES, TIMM_VERSION, VIT_NAMES, check_architecture
+from vitkit.checkpoints.timm_names import (
+    OTHER_MODULES,
+    RELPOS_MODULES,
+    TIMM_VERSION,
+    VIT_NAMES,
+    check_architecture,
+)
 from vitkit.errors import VitkitError
 
 
@@ -22,14 +28,20 @@ def test_tables_equal_the_installed_timm():
     assert vit == VIT_NAMES
     for module, (_, names) in OTHER_MODULES.items():
         assert names == set(timm.list_models(module=module)), module
+    for module, names in RELPOS_MODULES.items():  # read by checkpoints/timm_relpos.py
+        assert names == set(timm.list_models(module=module)), module
 
 
 def test_names_read_refused_and_unknown():
     assert check_architecture("vit_base_patch16_224.augreg_in21k", "f") == "vit_base_patch16_224"
     with pytest.raises(VitkitError, match="vit_small_patch16_dinov3: rotary position"):
         check_architecture("vit_small_patch16_dinov3", "f")
-    with pytest.raises(VitkitError, match="beit_base_patch16_224: BEiT's relative"):
-        check_architecture("beit_base_patch16_224", "f")
+    assert (
+        check_architecture("beit_base_patch16_224.in22k_ft_in22k", "f") == "beit_base_patch16_224"
+    )
+    assert (
+        check_architecture("vit_srelpos_small_patch16_224", "f") == "vit_srelpos_small_patch16_224"
+    )
     with pytest.raises(VitkitError, match="NaFlex"):
         check_architecture("naflexvit_base_patch16_gap", "f")
     with pytest.raises(VitkitError, match="'resnet50' is not one of the timm ViTs"):

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import (
     check_parallel_blocks,
     check_preprocess,
+    check_rel_pos,
     check_resnet,
     check_vit,
     family_switches,
@@ -32,6 +33,7 @@ ResNetRoot = Literal["bit", "small"]
 ResNetEps = Literal["vit_jax", "timm"]
 NormKind = Literal["layernorm", "rmsnorm"]
 BlockKind = Literal["pre", "post"]
+RelPosKind = Literal["none", "bias", "mlp", "mlp_swin"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -107,6 +109,13 @@ class ViTConfig:
     scale_attn_norm: bool = False  # a norm on the heads' output before the projection (BEiT-3)
     scale_mlp_norm: bool = False  # a norm on the MLP hidden after the activation (BEiT-3)
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
+    # relative position bias (vitkit.relpos; timm beit.py, vision_transformer_relpos.py)
+    abs_pos_embed: bool = True  # Eq. 1's learned E_pos; False: none (BEiT, timm relpos)
+    rel_pos: RelPosKind = "none"  # a bias on the attention logits by query-key offset: "bias" a
+    # learned table (BEiT, timm RelPosBias), "mlp" / "mlp_swin" an MLP of log offsets (RelPosMlp)
+    rel_pos_shared: bool = False  # one bias for every block (timm shared_rel_pos, BEiT shared)
+    rel_pos_dim: int = 128  # hidden width of the "mlp" bias's MLP (timm rel_pos_dim)
+    k_bias: bool = True  # False: q and v projections have biases, k none (BEiT q_bias / v_bias)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -144,6 +153,7 @@ class ViTConfig:
             )
         if self.block == "post" and self.layer_scale_init is not None:
             raise VitkitError('block="post" has no layer scale (timm\'s ResPostBlock)')
+        check_rel_pos(self)
         if self.fc_norm and not self.final_norm:
             raise VitkitError(
                 "fc_norm=True with final_norm=False: fc_norm is the final norm moved after "

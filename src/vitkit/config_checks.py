@@ -149,7 +149,60 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     if not cfg.pos_embed_prefix and cfg.num_prefix_tokens:
         out["pos_embed_prefix"] = False
     out.update(parallel_switches(cfg))
+    out.update(rel_pos_switches(cfg))
     return out
+
+
+# relative position bias (vitkit.relpos): the paper's values
+_REL_POS_DEFAULTS = {
+    "abs_pos_embed": True,
+    "rel_pos": "none",
+    "rel_pos_shared": False,
+    "rel_pos_dim": 128,
+    "k_bias": True,
+}
+
+
+def rel_pos_switches(cfg: Any) -> dict[str, Any]:
+    """The relative-position-bias switches that differ from the paper (BEiT, timm relpos);
+    ``rel_pos_dim`` only where an MLP bias reads it."""
+    out = {k: getattr(cfg, k) for k, v in _REL_POS_DEFAULTS.items() if getattr(cfg, k) != v}
+    if not cfg.rel_pos.startswith("mlp"):
+        out.pop("rel_pos_dim", None)
+    return out
+
+
+def check_rel_pos(cfg: Any) -> None:
+    """Normalise the relative-position switches of a ViTConfig in place; refuse what no
+    implementation has (timm's biases know one prefix token at most)."""
+    values = {
+        "abs_pos_embed": choice("abs_pos_embed", cfg.abs_pos_embed, (True, False)),
+        "rel_pos": choice("rel_pos", cfg.rel_pos, ("none", "bias", "mlp", "mlp_swin")),
+        "rel_pos_shared": choice("rel_pos_shared", cfg.rel_pos_shared, (True, False)),
+        "rel_pos_dim": integer("rel_pos_dim", cfg.rel_pos_dim, 1, MAX_MLP),
+        "k_bias": choice("k_bias", cfg.k_bias, (True, False)),
+    }
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+    if not cfg.k_bias and not cfg.qkv_bias:
+        raise VitkitError("k_bias=False (q and v biases only) needs qkv_bias=True")
+    if cfg.rel_pos_shared and cfg.rel_pos == "none":
+        raise VitkitError("rel_pos_shared needs a relative position bias (rel_pos)")
+    if cfg.rel_pos == "none" and cfg.k_bias and cfg.abs_pos_embed:
+        return  # the paper's
+    if cfg.rel_pos != "none" and cfg.num_prefix_tokens > 1:
+        raise VitkitError(
+            f"rel_pos with {cfg.num_prefix_tokens} prefix tokens: the relative position bias "
+            "has entries for one class token at most (BEiT, timm)"
+        )
+    odd = [k for k, v in parallel_switches(cfg).items() if v]
+    odd += ["pool='map'"] if cfg.pool == "map" else []
+    odd += ["a ResNet stem"] if cfg.resnet_layers is not None else []
+    if odd:
+        raise VitkitError(
+            f"relative position bias / abs_pos_embed / k_bias with {', '.join(odd)}: no "
+            "checkpoint has both, and vitkit computes them in the paper's block only"
+        )
 
 
 # parallel blocks (vitkit.parallel_blocks)

@@ -67,6 +67,7 @@ from vitkit.errors import VitkitError
 from vitkit.layers import drop_path, make_norm
 from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
+from vitkit.relpos import attention_biases, make_rel_pos
 from vitkit.resnet import ResNetStem, init_resnet
 
 
@@ -131,7 +132,13 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and cfg.k_bias)
+        qv = cfg.qkv_bias and not cfg.k_bias  # BEiT: q and v biases, none on k (timm's names)
+        self.q_bias = nn.Parameter(torch.zeros(cfg.width)) if qv else None
+        self.v_bias = nn.Parameter(torch.zeros(cfg.width)) if qv else None
+        # this block's relative position bias (vitkit.relpos); the model computes it per forward
+        own = cfg.rel_pos != "none" and not cfg.rel_pos_shared
+        self.rel_pos = make_rel_pos(cfg) if own else None
         self.proj = nn.Linear(cfg.width, cfg.width, bias=cfg.proj_bias)
         # BEiT-3's sub-LayerNorm on the concatenated heads, before the projection
         self.norm = make_norm(cfg, cfg.width) if cfg.scale_attn_norm else nn.Identity()
@@ -142,7 +149,11 @@ class Attention(nn.Module):
 
     def _split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
-        qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
+        if self.q_bias is not None and self.v_bias is not None:  # k_bias=False (BEiT)
+            bias = torch.cat((self.q_bias, torch.zeros_like(self.q_bias), self.v_bias))
+            qkv = F.linear(x, self.qkv.weight, bias).reshape(b, t, 3, self.num_heads, -1)
+        else:
+            qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
         return self.q_norm(q), self.k_norm(k), v
 
@@ -151,20 +162,27 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.proj(self.norm(x))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``bias``: an additive term on the logits [1, heads, T, T] (relative position)."""
         q, k, v = self._split_heads(x)
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward).
-            return self._merge_heads(self._attend(q, k, v)[0])
+        cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+        # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward); the
+        # ONNX exporter cannot decompose the fused kernel with a float mask (torch 2.13)
+        if cpu_bf16 or (bias is not None and torch.compiler.is_exporting()):
+            return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
-        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p))
+        mask = None if bias is None else bias.to(q.dtype)
+        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p))
 
-    def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        out, weights = self._attend(*self._split_heads(x))
+    def forward_explicit(self, x: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        out, weights = self._attend(*self._split_heads(x), bias)
         return self._merge_heads(out), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        logits = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        weights = torch.softmax(logits if bias is None else logits + bias.to(q.dtype), dim=-1)
         dropped = F.dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights
 
@@ -229,20 +247,21 @@ class Block(nn.Module):
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``bias``: the attention's additive logit bias (relative position), if any."""
         if self.post_norm:  # timm's ResPostBlock: z + LN(MSA(z)), then z + LN(MLP(z))
-            x = self._residual(x, self.norm1(self.drop(self.attn(x))))
+            x = self._residual(x, self.norm1(self.drop(self.attn(x, bias))))
             return self._residual(x, self.norm2(self.mlp(x)))
-        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x)))))  # (2)
+        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x), bias))))  # (2)
         return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
-    def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_explicit(self, x: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """As ``forward``, with the explicit-softmax attention; also returns its weights."""
         if self.post_norm:
-            attn_out, weights = self.attn.forward_explicit(x)
+            attn_out, weights = self.attn.forward_explicit(x, bias)
             x = self._residual(x, self.norm1(self.drop(attn_out)))
             return self._residual(x, self.norm2(self.mlp(x))), weights
-        attn_out, weights = self.attn.forward_explicit(self.norm1(x))
+        attn_out, weights = self.attn.forward_explicit(self.norm1(x), bias)
         x = self._residual(x, self.ls1(self.drop(attn_out)))
         return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
@@ -330,7 +349,10 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         regs = cfg.num_reg_tokens
         self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_pos_prefix + cfg.num_patches, d))
+        rows = cfg.num_pos_prefix + cfg.num_patches  # none with abs_pos_embed=False (BEiT)
+        self.pos_embed = nn.Parameter(torch.zeros(1, rows, d)) if cfg.abs_pos_embed else None
+        shared = cfg.rel_pos_shared  # one relative position bias for every block (vitkit.relpos)
+        self.shared_rel_pos = make_rel_pos(cfg) if shared else None
         # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
         # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
         self.resample: Resample = "bicubic"
@@ -373,30 +395,45 @@ class VisionTransformer(nn.Module):
             for t in (self.cls_token, self.dist_token, self.reg_token)
             if t is not None
         ]
-        if self.cfg.pos_embed_prefix:
+        if pos_embed is None:  # no E_pos (relative position bias instead)
+            x = torch.cat([*prefix, patches], dim=1)
+        elif self.cfg.pos_embed_prefix:
             x = torch.cat([*prefix, patches], dim=1) + pos_embed
         else:  # E_pos covers the patches only (timm's no_embed_class)
             x = torch.cat([*prefix, patches + pos_embed], dim=1)
         return self.norm_pre(self.pos_drop(x))
 
-    def pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
+    def pos_embed_for(self, grid: tuple[int, int]) -> Tensor | None:
         """E_pos [1, T, D] for a patch grid: the learned table on the model's own grid (the
         parameter itself), else the table interpolated in 2-D with ``self.resample`` — the
         paper's resolution change (Sec. 3.2), the same as ``vitkit convert --image-size``."""
         own = self.patch_embed.grid_size
-        if grid == own:
+        if grid == own or self.pos_embed is None:
             return self.pos_embed
         return resample_pos_embed(self.pos_embed, own, grid, self.cfg.num_pos_prefix, self.resample)
 
-    def encode(self, tokens: Tensor) -> Tensor:
-        """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]."""
-        for block in self.blocks:
-            tokens = block(tokens)
+    def encode(self, tokens: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]. ``grid``:
+        the patches' (rows, columns), for a relative position bias (the model's own if None)."""
+        for block, bias in zip(self.blocks, self.attention_biases(tokens, grid)):
+            tokens = block(tokens) if bias is None else block(tokens, bias)
         return self.norm(tokens)
+
+    def attention_biases(self, tokens: Tensor, grid: tuple[int, int] | None) -> list[Tensor | None]:
+        """Each block's relative position bias for ``tokens`` on ``grid`` (vitkit.relpos)."""
+        if self.cfg.rel_pos == "none":
+            return [None] * len(self.blocks)
+        grid = self.patch_embed.grid_size if grid is None else grid
+        if tokens.shape[1] != self.cfg.num_prefix_tokens + grid[0] * grid[1]:
+            raise VitkitError(
+                f"{tokens.shape[1]} tokens are not the prefix and a {grid[0]}x{grid[1]} patch "
+                "grid; the relative position bias needs every patch of the grid"
+            )
+        return attention_biases(self.blocks, self.shared_rel_pos, grid)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
-        return self.encode(self.embed(x))
+        return self.encode(self.embed(x), self.patch_embed.grid_for((x.shape[-2], x.shape[-1])))
 
     def pool(self, tokens: Tensor) -> Tensor:
         """Eq. 4's z_L^0 (the class token), or with ``pool="gap"`` the mean over the patch
@@ -442,10 +479,13 @@ class VisionTransformer(nn.Module):
 
     def forward_intermediates(self, x: Tensor) -> Intermediates:
         """Every hidden state and attention map, through the explicit-softmax attention."""
+        grid = self.patch_embed.grid_for((x.shape[-2], x.shape[-1]))
         x = self.embed(x)
         hidden, attentions = [x], []
-        for block in _blocks(self):
-            x, weights = block.forward_explicit(x)
+        for block, bias in zip(_blocks(self), self.attention_biases(x, grid)):
+            x, weights = (
+                block.forward_explicit(x) if bias is None else block.forward_explicit(x, bias)
+            )
             hidden.append(x)
             attentions.append(weights)
         features = self.norm(x)
@@ -479,7 +519,8 @@ def init_weights(model: VisionTransformer) -> None:
         nn.init.zeros_(conv.bias)
     if model.patch_embed.stem is not None:
         init_resnet(model.patch_embed.stem)
-    nn.init.normal_(model.pos_embed, std=0.02)
+    if model.pos_embed is not None:
+        nn.init.normal_(model.pos_embed, std=0.02)
     if model.cls_token is not None:
         nn.init.zeros_(model.cls_token)
     if model.dist_token is not None:

@@ -28,6 +28,8 @@ from vitkit.model import VisionTransformer
 def patch_position_embeddings(model: VisionTransformer) -> Tensor:
     """The position embeddings of the patches, without the class token's: [gh, gw, D]."""
     cfg = model.cfg
+    if model.pos_embed is None:
+        raise VitkitError("this model has no absolute position embeddings (abs_pos_embed=False)")
     pe = model.pos_embed.detach().float().cpu()[0, cfg.num_pos_prefix :]
     return pe.reshape(*cfg.grid_size, -1)
 

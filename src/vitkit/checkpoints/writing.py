@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip
+from vitkit.checkpoints import hf_family, hf_siglip, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -95,7 +95,10 @@ def write_checkpoint(
         np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
         return _replace(tmp, dst)
     if to == "timm":
-        tsd = timm_conv.state_dict_to_timm(sd, cfg)
+        relpos = timm_relpos.writes_relpos(cfg)  # BEiT / timm's relpos ViTs
+        tsd = (timm_relpos.state_dict_to_relpos if relpos else timm_conv.state_dict_to_timm)(
+            sd, cfg
+        )
         if dst.suffix in (".safetensors", ".pth", ".bin"):
             timm_conv.warn_hybrid_eps(cfg)
             tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
@@ -104,7 +107,9 @@ def write_checkpoint(
             else:
                 torch.save(tsd, tmp)
             return _replace(tmp, dst)
-        hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
+        hub = (timm_relpos.relpos_hub_config if relpos else timm_conv.timm_hub_config)(
+            cfg, ckpt.preprocess, ckpt.class_names
+        )
         return _write_dir(dst, {CONFIG: hub}, tsd)
     if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
         siglip = hf_siglip.state_dict_to_siglip(sd, cfg)

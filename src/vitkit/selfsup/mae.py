@@ -49,6 +49,8 @@ def random_masking(
 def encode_visible(encoder: VisionTransformer, x: Tensor, visible: Tensor) -> Tensor:
     """The encoder on the visible patches only: ``[B, prefix + K, D]`` final-normalised tokens."""
     p = encoder.cfg.num_pos_prefix  # E_pos rows of the class token and registers (or none)
+    if encoder.pos_embed is None:
+        raise VitkitError("MAE needs the encoder's absolute position embeddings")
     patches = encoder.patch_embed(x) + encoder.pos_embed[:, p:]
     d = patches.shape[-1]
     tokens = patches.gather(1, visible.to(x.device).unsqueeze(-1).expand(-1, -1, d))
@@ -122,6 +124,8 @@ class MaskedAutoencoder(nn.Module):
         super().__init__()
         if encoder_cfg.is_hybrid:
             raise VitkitError("MAE needs a plain ViT: a ResNet stem would see the hidden patches")
+        if encoder_cfg.rel_pos != "none" or not encoder_cfg.abs_pos_embed:
+            raise VitkitError("MAE needs absolute position embeddings and no relative bias")
         self.cfg = cfg
         self.patch_size = encoder_cfg.patch_size
         self.decoder = MAEDecoder(cfg, encoder_cfg)
