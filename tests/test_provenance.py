@@ -234,9 +234,7 @@ def test_a_hugging_face_class_vitkit_does_not_read_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("beit_base_patch16_224", "BEiT's relative position bias"),
         ("eva02_tiny_patch14_224", "EVA-02's separate q and v biases"),
-        ("vit_relpos_base_patch16_224", "relative position embeddings"),
         ("vit_small_patch16_rope_ape_224", "rotary position embeddings"),
     ],
 )

@@ -9,6 +9,7 @@ from references import import_reference
 from vitkit.checkpoints.timm_names import (
     EVA_NAMES,
     OTHER_MODULES,
+    RELPOS_MODULES,
     TIMM_VERSION,
     VIT_NAMES,
     check_architecture,
@@ -30,6 +31,8 @@ def test_tables_equal_the_installed_timm():
         read = EVA_NAMES if module == "eva" else frozenset()
         assert not names & read
         assert names | read == set(timm.list_models(module=module)), module
+    for module, names in RELPOS_MODULES.items():  # read by checkpoints/timm_relpos.py
+        assert names == set(timm.list_models(module=module)), module
 
 
 def test_names_read_refused_and_unknown():
@@ -37,8 +40,12 @@ def test_names_read_refused_and_unknown():
     assert check_architecture("vit_small_patch16_dinov3", "f") == "vit_small_patch16_dinov3"
     with pytest.raises(VitkitError, match="eva02_tiny_patch14_224: EVA-02's RoPE"):
         check_architecture("eva02_tiny_patch14_224", "f")
-    with pytest.raises(VitkitError, match="beit_base_patch16_224: BEiT's relative"):
-        check_architecture("beit_base_patch16_224", "f")
+    assert (
+        check_architecture("beit_base_patch16_224.in22k_ft_in22k", "f") == "beit_base_patch16_224"
+    )
+    assert (
+        check_architecture("vit_srelpos_small_patch16_224", "f") == "vit_srelpos_small_patch16_224"
+    )
     with pytest.raises(VitkitError, match="NaFlex"):
         check_architecture("naflexvit_base_patch16_gap", "f")
     with pytest.raises(VitkitError, match="'resnet50' is not one of the timm ViTs"):

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from vitkit.config_checks import (
     check_parallel_blocks,
     check_preprocess,
+    check_rel_pos,
     check_resnet,
     check_rope,
     check_vit,
@@ -34,6 +35,7 @@ ResNetEps = Literal["vit_jax", "timm"]
 NormKind = Literal["layernorm", "rmsnorm"]
 BlockKind = Literal["pre", "post"]
 RopeKind = Literal["none", "dinov3", "axial", "mixed"]
+RelPosKind = Literal["none", "bias", "mlp", "mlp_swin"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -109,6 +111,12 @@ class ViTConfig:
     scale_attn_norm: bool = False  # a norm on the heads' output before the projection (BEiT-3)
     scale_mlp_norm: bool = False  # a norm on the MLP hidden after the activation (BEiT-3)
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
+    abs_pos_embed: bool = (
+        True  # Eq. 1's learned E_pos; False: none (DINOv3, RoPE-ViT, BEiT, relpos)
+    )
+    k_bias: bool = (
+        True  # False: q and v biases only, the key's fixed at 0 (timm / BEiT q_bias, v_bias)
+    )
     # Rotary position embeddings on the patch tokens' q / k (vitkit.rope; timm eva.py's family)
     rope: RopeKind = "none"  # "dinov3": centred coords in [-1, 1] (DINOv3); "axial": patch
     # indices (RoPE-ViT, EVA-02, PE); "mixed": learned per-block frequencies (RoPE-ViT mixed)
@@ -118,8 +126,11 @@ class ViTConfig:
     rope_xy: bool = False  # per-axis channels (x, y), not (row, column) (timm grid_indexing="xy")
     rope_offset: float = 0.0  # added to every patch coordinate (timm rope_grid_offset; PE: 1)
     rope_ref_grid: tuple[int, int] | None = None  # indices rescaled to this grid (EVA-02)
-    abs_pos_embed: bool = True  # the learned E_pos of Eq. 1; False: none (DINOv3, RoPE-ViT)
-    k_bias: bool = True  # False: q and v biases only, the key's fixed at 0 (timm q_bias/v_bias)
+    # relative position bias (vitkit.relpos; timm beit.py, vision_transformer_relpos.py)
+    rel_pos: RelPosKind = "none"  # a bias on the attention logits by query-key offset: "bias" a
+    # learned table (BEiT, timm RelPosBias), "mlp" / "mlp_swin" an MLP of log offsets (RelPosMlp)
+    rel_pos_shared: bool = False  # one bias for every block (timm shared_rel_pos, BEiT shared)
+    rel_pos_dim: int = 128  # hidden width of the "mlp" bias's MLP (timm rel_pos_dim)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
@@ -158,6 +169,7 @@ class ViTConfig:
             )
         if self.block == "post" and self.layer_scale_init is not None:
             raise VitkitError('block="post" has no layer scale (timm\'s ResPostBlock)')
+        check_rel_pos(self)
         if self.fc_norm and not self.final_norm:
             raise VitkitError(
                 "fc_norm=True with final_norm=False: fc_norm is the final norm moved after "

@@ -150,6 +150,7 @@ def family_switches(cfg: Any) -> dict[str, Any]:
         out["pos_embed_prefix"] = False
     out.update(parallel_switches(cfg))
     out.update(rope_switches(cfg))
+    out.update(rel_pos_switches(cfg))
     return out
 
 
@@ -157,7 +158,8 @@ _ROPE_DEFAULTS = {"rope_theta": 100.0, "rope_half": False, "rope_xy": False, "ro
 
 
 def rope_switches(cfg: Any) -> dict[str, Any]:
-    """The rotary-embedding switches that differ from the paper (vitkit.rope)."""
+    """The rotary-embedding switches that differ from the paper (vitkit.rope), and the two
+    that RoPE and relative-bias models share (no E_pos, no key bias)."""
     out = {k: getattr(cfg, k) for k in ("abs_pos_embed", "k_bias") if not getattr(cfg, k)}
     if cfg.rope != "none":
         out["rope"] = cfg.rope
@@ -186,6 +188,8 @@ def check_rope(cfg: Any) -> None:
         raise VitkitError("k_bias=False (q and v biases only) needs qkv_bias=True")
     if cfg.rope == "none":
         return
+    if cfg.rel_pos != "none":
+        raise VitkitError("rope with a relative position bias: no checkpoint has both")
     head_dim = cfg.width // cfg.num_heads
     if head_dim % 4:
         raise VitkitError(f"rope needs a head width divisible by 4, got {head_dim}")
@@ -195,6 +199,48 @@ def check_rope(cfg: Any) -> None:
         raise VitkitError("rope='mixed' pairs channels interleaved (rope_half=False)")
     if cfg.rope != "axial" and cfg.rope_ref_grid is not None:
         raise VitkitError("rope_ref_grid rescales the axial RoPE's indices only")
+
+
+# relative position bias (vitkit.relpos): the paper's values
+_REL_POS_DEFAULTS = {"rel_pos": "none", "rel_pos_shared": False, "rel_pos_dim": 128}
+
+
+def rel_pos_switches(cfg: Any) -> dict[str, Any]:
+    """The relative-position-bias switches that differ from the paper (BEiT, timm relpos);
+    ``rel_pos_dim`` only where an MLP bias reads it (abs_pos_embed, k_bias: rope_switches)."""
+    out = {k: getattr(cfg, k) for k, v in _REL_POS_DEFAULTS.items() if getattr(cfg, k) != v}
+    if not cfg.rel_pos.startswith("mlp"):
+        out.pop("rel_pos_dim", None)
+    return out
+
+
+def check_rel_pos(cfg: Any) -> None:
+    """Normalise the relative-position switches of a ViTConfig in place; refuse what no
+    implementation has (timm's biases know one prefix token at most)."""
+    values = {
+        "rel_pos": choice("rel_pos", cfg.rel_pos, ("none", "bias", "mlp", "mlp_swin")),
+        "rel_pos_shared": choice("rel_pos_shared", cfg.rel_pos_shared, (True, False)),
+        "rel_pos_dim": integer("rel_pos_dim", cfg.rel_pos_dim, 1, MAX_MLP),
+    }
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+    if cfg.rel_pos_shared and cfg.rel_pos == "none":
+        raise VitkitError("rel_pos_shared needs a relative position bias (rel_pos)")
+    if cfg.rel_pos == "none":
+        return  # the paper's
+    if cfg.num_prefix_tokens > 1:
+        raise VitkitError(
+            f"rel_pos with {cfg.num_prefix_tokens} prefix tokens: the relative position bias "
+            "has entries for one class token at most (BEiT, timm)"
+        )
+    odd = [k for k, v in parallel_switches(cfg).items() if v]
+    odd += ["pool='map'"] if cfg.pool == "map" else []
+    odd += ["a ResNet stem"] if cfg.resnet_layers is not None else []
+    if odd:
+        raise VitkitError(
+            f"relative position bias with {', '.join(odd)}: no checkpoint has both, and vitkit "
+            "computes it in the paper's block only"
+        )
 
 
 # parallel blocks (vitkit.parallel_blocks)

@@ -19,11 +19,12 @@ def count_params(cfg: ModelConfig) -> int:
     n = cfg.patch_in_chans * ph * pw * d + (d if cfg.patch_bias else 0)  # patch embedding
     n += _resnet_params(cfg)
     n += cfg.num_prefix_tokens * d  # class token, registers
-    if cfg.abs_pos_embed:  # position embeddings (none with rotary ones only: DINOv3)
+    if cfg.abs_pos_embed:  # position embeddings (none with rotary ones or a relative bias)
         n += (cfg.num_patches + cfg.num_pos_prefix) * d
     if cfg.rope == "mixed":  # RoPE-ViT mixed's learned frequencies [2, depth, heads, hd / 2]
         n += 2 * cfg.depth * cfg.num_heads * (d // cfg.num_heads // 2)
-    qkv_bias = (3 if cfg.k_bias else 2) * d if cfg.qkv_bias else 0  # EVA: q and v only
+    qkv_bias = (3 if cfg.k_bias else 2) * d if cfg.qkv_bias else 0  # EVA, BEiT: q and v only
+    n += _rel_pos_params(cfg)
     layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
     qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
     fc2_in = m // 2 if cfg.mlp == "swiglu" else m
@@ -52,6 +53,19 @@ def count_params(cfg: ModelConfig) -> int:
         heads = 2 if cfg.dist_token else 1
         n += heads * (cfg.feature_dim * cfg.num_classes + cfg.num_classes)
     return n
+
+
+def _rel_pos_params(cfg: ViTConfig) -> int:
+    """The relative position bias (vitkit.relpos): a table of offsets x heads, or the MLP of
+    log offsets; once (shared) or per block."""
+    if cfg.rel_pos == "none":
+        return 0
+    (h, w), heads, hidden = cfg.grid_size, cfg.num_heads, cfg.rel_pos_dim
+    if cfg.rel_pos == "bias":
+        one = ((2 * h - 1) * (2 * w - 1) + 3 * cfg.has_class_token) * heads
+    else:  # fc1 (2 -> hidden), fc2 (hidden -> heads; no bias in Swin v2's mode)
+        one = 3 * hidden + hidden * heads + (heads if cfg.rel_pos == "mlp" else 0)
+    return one * (1 if cfg.rel_pos_shared else cfg.depth)
 
 
 def _later_switch_params(cfg: ViTConfig) -> int:
@@ -90,6 +104,10 @@ def count_flops(cfg: ModelConfig) -> int:
     if cfg.pool == "map":  # one query over the N patch tokens: q, kv, scores, values, out, MLP
         n = cfg.num_patches
         macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * m
+    if cfg.rel_pos.startswith("mlp"):  # the bias's MLP over every offset, per module
+        (h, w), hidden = cfg.grid_size, cfg.rel_pos_dim
+        per = (2 * h - 1) * (2 * w - 1) * (2 * hidden + hidden * cfg.num_heads)
+        macs += per * (1 if cfg.rel_pos_shared else cfg.depth)
     if cfg.representation_size:
         macs += d * cfg.representation_size
     macs += cfg.feature_dim * cfg.num_classes * (2 if cfg.dist_token else 1)

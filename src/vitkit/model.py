@@ -53,7 +53,6 @@ attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -64,10 +63,12 @@ from torch import Tensor, nn
 
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
+from vitkit.init import init_weights
 from vitkit.layers import drop_path, make_norm
 from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
-from vitkit.resnet import ResNetStem, init_resnet
+from vitkit.relpos import attention_biases, make_rel_pos
+from vitkit.resnet import ResNetStem
 from vitkit.rope import RotaryEmbedding, rotate
 
 
@@ -132,11 +133,14 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
-        qv_only = cfg.qkv_bias and not cfg.k_bias  # EVA / DINOv3: timm's q_bias, v_bias
+        qv_only = cfg.qkv_bias and not cfg.k_bias  # EVA / DINOv3 / BEiT: q_bias, v_bias (timm)
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and not qv_only)
         self.q_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.v_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.rope_half, self.num_prefix = cfg.rope_half, cfg.num_prefix_tokens  # vitkit.rope
+        # this block's relative position bias (vitkit.relpos); the model computes it per forward
+        own = cfg.rel_pos != "none" and not cfg.rel_pos_shared
+        self.rel_pos = make_rel_pos(cfg) if own else None
         self.proj = nn.Linear(cfg.width, cfg.width, bias=cfg.proj_bias)
         # BEiT-3's sub-LayerNorm on the concatenated heads, before the projection
         self.norm = make_norm(cfg, cfg.width) if cfg.scale_attn_norm else nn.Identity()
@@ -165,20 +169,30 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.proj(self.norm(x))
 
-    def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """``rope``: a rotary table for q / k (vitkit.rope); ``bias``: an additive term on the
+        logits [1, heads, T, T] (relative position, vitkit.relpos)."""
         q, k, v = self._split_heads(x, rope)
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward).
-            return self._merge_heads(self._attend(q, k, v)[0])
+        cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+        # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward); the
+        # ONNX exporter cannot decompose the fused kernel with a float mask (torch 2.13)
+        if cpu_bf16 or (bias is not None and torch.compiler.is_exporting()):
+            return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
-        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p))
+        mask = None if bias is None else bias.to(q.dtype)
+        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p))
 
-    def forward_explicit(self, x: Tensor, rope: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        out, weights = self._attend(*self._split_heads(x, rope))
+    def forward_explicit(
+        self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        out, weights = self._attend(*self._split_heads(x, rope), bias)
         return self._merge_heads(out), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        logits = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        weights = torch.softmax(logits if bias is None else logits + bias.to(q.dtype), dim=-1)
         dropped = F.dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights
 
@@ -243,20 +257,23 @@ class Block(nn.Module):
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
-    def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """``rope`` / ``bias``: the attention's rotary table / additive logit bias, if any."""
         if self.post_norm:  # timm's ResPostBlock: z + LN(MSA(z)), then z + LN(MLP(z))
-            x = self._residual(x, self.norm1(self.drop(self.attn(x, rope))))
+            x = self._residual(x, self.norm1(self.drop(self.attn(x, rope, bias))))
             return self._residual(x, self.norm2(self.mlp(x)))
-        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x), rope))))  # (2)
+        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x), rope, bias))))  # (2)
         return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
-    def forward_explicit(self, x: Tensor, rope: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward_explicit(
+        self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """As ``forward``, with the explicit-softmax attention; also returns its weights."""
         if self.post_norm:
-            attn_out, weights = self.attn.forward_explicit(x, rope)
+            attn_out, weights = self.attn.forward_explicit(x, rope, bias)
             x = self._residual(x, self.norm1(self.drop(attn_out)))
             return self._residual(x, self.norm2(self.mlp(x))), weights
-        attn_out, weights = self.attn.forward_explicit(self.norm1(x), rope)
+        attn_out, weights = self.attn.forward_explicit(self.norm1(x), rope, bias)
         x = self._residual(x, self.ls1(self.drop(attn_out)))
         return self._residual(x, self.ls2(self.mlp(self.norm2(x)))), weights
 
@@ -345,9 +362,11 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         regs = cfg.num_reg_tokens
         self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
-        rows = cfg.num_pos_prefix + cfg.num_patches
+        rows = cfg.num_pos_prefix + cfg.num_patches  # none with abs_pos_embed=False
         self.pos_embed = nn.Parameter(torch.zeros(1, rows, d)) if cfg.abs_pos_embed else None
         self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None  # vitkit.rope
+        shared = cfg.rel_pos_shared  # one relative position bias for every block (vitkit.relpos)
+        self.shared_rel_pos = make_rel_pos(cfg) if shared else None
         # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
         # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
         self.resample: Resample = "bicubic"
@@ -367,7 +386,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes else None
         distilled = cfg.dist_token and cfg.num_classes
         self.head_dist = nn.Linear(d, cfg.num_classes) if distilled else None  # DeiT
-        init_weights(self)
+        init_weights(self, lambda b: isinstance(b, Block))
 
     def embed(self, x: Tensor) -> Tensor:
         """Eq. 1: patch embeddings, class token prepended, position embeddings added."""
@@ -390,7 +409,7 @@ class VisionTransformer(nn.Module):
             for t in (self.cls_token, self.dist_token, self.reg_token)
             if t is not None
         ]
-        if pos_embed is None:  # no E_pos (rotary embeddings only)
+        if pos_embed is None:  # no E_pos (rotary embeddings or a relative position bias)
             x = torch.cat([*prefix, patches], dim=1)
         elif self.cfg.pos_embed_prefix:
             x = torch.cat([*prefix, patches], dim=1) + pos_embed
@@ -417,10 +436,24 @@ class VisionTransformer(nn.Module):
 
     def encode(self, tokens: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """Eq. 2-3 for every block, then the final LayerNorm: [B, T, D] → [B, T, D]. ``grid``:
-        the patches' (rows, columns), which rotary embeddings need (the model's own if None)."""
-        for block, rope in zip(self.blocks, self.rope_for(grid)):
-            tokens = block(tokens) if rope is None else block(tokens, rope)
+        the patches' (rows, columns), which rotary embeddings and a relative position bias
+        need (the model's own if None)."""
+        ropes, biases = self.rope_for(grid), self.attention_biases(tokens, grid)
+        for block, rope, bias in zip(self.blocks, ropes, biases):
+            tokens = block(tokens) if rope is None and bias is None else block(tokens, rope, bias)
         return self.norm(tokens)
+
+    def attention_biases(self, tokens: Tensor, grid: tuple[int, int] | None) -> list[Tensor | None]:
+        """Each block's relative position bias for ``tokens`` on ``grid`` (vitkit.relpos)."""
+        if self.cfg.rel_pos == "none":
+            return [None] * len(self.blocks)
+        grid = self.patch_embed.grid_size if grid is None else grid
+        if tokens.shape[1] != self.cfg.num_prefix_tokens + grid[0] * grid[1]:
+            raise VitkitError(
+                f"{tokens.shape[1]} tokens are not the prefix and a {grid[0]}x{grid[1]} patch "
+                "grid; the relative position bias needs every patch of the grid"
+            )
+        return attention_biases(self.blocks, self.shared_rel_pos, grid)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
@@ -470,11 +503,16 @@ class VisionTransformer(nn.Module):
 
     def forward_intermediates(self, x: Tensor) -> Intermediates:
         """Every hidden state and attention map, through the explicit-softmax attention."""
-        ropes = self.rope_for(self.patch_embed.grid_for((x.shape[-2], x.shape[-1])))
+        grid = self.patch_embed.grid_for((x.shape[-2], x.shape[-1]))
+        ropes = self.rope_for(grid)
         x = self.embed(x)
         hidden, attentions = [x], []
-        for block, rope in zip(_blocks(self), ropes):
-            x, weights = block.forward_explicit(x, rope)
+        for block, rope, bias in zip(_blocks(self), ropes, self.attention_biases(x, grid)):
+            x, weights = (
+                block.forward_explicit(x)
+                if rope is None and bias is None
+                else block.forward_explicit(x, rope, bias)
+            )
             hidden.append(x)
             attentions.append(weights)
         features = self.norm(x)
@@ -490,66 +528,6 @@ class VisionTransformer(nn.Module):
 def _blocks(model: VisionTransformer) -> Iterable[Block]:
     """``model.blocks`` as what it holds (a ModuleList is typed as holding any Module)."""
     return cast("Iterable[Block]", model.blocks)
-
-
-def _lecun_normal_(w: Tensor, fan_in: int) -> None:
-    """flax's ``lecun_normal``: truncated normal (±2σ) with variance 1/fan_in."""
-    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # std of N(0,1) truncated to [-2, 2]
-    nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
-
-
-@torch.no_grad()
-def init_weights(model: VisionTransformer) -> None:
-    """The official initialisation (vit_jax ``models_vit.py`` and flax defaults)."""
-    cfg = model.cfg
-    conv = model.patch_embed.proj
-    _lecun_normal_(conv.weight, fan_in=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1])
-    if conv.bias is not None:
-        nn.init.zeros_(conv.bias)
-    if model.patch_embed.stem is not None:
-        init_resnet(model.patch_embed.stem)
-    if model.pos_embed is not None:
-        nn.init.normal_(model.pos_embed, std=0.02)
-    if model.cls_token is not None:
-        nn.init.zeros_(model.cls_token)
-    if model.dist_token is not None:
-        nn.init.normal_(model.dist_token, std=0.02)  # DeiT's init
-    if model.reg_token is not None:
-        nn.init.normal_(model.reg_token, std=1e-6)  # timm's register init
-    for block in _blocks(model):
-        if not isinstance(block, Block):  # parallel blocks initialise themselves
-            continue
-        d = cfg.width
-        for i in range(3):  # q, k and v are separate D x D kernels in the official code
-            nn.init.xavier_uniform_(block.attn.qkv.weight[i * d : (i + 1) * d])
-        if block.attn.qkv.bias is not None:
-            nn.init.zeros_(block.attn.qkv.bias)
-        nn.init.xavier_uniform_(block.attn.proj.weight)
-        if block.attn.proj.bias is not None:  # none with proj_bias=False (AIMv2)
-            nn.init.zeros_(block.attn.proj.bias)
-        for fc in (block.mlp.fc1, block.mlp.fc2):
-            nn.init.xavier_uniform_(fc.weight)
-            if fc.bias is not None:
-                nn.init.normal_(fc.bias, std=1e-6)
-    for norm in model.modules():  # every LayerNorm / RMSNorm: unit scale, zero bias
-        if isinstance(norm, (nn.LayerNorm, nn.RMSNorm)) and norm.weight is not None:
-            nn.init.ones_(norm.weight)
-        if isinstance(norm, nn.LayerNorm) and norm.bias is not None:
-            nn.init.zeros_(norm.bias)
-    if model.attn_pool is not None:  # xavier kernels (big_vision's MAPHead), probe as timm's
-        pool = model.attn_pool
-        nn.init.normal_(pool.latent, std=cfg.width**-0.5)
-        for dense in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
-            nn.init.xavier_uniform_(dense.weight)
-            nn.init.zeros_(dense.bias)
-    if cfg.representation_size:
-        dense = cast(nn.Linear, cast(nn.Sequential, model.pre_logits)[0])
-        _lecun_normal_(dense.weight, fan_in=cfg.width)
-        nn.init.zeros_(dense.bias)
-    for head in (model.head, model.head_dist):
-        if head is not None:
-            nn.init.zeros_(head.weight)
-            nn.init.zeros_(head.bias)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

@@ -24,6 +24,9 @@ def family_name(cfg: ViTConfig) -> str:
         kinds = {"dinov3": "DINOv3", "axial": "RoPE-ViT (axial)", "mixed": "RoPE-ViT (mixed)"}
         family = kinds[cfg.rope] if cfg.rope_ref_grid is None else "timm RoPE ViT (SBB)"
         details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
+    elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.relpos)
+        family = _rel_pos_family(cfg)
+        details += _rel_pos_details(cfg)
     elif _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
         family = _later_family(cfg)
     elif cfg.dist_token:
@@ -70,6 +73,22 @@ def _block_details(cfg: ViTConfig) -> list[str]:
     out = [f"{cfg.parallel} parallel branches"] if cfg.parallel > 1 else []
     out += ["attention + MLP in parallel (ViT-22B)"] if cfg.parallel_scaling else []
     return out + (["differential attention"] if cfg.diff_attn else [])
+
+
+def _rel_pos_family(cfg: ViTConfig) -> str:
+    """BEiT (q and v biases), a relative-position ViT (timm's relpos); ""."""
+    if not cfg.k_bias:
+        return "BEiT"
+    if cfg.rel_pos != "none":
+        return "relative-position ViT" + (" (post-norm)" if cfg.block == "post" else "")
+    return "ViT without position embeddings" if not cfg.abs_pos_embed else ""
+
+
+def _rel_pos_details(cfg: ViTConfig) -> list[str]:
+    kind = {"bias": "table", "mlp": "log-coordinate MLP", "mlp_swin": "Swin v2 MLP"}
+    out = [] if cfg.rel_pos == "none" else [f"{kind[cfg.rel_pos]} relative position bias"]
+    out += ["shared across blocks"] if cfg.rel_pos_shared else []
+    return out + (["absolute E_pos too"] if cfg.abs_pos_embed and cfg.rel_pos != "none" else [])
 
 
 def _later_family(cfg: ViTConfig) -> str:

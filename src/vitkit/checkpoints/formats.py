@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_hub
+from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_hub, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
@@ -50,7 +50,7 @@ from vitkit.checkpoints.io import (
     load_state_dict_strict,
 )
 from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
-from vitkit.checkpoints.timm_names import EVA_NAMES
+from vitkit.checkpoints.timm_names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
@@ -356,11 +356,15 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         ckpt = Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
         ckpt.provenance = prov
         return ckpt
+    hub = _read_json(p / CONFIG) if p.is_dir() else None
+    if p.is_dir() and not isinstance(hub, dict):
+        raise VitkitError(f"{p / CONFIG}: not a JSON object")
+    arch = str((hub or {}).get("architecture", ""))
+    if timm_relpos.relpos_family(sd) or relpos_module(arch):  # BEiT, timm's relpos ViTs
+        return _read_timm_relpos(p, sd, hub, num_heads, grid)
     if p.is_dir():
-        hub = _read_json(p / CONFIG)
-        if not isinstance(hub, dict):
-            raise VitkitError(f"{p / CONFIG}: not a JSON object")
-        if str(hub.get("architecture", "")).split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
+        assert hub is not None
+        if arch.split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
             return _read_timm_eva(p, hub, sd, num_heads)
         cfg, prov = _wrap(
             lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
@@ -389,6 +393,30 @@ def _read_timm_eva(
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
     names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
+    ckpt.provenance = prov
+    return ckpt
+
+
+def _read_timm_relpos(
+    p: Path,
+    sd: dict[str, Tensor],
+    hub: dict[str, Any] | None,
+    num_heads: int | None,
+    grid: tuple[int, int] | None,
+) -> Checkpoint:
+    """A BEiT / timm relpos state dict or folder (checkpoints/timm_relpos.py)."""
+    cfg, prov = _wrap(
+        lambda: timm_relpos.relpos_config_provenance(sd, hub, str(p), num_heads, grid), p
+    )
+    if hub is not None:
+        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+        prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
+        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    else:
+        pre, names = PreprocessConfig.for_model(cfg), ()
+        prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
+    state = _wrap(lambda: timm_relpos.relpos_to_state_dict(sd, cfg, str(p)), p)
+    ckpt = Checkpoint(p, cfg, pre, state, names)
     ckpt.provenance = prov
     return ckpt
 

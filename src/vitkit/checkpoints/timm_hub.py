@@ -23,7 +23,7 @@ from vitkit.checkpoints.timm import (
     _name_settings,
     timm_config_provenance,
 )
-from vitkit.checkpoints.timm_names import check_architecture
+from vitkit.checkpoints.timm_names import check_architecture, relpos_module
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 
@@ -104,6 +104,8 @@ def timm_hub_config_provenance(
     ``architecture`` name fixes, else the weights (``num_heads`` where no table size); and
     where each field came from."""
     arch = check_architecture(str(hub.get("architecture", "")), source)
+    if relpos_module(arch):  # (formats reads these through timm_relpos)
+        raise VitkitError(f"{source}: {arch} is read by vitkit.checkpoints.timm_relpos")
     for pattern, what in _NAME_REFUSED.items():
         if pattern in arch:
             raise VitkitError(f"{source}: {arch} has {what}; vitkit's blocks are the paper's")

@@ -2,10 +2,11 @@
 
 A timm folder's ``config.json`` names its ``architecture``. vitkit computes exactly the
 entries of timm's ``vision_transformer.py``, ``deit.py`` and ``vision_transformer_hybrid.py``
-(:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout); the entries of timm's
-``eva.py`` in :data:`EVA_NAMES` (:mod:`.timm_eva`), and those of timm's
-other ViT modules (:data:`OTHER_MODULES`) compute something their weights do not show (rotary
-or relative position embeddings, NaFlex's packing), so a folder naming one is refused with
+(:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout), the entries of timm's
+``eva.py`` in :data:`EVA_NAMES` (:mod:`.timm_eva`), and those of ``beit.py`` and
+``vision_transformer_relpos.py`` (:data:`RELPOS_MODULES`, :mod:`.timm_relpos`); the entries of
+timm's other ViT modules (:data:`OTHER_MODULES`) compute something vitkit does not (rotary
+position embeddings, NaFlex's packing), so a folder naming one is refused with
 what is missing, never read as the nearest ViT. A name in neither table (a later timm's, a
 user's own) is refused too. ``tests/test_timm_names.py`` checks both tables against the
 installed timm.
@@ -157,19 +158,18 @@ OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
 """.split()
         ),
     ),
-    "beit": (
-        "BEiT's relative position bias and layer scale (timm beit.py) are not supported",
-        frozenset(
-            """
+}
+
+# timm's relative-position ViT modules vitkit reads exactly (checkpoints/timm_relpos.py)
+RELPOS_MODULES: dict[str, frozenset[str]] = {
+    "beit": frozenset(
+        """
     beit_base_patch16_224 beit_base_patch16_384 beit_large_patch16_224 beit_large_patch16_384
     beit_large_patch16_512 beitv2_base_patch16_224 beitv2_large_patch16_224
 """.split()
-        ),
     ),
-    "vision_transformer_relpos": (
-        "relative position embeddings (timm vision_transformer_relpos.py) are not supported",
-        frozenset(
-            """
+    "vision_transformer_relpos": frozenset(
+        """
     test_vit_relpos vit_relpos_base_patch16_224 vit_relpos_base_patch16_cls_224
     vit_relpos_base_patch16_clsgap_224 vit_relpos_base_patch16_plus_240
     vit_relpos_base_patch16_rpn_224 vit_relpos_base_patch32_plus_rpn_256
@@ -178,16 +178,23 @@ OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     vit_relpos_small_patch16_rpn_224 vit_srelpos_medium_patch16_224
     vit_srelpos_small_patch16_224
 """.split()
-        ),
     ),
 }
+
+
+def relpos_module(arch: str) -> str | None:
+    """ "beit" or "relpos" when ``arch`` (a pretrained tag dropped) is one of their entries."""
+    name = arch.split(".")[0]
+    if name in RELPOS_MODULES["beit"]:
+        return "beit"
+    return "relpos" if name in RELPOS_MODULES["vision_transformer_relpos"] else None
 
 
 def check_architecture(arch: str, source: str) -> str:
     """``arch`` (a pretrained tag after a dot dropped) if vitkit reads it; else one line
     naming what is missing."""
     name = arch.split(".")[0]
-    if name in VIT_NAMES or name in EVA_NAMES:
+    if name in VIT_NAMES or name in EVA_NAMES or relpos_module(name):
         return name
     if name in _EVA_ALL:
         check_eva_architecture(name, source)  # raises with what is missing

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva
+from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -94,7 +94,8 @@ def write_checkpoint(
         tmp = dst.with_name(f".{dst.name}.tmp.npz")
         np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
         return _replace(tmp, dst)
-    if to == "timm" and (cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias):
+    eva = cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias
+    if to == "timm" and eva and not timm_relpos.writes_relpos(cfg):
         # rotary embeddings: timm eva.py's Eva (refused without rope)
         tsd = timm_eva.state_dict_to_eva(sd, cfg)
         if dst.suffix in (".safetensors", ".pth", ".bin"):
@@ -104,7 +105,10 @@ def write_checkpoint(
         hub = timm_eva.eva_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
         return _write_dir(dst, {CONFIG: hub}, tsd)
     if to == "timm":
-        tsd = timm_conv.state_dict_to_timm(sd, cfg)
+        relpos = timm_relpos.writes_relpos(cfg)  # BEiT / timm's relpos ViTs
+        tsd = (timm_relpos.state_dict_to_relpos if relpos else timm_conv.state_dict_to_timm)(
+            sd, cfg
+        )
         if dst.suffix in (".safetensors", ".pth", ".bin"):
             timm_conv.warn_hybrid_eps(cfg)
             tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
@@ -113,7 +117,9 @@ def write_checkpoint(
             else:
                 torch.save(tsd, tmp)
             return _replace(tmp, dst)
-        hub = timm_conv.timm_hub_config(cfg, ckpt.preprocess, ckpt.class_names)
+        hub = (timm_relpos.relpos_hub_config if relpos else timm_conv.timm_hub_config)(
+            cfg, ckpt.preprocess, ckpt.class_names
+        )
         return _write_dir(dst, {CONFIG: hub}, tsd)
     if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
         siglip = hf_siglip.state_dict_to_siglip(sd, cfg)

@@ -124,6 +124,8 @@ class MaskedAutoencoder(nn.Module):
         super().__init__()
         if encoder_cfg.is_hybrid:
             raise VitkitError("MAE needs a plain ViT: a ResNet stem would see the hidden patches")
+        if encoder_cfg.rel_pos != "none" or not encoder_cfg.abs_pos_embed:
+            raise VitkitError("MAE needs absolute position embeddings and no relative bias")
         self.cfg = cfg
         self.patch_size = encoder_cfg.patch_size
         self.decoder = MAEDecoder(cfg, encoder_cfg)
