@@ -43,6 +43,8 @@ def reason_counts(rows: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
 
     def key(reason: str) -> str:
         reason = re.sub(r"^\S+ has ", "has ", reason)  # the model's name
+        reason = re.sub(r"^[\w.]+: (?=\S)", "NAME: ", reason)  # "vit_pe_...: rotary ..."
+        reason = re.sub(r"architectures '\w+'", "architectures 'CLASS'", reason)
         reason = re.sub(r" \([^()]*\.[^()]*\)", "", reason)  # the key that showed it
         if "keys: " in reason:
             reason = reason.split(", ")[0]  # the first key of a list

@@ -431,7 +431,7 @@ def _read_hf(p: Path) -> Checkpoint:
     if odd:  # a class vitkit does not read is never read as the nearest one it does
         raise VitkitError(
             f"{p / CONFIG}: architectures {odd[0]!r} is not a Hugging Face class vitkit reads "
-            f"({', '.join(sorted(_HF_CLASSES))})"
+            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP and SigLIP classes)"
         )
     if hf_siglip.is_siglip(hf):  # SigLIP's image tower
         return _read_hf_siglip(p, hf)
