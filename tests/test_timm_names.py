@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 from references import import_reference
 
-from vitkit.checkpoints.timm_names import OTHER_MODULES, TIMM_VERSION, VIT_NAMES, check_architecture
+from vitkit.checkpoints.timm_naflex import ENTRIES
+from vitkit.checkpoints.timm_names import (
+    NAFLEX_NAMES,
+    OTHER_MODULES,
+    TIMM_VERSION,
+    VIT_NAMES,
+    check_architecture,
+)
 from vitkit.errors import VitkitError
 
 
@@ -20,6 +27,7 @@ def test_tables_equal_the_installed_timm():
         for n in timm.list_models(module=m)
     }
     assert vit == VIT_NAMES
+    assert NAFLEX_NAMES == set(timm.list_models(module="naflexvit")) == set(ENTRIES)
     for module, (_, names) in OTHER_MODULES.items():
         assert names == set(timm.list_models(module=module)), module
 
@@ -30,7 +38,8 @@ def test_names_read_refused_and_unknown():
         check_architecture("vit_small_patch16_dinov3", "f")
     with pytest.raises(VitkitError, match="beit_base_patch16_224: BEiT's relative"):
         check_architecture("beit_base_patch16_224", "f")
-    with pytest.raises(VitkitError, match="NaFlex"):
-        check_architecture("naflexvit_base_patch16_gap", "f")
+    assert check_architecture("naflexvit_base_patch16_gap.e300_s576_in1k", "f") == (
+        "naflexvit_base_patch16_gap"
+    )
     with pytest.raises(VitkitError, match="'resnet50' is not one of the timm ViTs"):
         check_architecture("resnet50", "f")

@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit import naflex
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
 from vitkit.layers import drop_path, make_norm
@@ -151,20 +152,25 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.proj(self.norm(x))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """``attn_mask``: additive [B, 1, T, T] (NaFlex's padding; vitkit.naflex)."""
         q, k, v = self._split_heads(x)
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward).
-            return self._merge_heads(self._attend(q, k, v)[0])
+            return self._merge_heads(self._attend(q, k, v, attn_mask)[0])
         p = self.attn_dropout if self.training else 0.0
-        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        return self._merge_heads(out)
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
         out, weights = self._attend(*self._split_heads(x))
         return self._merge_heads(out), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
         dropped = F.dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights
 
@@ -229,11 +235,11 @@ class Block(nn.Module):
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         if self.post_norm:  # timm's ResPostBlock: z + LN(MSA(z)), then z + LN(MLP(z))
-            x = self._residual(x, self.norm1(self.drop(self.attn(x))))
+            x = self._residual(x, self.norm1(self.drop(self.attn(x, attn_mask))))
             return self._residual(x, self.norm2(self.mlp(x)))
-        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x)))))  # (2)
+        x = self._residual(x, self.ls1(self.drop(self.attn(self.norm1(x), attn_mask))))  # (2)
         return self._residual(x, self.ls2(self.mlp(self.norm2(x))))  # (3)
 
     def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -282,17 +288,18 @@ class MAPHead(nn.Module):
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(cfg)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Tokens [B, N, D] → pooled features [B, D]."""
-        return self.forward_explicit(tokens)[0]
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Tokens [B, N, D] → pooled features [B, D]; ``mask``: additive [B, 1, 1, N] (NaFlex)."""
+        return self.forward_explicit(tokens, mask)[0]
 
-    def forward_explicit(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_explicit(self, tokens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Pooled features [B, D] and the probe's attention weights [B, heads, N]."""
         b, n, d = tokens.shape
         q = self.q(self.latent).reshape(1, self.num_heads, 1, self.head_dim)
         kv = self.kv(tokens).reshape(b, n, 2, self.num_heads, self.head_dim)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, head_dim]
-        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
         x = self.proj((weights @ v).reshape(b, d))  # heads concatenated, as in Eq. 2's MSA
         return x + self.mlp(self.norm(x)), weights[:, :, 0]
 
@@ -330,7 +337,8 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         regs = cfg.num_reg_tokens
         self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_pos_prefix + cfg.num_patches, d))
+        rows = naflex.pos_rows(cfg) if cfg.naflex else cfg.num_pos_prefix + cfg.num_patches
+        self.pos_embed = nn.Parameter(torch.zeros(1, rows, d))  # NaFlex: on its own grid
         # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
         # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
         self.resample: Resample = "bicubic"
@@ -383,6 +391,8 @@ class VisionTransformer(nn.Module):
         """E_pos [1, T, D] for a patch grid: the learned table on the model's own grid (the
         parameter itself), else the table interpolated in 2-D with ``self.resample`` — the
         paper's resolution change (Sec. 3.2), the same as ``vitkit convert --image-size``."""
+        if self.cfg.naflex:  # timm's NaFlexVit: resampled from its own grid, as timm does
+            return naflex.pos_embed_for_grid(self.pos_embed, self.cfg, grid)
         own = self.patch_embed.grid_size
         if grid == own:
             return self.pos_embed
@@ -429,7 +439,11 @@ class VisionTransformer(nn.Module):
             return x
         return self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        """Pixels [B, C, H, W], or a NaFlex batch dict (``patches``, ``patch_coord``,
+        ``patch_valid``: :func:`vitkit.naflex.pack`) for a NaFlex model."""
+        if isinstance(x, dict):
+            return naflex.forward(self, x)
         return self.forward_head(self.forward_features(x))
 
     def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -56,7 +56,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.checkpoints import timm_bare
+from vitkit.checkpoints import timm_bare, timm_naflex
 from vitkit.checkpoints import timm_switches as later
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.checkpoints.timm_parallel import (
@@ -113,6 +113,8 @@ def timm_config_provenance(
 ) -> tuple[ViTConfig, Provenance]:
     """The architecture of a timm ViT state dict and where each field came from; ``bare``:
     no config nor name says anything else (:mod:`.timm_bare` completes it)."""
+    if timm_naflex.is_naflex_state_dict(sd):
+        timm_naflex.refuse_bare(source)
     timm_bare.refuse_other_keys(sd, source)
     cfg = _timm_shapes(sd, grid=grid, source=source)
     return timm_bare.complete(later.pack_swiglu(sd, source), cfg, num_heads, source, bare)
@@ -275,7 +277,8 @@ def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
     """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; a hybrid's
     ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; an MAE pre-training file's decoder,
     ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
-    del cfg  # the layouts agree; the argument keeps every converter's signature alike
+    if cfg.naflex:  # timm's NaFlexVit: its embedding's own layout
+        return timm_naflex.naflex_to_state_dict(sd, cfg)
     out = {}
     for k, v in later.pack_swiglu(sd, "timm state dict").items():  # AIMv2's SwiGLU packed
         if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
@@ -341,6 +344,8 @@ def timm_bit_to_state_dict(sd: dict[str, Tensor], cfg: ResNetConfig) -> dict[str
 
 def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
     """vitkit keys → timm 1.x keys."""
+    if cfg.naflex:  # timm's NaFlexVit
+        return timm_naflex.state_dict_to_naflex(sd, cfg)
     if cfg.representation_size:
         raise VitkitError(
             "timm's VisionTransformer has no pre-logits layer; drop it first "

@@ -71,7 +71,6 @@ def family(sd: dict[str, Tensor], cfg: ViTConfig) -> str:
 _OTHER_KEYS: tuple[tuple[str, str], ...] = (  # (the first match names the architecture)
     (r"relative_position_bias_table", "BEiT's relative position bias (timm beit.py), which"),
     (r"(^|\.)(shared_)?rel_pos\.", "timm's relative position embeddings (relpos), which"),
-    (r"^embeds\.", "timm naflexvit.py's NaFlex embedding (packed variable-size patches), which"),
     (r"\.attn\.[qv]_bias$", "EVA-02's separate q and v biases (timm eva.py), whose RoPE"),
     (
         r"\.gamma_[12]$|\.attn\.[qkv]_proj\.",

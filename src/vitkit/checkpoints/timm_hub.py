@@ -23,7 +23,8 @@ from vitkit.checkpoints.timm import (
     _name_settings,
     timm_config_provenance,
 )
-from vitkit.checkpoints.timm_names import check_architecture
+from vitkit.checkpoints.timm_naflex import naflex_hub_config_provenance
+from vitkit.checkpoints.timm_names import NAFLEX_NAMES, check_architecture
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 
@@ -104,6 +105,8 @@ def timm_hub_config_provenance(
     ``architecture`` name fixes, else the weights (``num_heads`` where no table size); and
     where each field came from."""
     arch = check_architecture(str(hub.get("architecture", "")), source)
+    if arch in NAFLEX_NAMES:  # timm's NaFlexVit (vitkit.naflex)
+        return naflex_hub_config_provenance(hub, sd, source, num_heads)
     for pattern, what in _NAME_REFUSED.items():
         if pattern in arch:
             raise VitkitError(f"{source}: {arch} has {what}; vitkit's blocks are the paper's")

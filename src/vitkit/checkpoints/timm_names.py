@@ -2,10 +2,11 @@
 
 A timm folder's ``config.json`` names its ``architecture``. vitkit computes exactly the
 entries of timm's ``vision_transformer.py``, ``deit.py`` and ``vision_transformer_hybrid.py``
-(:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout); the entries of timm's
-other ViT modules (:data:`OTHER_MODULES`) compute something their weights do not show (rotary
-or relative position embeddings, NaFlex's packing), so a folder naming one is refused with
-what is missing, never read as the nearest ViT. A name in neither table (a later timm's, a
+(:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout) and of ``naflexvit.py``
+(:data:`NAFLEX_NAMES`, :mod:`.timm_naflex`); the entries of timm's other ViT modules
+(:data:`OTHER_MODULES`) compute something their weights do not show (rotary or relative
+position embeddings), so a folder naming one is refused with what is missing, never read as
+the nearest ViT. A name in neither table (a later timm's, a
 user's own) is refused too. ``tests/test_timm_names.py`` checks both tables against the
 installed timm.
 """
@@ -99,6 +100,19 @@ VIT_NAMES: frozenset[str] = (
     )
 )
 
+# timm's naflexvit.py: read exactly (vitkit.naflex; checkpoints/timm_naflex.py has each entry)
+NAFLEX_NAMES: frozenset[str] = frozenset(
+    """
+    naflexvit_base_patch16_gap naflexvit_base_patch16_map naflexvit_base_patch16_par_gap
+    naflexvit_base_patch16_parfac_gap naflexvit_base_patch16_radio_v3
+    naflexvit_base_patch16_siglip naflexvit_giant_patch16_radio_v3
+    naflexvit_huge_patch16_radio_v3 naflexvit_huge_patch16_radio_v4
+    naflexvit_large_patch16_radio_v3 naflexvit_so150m2_patch16_reg1_gap
+    naflexvit_so150m2_patch16_reg1_map naflexvit_so400m_patch16_radio_v4
+    naflexvit_so400m_patch16_siglip
+""".split()
+)
+
 # timm's other ViT modules: (what vitkit lacks, their names)
 OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     "eva": (
@@ -135,21 +149,6 @@ OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
 """.split()
         ),
     ),
-    "naflexvit": (
-        "NaFlex (timm naflexvit.py: factorised position embeddings, patches of several images "
-        "packed in one sequence) is not supported",
-        frozenset(
-            """
-    naflexvit_base_patch16_gap naflexvit_base_patch16_map naflexvit_base_patch16_par_gap
-    naflexvit_base_patch16_parfac_gap naflexvit_base_patch16_radio_v3
-    naflexvit_base_patch16_siglip naflexvit_giant_patch16_radio_v3
-    naflexvit_huge_patch16_radio_v3 naflexvit_huge_patch16_radio_v4
-    naflexvit_large_patch16_radio_v3 naflexvit_so150m2_patch16_reg1_gap
-    naflexvit_so150m2_patch16_reg1_map naflexvit_so400m_patch16_radio_v4
-    naflexvit_so400m_patch16_siglip
-""".split()
-        ),
-    ),
     "beit": (
         "BEiT's relative position bias and layer scale (timm beit.py) are not supported",
         frozenset(
@@ -180,7 +179,7 @@ def check_architecture(arch: str, source: str) -> str:
     """``arch`` (a pretrained tag after a dot dropped) if vitkit reads it; else one line
     naming what is missing."""
     name = arch.split(".")[0]
-    if name in VIT_NAMES:
+    if name in VIT_NAMES or name in NAFLEX_NAMES:
         return name
     for why, names in OTHER_MODULES.values():
         if name in names:
