@@ -122,3 +122,25 @@ def test_config_switches_off_by_default_and_checked():
         ViTConfig(naflex=True, num_reg_tokens=1, pool="gap")
     with pytest.raises(VitkitError, match="naflex_pos must be one of"):
         ViTConfig(naflex_pos="rope")  # type: ignore[arg-type]
+
+
+def test_written_timm_folder_reads_back_and_runs_in_timm(tmp_path):
+    timm = import_reference("timm")
+    from vitkit.checkpoints.writing import write_checkpoint
+
+    ref = _timm_model("naflexvit_so400m_patch16_siglip")
+    ours, ckpt = _read(ref, tmp_path)
+    write_checkpoint(ckpt, tmp_path / "folder", "timm")
+    back = read_checkpoint(tmp_path / "folder")
+    assert back.model_config == ckpt.model_config
+    assert all(torch.equal(back.state_dict[k], v) for k, v in ckpt.state_dict.items())
+    from safetensors.torch import load_file
+
+    again = timm.create_model(f"local-dir:{tmp_path / 'folder'}").double().eval()  # its config
+    again.load_state_dict(load_file(str(tmp_path / "folder" / "model.safetensors")))
+    batch = pack(_images(), (16, 16))
+    with torch.no_grad():
+        assert _rel(again(batch), ours(batch)) <= 1e-12
+    for fmt in ("npz", "hf"):  # formats without NaFlex refuse it by name
+        with pytest.raises(VitkitError, match="naflex"):
+            write_checkpoint(ckpt, tmp_path / fmt, fmt)  # type: ignore[arg-type]

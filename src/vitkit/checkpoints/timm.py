@@ -402,6 +402,8 @@ def _to_timm_backbone_key(k: str, root_only: bool) -> str:
 
 def timm_architecture(cfg: ViTConfig) -> str:
     """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    if cfg.naflex:  # NaFlexVit: model_args set every setting its entries differ in
+        return "naflexvit_base_patch16_gap"
     if cfg.resnet_layers is not None:
         if cfg.resnet_layers not in TIMM_HYBRIDS or cfg.resnet_width_factor != 1:
             stages = ", ".join(str(s) for s in TIMM_HYBRIDS)
@@ -434,6 +436,8 @@ def warn_hybrid_eps(cfg: ViTConfig) -> None:
 def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments for ``timm.create_model("vit_base_patch16_224", **args)`` (any
     registered plain-ViT name: these override all of its architecture settings)."""
+    if cfg.naflex:
+        return timm_naflex.naflex_model_args(cfg)
     return {
         "img_size": list(cfg.image_size),
         "patch_size": list(cfg.patch_size),
@@ -492,7 +496,7 @@ def timm_hub_config(
             "mean": [m / k for m in preprocess.mean],
             "std": [v / k for v in preprocess.std],
             "num_classes": cfg.num_classes,
-            "first_conv": "patch_embed.proj",
+            "first_conv": "embeds.proj" if cfg.naflex else "patch_embed.proj",
             "classifier": "head",
         },
     }
