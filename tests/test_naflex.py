@@ -144,3 +144,62 @@ def test_written_timm_folder_reads_back_and_runs_in_timm(tmp_path):
     for fmt in ("npz", "hf"):  # formats without NaFlex refuse it by name
         with pytest.raises(VitkitError, match="naflex"):
             write_checkpoint(ckpt, tmp_path / fmt, fmt)  # type: ignore[arg-type]
+
+
+def test_fit_size_is_timms():
+    timm = import_reference("timm")
+    from timm.data.naflex_transforms import get_image_size_for_seq
+
+    from vitkit.naflex import fit_size
+
+    for size in [(480, 640), (100, 1000), (37, 23), (2000, 16), (16, 16)]:
+        for n in (1, 7, 64, 256):
+            want = get_image_size_for_seq(size, (16, 16), n)[1]
+            assert fit_size(size, (16, 16), n) == tuple(want), (size, n)
+    del timm
+
+
+def test_predict_keeps_aspect_ratios(tmp_path, capsys):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.cli import main
+    from vitkit.data.images import load_images_native
+    from vitkit.data.transforms import normalize
+
+    ref = _timm_model("naflexvit_base_patch16_par_gap")
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(ref, str(tmp_path / "m"), safe_serialization=True)
+    rng = np.random.default_rng(0)
+    files = []
+    for i, (h, w) in enumerate([(40, 90), (70, 70), (120, 30)]):
+        files.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(files[-1])
+    ckpt = read_checkpoint(tmp_path / "m")
+    pre = ckpt.preprocess
+    images = load_images_native(files, pre, (16, 16), 12)
+    assert [tuple(x.shape[1:]) for x in images] == [(32, 80), (48, 48), (96, 32)]
+    x = [normalize(i.float()[None], pre.mean, pre.std, pre.rescale_factor)[0] for i in images]
+    with torch.no_grad():
+        want = ref.float()(pack(x, (16, 16), 12)).softmax(-1)
+    argv = ["predict", *map(str, files), "--from", str(tmp_path / "m"), "--max-seq-len", "12"]
+    argv.append("--json")
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row, p in zip(rows, want):
+        top = row["top_k"][0]
+        assert top["index"] == int(p.argmax()) and abs(top["prob"] - float(p.max())) < 1e-5
+    from pathlib import Path
+
+    from vitkit.checkpoints import Checkpoint
+    from vitkit.config import PreprocessConfig
+    from vitkit.eval.predict import predict_files
+
+    cfg = ViTConfig(image_size=(32, 32), num_classes=3, width=32, depth=1, num_heads=2)
+    paper = build_model(cfg)
+    plain = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), paper.state_dict())
+    with pytest.raises(VitkitError, match="--max-seq-len needs a NaFlex model"):
+        predict_files(paper, plain, files, max_seq_len=12)

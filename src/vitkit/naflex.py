@@ -27,6 +27,7 @@ are not read otherwise), so a batch from :func:`pack` (or timm's loader) is what
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -109,17 +110,22 @@ def pack(
 
 
 def fit_size(size: tuple[int, int], patch: tuple[int, int], max_seq_len: int) -> tuple[int, int]:
-    """The largest (H, W), multiples of the patch, with the aspect ratio of ``size`` (H, W) and
-    at most ``max_seq_len`` patches (timm's ``get_image_size_for_seq``: a binary search on the
-    scale, sides rounded up to whole patches)."""
+    """The (H, W) an image of ``size`` (H, W) is resized to so that it keeps its aspect ratio
+    and has at most ``max_seq_len`` patches: timm's ``get_image_size_for_seq`` (a binary search
+    on the scale down to 1e-5, sides rounded up to whole patches, at least one patch each)."""
     ph, pw = patch
-    lo, hi = 1e-6, 64.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        h, w = -(-size[0] * mid // ph), -(-size[1] * mid // pw)
-        lo, hi = (mid, hi) if h * w <= max_seq_len else (lo, mid)
-    h, w = max(1, int(-(-size[0] * lo // ph))), max(1, int(-(-size[1] * lo // pw)))
-    return h * ph, w * pw
+
+    def target(ratio: float) -> tuple[int, int]:
+        h = ph * math.ceil(size[0] * ratio / ph)
+        w = pw * math.ceil(size[1] * ratio / pw)
+        return int(max(h, ph)), int(max(w, pw))
+
+    lo, hi = 1e-6, 100.0
+    while hi - lo >= 1e-5:
+        mid = (lo + hi) / 2.0
+        h, w = target(mid)
+        lo, hi = (mid, hi) if (h // ph) * (w // pw) <= max_seq_len else (lo, mid)
+    return target(lo)
 
 
 def attention_mask(valid: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:
