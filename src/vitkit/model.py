@@ -48,7 +48,9 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
 AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
 ``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
-attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`).
+attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`). ``naflex``
+(timm's NaFlexVit, :mod:`vitkit.naflex`) resamples E_pos from its own grid and lets ``forward``
+take a packed batch dict; attention and the MAP head then take its padding masks.
 """
 
 from __future__ import annotations
