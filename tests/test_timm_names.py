@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from references import import_reference
 
+from vitkit.checkpoints.timm_naflex import ENTRIES
 from vitkit.checkpoints.timm_names import (
     EVA_NAMES,
+    NAFLEX_NAMES,
     OTHER_MODULES,
     RELPOS_MODULES,
     TIMM_VERSION,
@@ -33,6 +35,7 @@ def test_tables_equal_the_installed_timm():
         assert names | read == set(timm.list_models(module=module)), module
     for module, names in RELPOS_MODULES.items():  # read by checkpoints/timm_relpos.py
         assert names == set(timm.list_models(module=module)), module
+    assert NAFLEX_NAMES == set(timm.list_models(module="naflexvit")) == set(ENTRIES)
 
 
 def test_names_read_refused_and_unknown():
@@ -46,7 +49,8 @@ def test_names_read_refused_and_unknown():
     assert (
         check_architecture("vit_srelpos_small_patch16_224", "f") == "vit_srelpos_small_patch16_224"
     )
-    with pytest.raises(VitkitError, match="NaFlex"):
-        check_architecture("naflexvit_base_patch16_gap", "f")
+    assert check_architecture("naflexvit_base_patch16_gap.e300_s576_in1k", "f") == (
+        "naflexvit_base_patch16_gap"
+    )
     with pytest.raises(VitkitError, match="'resnet50' is not one of the timm ViTs"):
         check_architecture("resnet50", "f")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from vitkit.config_checks import (
+    check_naflex,
     check_parallel_blocks,
     check_preprocess,
     check_rel_pos,
@@ -36,6 +37,8 @@ NormKind = Literal["layernorm", "rmsnorm"]
 BlockKind = Literal["pre", "post"]
 RopeKind = Literal["none", "dinov3", "axial", "mixed"]
 RelPosKind = Literal["none", "bias", "mlp", "mlp_swin"]
+NaFlexPos = Literal["learned", "factorized"]
+NaFlexInterp = Literal["bicubic", "bilinear"]
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -111,12 +114,8 @@ class ViTConfig:
     scale_attn_norm: bool = False  # a norm on the heads' output before the projection (BEiT-3)
     scale_mlp_norm: bool = False  # a norm on the MLP hidden after the activation (BEiT-3)
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
-    abs_pos_embed: bool = (
-        True  # Eq. 1's learned E_pos; False: none (DINOv3, RoPE-ViT, BEiT, relpos)
-    )
-    k_bias: bool = (
-        True  # False: q and v biases only, the key's fixed at 0 (timm / BEiT q_bias, v_bias)
-    )
+    abs_pos_embed: bool = True  # Eq. 1's learned E_pos; False: none (DINOv3, RoPE-ViT, BEiT)
+    k_bias: bool = True  # False: q and v biases only, the key's 0 (timm / BEiT q_bias, v_bias)
     # Rotary position embeddings on the patch tokens' q / k (vitkit.rope; timm eva.py's family)
     rope: RopeKind = "none"  # "dinov3": centred coords in [-1, 1] (DINOv3); "axial": patch
     # indices (RoPE-ViT, EVA-02, PE); "mixed": learned per-block frequencies (RoPE-ViT mixed)
@@ -131,12 +130,22 @@ class ViTConfig:
     # learned table (BEiT, timm RelPosBias), "mlp" / "mlp_swin" an MLP of log offsets (RelPosMlp)
     rel_pos_shared: bool = False  # one bias for every block (timm shared_rel_pos, BEiT shared)
     rel_pos_dim: int = 128  # hidden width of the "mlp" bias's MLP (timm rel_pos_dim)
+    # NaFlex (timm's NaFlexVit, vitkit.naflex); the defaults are the paper's fixed grid.
+    naflex: bool = False  # E_pos on its own grid, resampled to each image's patch grid, none on
+    # prefix tokens; forward also takes packed patches + coordinates + a valid mask (a dict)
+    naflex_grid: tuple[int, int] = (16, 16)  # (rows, columns) of E_pos (pos_embed_grid_size)
+    naflex_pos: NaFlexPos = "learned"  # "factorized": a row table + a column table, summed
+    naflex_interp: NaFlexInterp = "bicubic"  # how the learned table is resampled (2-D)
+    naflex_antialias: bool = True  # antialias when the learned table shrinks (timm's default)
+    naflex_ar_preserving: bool = False  # resample to a max(h, w) square, keep the top-left h x w
+    naflex_align_corners: bool = False  # align_corners of the learned table's resampling
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range
             object.__setattr__(self, name, value)
         check_parallel_blocks(self)
         check_rope(self)
+        check_naflex(self)
         s = self.stem_stride
         for side, (i, p) in zip(("height", "width"), zip(self.image_size, self.patch_size)):
             # A plain ViT's own size need not be a multiple of the patch: the patch grid is
@@ -277,6 +286,7 @@ class ViTConfig:
         d = dataclasses.asdict(self)
         d["image_size"] = list(self.image_size)
         d["patch_size"] = list(self.patch_size)
+        d["naflex_grid"] = list(self.naflex_grid)
         if self.resnet_layers is not None:
             d["resnet_layers"] = list(self.resnet_layers)
         if self.rope_ref_grid is not None:

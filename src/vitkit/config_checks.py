@@ -151,6 +151,14 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     out.update(parallel_switches(cfg))
     out.update(rope_switches(cfg))
     out.update(rel_pos_switches(cfg))
+    if cfg.naflex:  # with the settings of its E_pos resampling
+        out.update(
+            {
+                f.name: getattr(cfg, f.name)
+                for f in dataclasses.fields(cfg)
+                if f.name.startswith("naflex")
+            }
+        )
     return out
 
 
@@ -241,6 +249,32 @@ def check_rel_pos(cfg: Any) -> None:
             f"relative position bias with {', '.join(odd)}: no checkpoint has both, and vitkit "
             "computes it in the paper's block only"
         )
+
+
+def check_naflex(cfg: Any) -> None:
+    """Normalise the NaFlex fields of a ViTConfig in place; refuse what NaFlexVit does not have."""
+    values = {
+        "naflex": choice("naflex", cfg.naflex, (True, False)),
+        "naflex_grid": pair("naflex_grid", cfg.naflex_grid, 1, MAX_SIDE),
+        "naflex_pos": choice("naflex_pos", cfg.naflex_pos, ("learned", "factorized")),
+        "naflex_interp": choice("naflex_interp", cfg.naflex_interp, ("bicubic", "bilinear")),
+    }
+    for name in ("naflex_antialias", "naflex_ar_preserving", "naflex_align_corners"):
+        values[name] = choice(name, getattr(cfg, name), (True, False))
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+    if not cfg.naflex:
+        return
+    odd = [k for k in ("resnet_layers", "dist_token") if getattr(cfg, k) not in (None, False)]
+    odd += [k for k in _PARALLEL_DEFAULTS if getattr(cfg, k) != _PARALLEL_DEFAULTS[k]]
+    if cfg.pos_embed_prefix and cfg.num_prefix_tokens:
+        odd.append("pos_embed_prefix")
+    odd += [] if cfg.abs_pos_embed else ["abs_pos_embed=False"]
+    odd += [f"{k}={getattr(cfg, k)!r}" for k in ("rope", "rel_pos") if getattr(cfg, k) != "none"]
+    if cfg.pool == "token_gap" or cfg.representation_size:
+        odd.append("pool='token_gap'" if cfg.pool == "token_gap" else "representation_size")
+    if odd:
+        raise VitkitError(f"naflex (timm's NaFlexVit) does not combine with {', '.join(odd)}")
 
 
 # parallel blocks (vitkit.parallel_blocks)

@@ -48,7 +48,9 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
 AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
 ``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
-attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`).
+attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`). ``naflex``
+(timm's NaFlexVit, :mod:`vitkit.naflex`) resamples E_pos from its own grid and lets ``forward``
+take a packed batch dict; attention and the MAP head then take its padding masks.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit import naflex
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
 from vitkit.init import init_weights
@@ -313,17 +316,18 @@ class MAPHead(nn.Module):
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(cfg)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Tokens [B, N, D] → pooled features [B, D]."""
-        return self.forward_explicit(tokens)[0]
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Tokens [B, N, D] → pooled features [B, D]; ``mask``: additive [B, 1, 1, N] (NaFlex)."""
+        return self.forward_explicit(tokens, mask)[0]
 
-    def forward_explicit(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_explicit(self, tokens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Pooled features [B, D] and the probe's attention weights [B, heads, N]."""
         b, n, d = tokens.shape
         q = self.q(self.latent).reshape(1, self.num_heads, 1, self.head_dim)
         kv = self.kv(tokens).reshape(b, n, 2, self.num_heads, self.head_dim)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, head_dim]
-        weights = torch.softmax((q * self.head_dim**-0.5) @ k.transpose(-2, -1), dim=-1)
+        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
         x = self.proj((weights @ v).reshape(b, d))  # heads concatenated, as in Eq. 2's MSA
         return x + self.mlp(self.norm(x)), weights[:, :, 0]
 
@@ -362,7 +366,8 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         regs = cfg.num_reg_tokens
         self.reg_token = nn.Parameter(torch.zeros(1, regs, d)) if regs else None
-        rows = cfg.num_pos_prefix + cfg.num_patches  # none with abs_pos_embed=False
+        rows = naflex.pos_rows(cfg) if cfg.naflex else cfg.num_pos_prefix + cfg.num_patches
+        # (NaFlex: E_pos on its own grid; none with abs_pos_embed=False)
         self.pos_embed = nn.Parameter(torch.zeros(1, rows, d)) if cfg.abs_pos_embed else None
         self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None  # vitkit.rope
         shared = cfg.rel_pos_shared  # one relative position bias for every block (vitkit.relpos)
@@ -421,6 +426,8 @@ class VisionTransformer(nn.Module):
         """E_pos [1, T, D] for a patch grid: the learned table on the model's own grid (the
         parameter itself), else the table interpolated in 2-D with ``self.resample`` — the
         paper's resolution change (Sec. 3.2), the same as ``vitkit convert --image-size``."""
+        if self.cfg.naflex and self.pos_embed is not None:  # timm's NaFlexVit: from its own
+            return naflex.pos_embed_for_grid(self.pos_embed, self.cfg, grid)  # grid, as timm
         own = self.patch_embed.grid_size
         if grid == own or self.pos_embed is None:
             return self.pos_embed
@@ -490,7 +497,11 @@ class VisionTransformer(nn.Module):
             return x
         return self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        """Pixels [B, C, H, W], or a NaFlex batch dict (``patches``, ``patch_coord``,
+        ``patch_valid``: :func:`vitkit.naflex.pack`) for a NaFlex model."""
+        if isinstance(x, dict):
+            return naflex.forward(self, x)
         return self.forward_head(self.forward_features(x))
 
     def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -107,6 +107,8 @@ def _format_of_keys(sd: dict[str, Tensor], p: Path) -> Format:
         return "hf"
     if "patch_embed.proj.weight" in sd or "pos_embed" in sd or timm_conv.is_timm_bit(sd):
         return "timm"
+    if any(k.startswith("embeds.") for k in sd):  # timm's NaFlexVit (refused bare: its folder)
+        return "timm"
     raise VitkitError(f"{p}: weights of an unknown model (first keys: {', '.join(list(sd)[:5])})")
 
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.checkpoints import timm_bare
+from vitkit.checkpoints import timm_bare, timm_naflex
 from vitkit.checkpoints import timm_switches as later
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.checkpoints.timm_parallel import (
@@ -113,6 +113,8 @@ def timm_config_provenance(
 ) -> tuple[ViTConfig, Provenance]:
     """The architecture of a timm ViT state dict and where each field came from; ``bare``:
     no config nor name says anything else (:mod:`.timm_bare` completes it)."""
+    if timm_naflex.is_naflex_state_dict(sd):
+        timm_naflex.refuse_bare(source)
     timm_bare.refuse_other_keys(sd, source)
     cfg = _timm_shapes(sd, grid=grid, source=source)
     return timm_bare.complete(later.pack_swiglu(sd, source), cfg, num_heads, source, bare)
@@ -275,7 +277,8 @@ def timm_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tenso
     """timm keys → vitkit keys (``pre_logits.fc`` → ``pre_logits.0``; a hybrid's
     ``patch_embed.backbone.*`` → ``patch_embed.stem.*``; an MAE pre-training file's decoder,
     ``decoder_*`` and ``mask_token``, dropped; everything else equal)."""
-    del cfg  # the layouts agree; the argument keeps every converter's signature alike
+    if cfg.naflex:  # timm's NaFlexVit: its embedding's own layout
+        return timm_naflex.naflex_to_state_dict(sd, cfg)
     out = {}
     for k, v in later.pack_swiglu(sd, "timm state dict").items():  # AIMv2's SwiGLU packed
         if _MAE_DECODER.match(k):  # an MAE pre-training file's pixel decoder: not the ViT
@@ -341,6 +344,8 @@ def timm_bit_to_state_dict(sd: dict[str, Tensor], cfg: ResNetConfig) -> dict[str
 
 def state_dict_to_timm(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
     """vitkit keys → timm 1.x keys."""
+    if cfg.naflex:  # timm's NaFlexVit
+        return timm_naflex.state_dict_to_naflex(sd, cfg)
     if cfg.representation_size:
         raise VitkitError(
             "timm's VisionTransformer has no pre-logits layer; drop it first "
@@ -397,6 +402,8 @@ def _to_timm_backbone_key(k: str, root_only: bool) -> str:
 
 def timm_architecture(cfg: ViTConfig) -> str:
     """A registered timm name whose class builds ``cfg`` (with :func:`timm_model_args`)."""
+    if cfg.naflex:  # NaFlexVit: model_args set every setting its entries differ in
+        return "naflexvit_base_patch16_gap"
     if cfg.resnet_layers is not None:
         if cfg.resnet_layers not in TIMM_HYBRIDS or cfg.resnet_width_factor != 1:
             stages = ", ".join(str(s) for s in TIMM_HYBRIDS)
@@ -429,6 +436,8 @@ def warn_hybrid_eps(cfg: ViTConfig) -> None:
 def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments for ``timm.create_model("vit_base_patch16_224", **args)`` (any
     registered plain-ViT name: these override all of its architecture settings)."""
+    if cfg.naflex:
+        return timm_naflex.naflex_model_args(cfg)
     return {
         "img_size": list(cfg.image_size),
         "patch_size": list(cfg.patch_size),
@@ -487,7 +496,7 @@ def timm_hub_config(
             "mean": [m / k for m in preprocess.mean],
             "std": [v / k for v in preprocess.std],
             "num_classes": cfg.num_classes,
-            "first_conv": "patch_embed.proj",
+            "first_conv": "embeds.proj" if cfg.naflex else "patch_embed.proj",
             "classifier": "head",
         },
     }

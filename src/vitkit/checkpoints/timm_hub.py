@@ -23,7 +23,8 @@ from vitkit.checkpoints.timm import (
     _name_settings,
     timm_config_provenance,
 )
-from vitkit.checkpoints.timm_names import check_architecture, relpos_module
+from vitkit.checkpoints.timm_naflex import naflex_hub_config_provenance
+from vitkit.checkpoints.timm_names import NAFLEX_NAMES, check_architecture, relpos_module
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 
@@ -106,6 +107,8 @@ def timm_hub_config_provenance(
     arch = check_architecture(str(hub.get("architecture", "")), source)
     if relpos_module(arch):  # (formats reads these through timm_relpos)
         raise VitkitError(f"{source}: {arch} is read by vitkit.checkpoints.timm_relpos")
+    if arch in NAFLEX_NAMES:  # timm's NaFlexVit (vitkit.naflex)
+        return naflex_hub_config_provenance(hub, sd, source, num_heads)
     for pattern, what in _NAME_REFUSED.items():
         if pattern in arch:
             raise VitkitError(f"{source}: {arch} has {what}; vitkit's blocks are the paper's")

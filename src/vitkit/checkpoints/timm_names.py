@@ -4,9 +4,10 @@ A timm folder's ``config.json`` names its ``architecture``. vitkit computes exac
 entries of timm's ``vision_transformer.py``, ``deit.py`` and ``vision_transformer_hybrid.py``
 (:data:`VIT_NAMES`, less the few :mod:`.timm` refuses by their layout), the entries of timm's
 ``eva.py`` in :data:`EVA_NAMES` (:mod:`.timm_eva`), and those of ``beit.py`` and
-``vision_transformer_relpos.py`` (:data:`RELPOS_MODULES`, :mod:`.timm_relpos`); the entries of
-timm's other ViT modules (:data:`OTHER_MODULES`) compute something vitkit does not (rotary
-position embeddings, NaFlex's packing), so a folder naming one is refused with
+``vision_transformer_relpos.py`` (:data:`RELPOS_MODULES`, :mod:`.timm_relpos`) and of
+``naflexvit.py`` (:data:`NAFLEX_NAMES`, :mod:`.timm_naflex`); the entries of timm's other ViT
+modules (:data:`OTHER_MODULES`) compute something vitkit does not (the eva.py entries not yet
+read: EVA-02, Perception Encoder, ...), so a folder naming one is refused with
 what is missing, never read as the nearest ViT. A name in neither table (a later timm's, a
 user's own) is refused too. ``tests/test_timm_names.py`` checks both tables against the
 installed timm.
@@ -136,18 +137,9 @@ _EVA_ALL = frozenset(
 # the eva.py entries read exactly (DINOv3, LingBot, RoPE-ViT, timm's SBB RoPE ViTs)
 EVA_NAMES: frozenset[str] = frozenset(n for n in _EVA_ALL if family_of(n) is not None)
 
-# timm's other ViT modules: (what vitkit lacks, their names)
-OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
-    "eva": (
-        "EVA-02's / Perception Encoder's / Sapiens2's / EVA-1's blocks (timm eva.py) are not "
-        "read yet",
-        _EVA_ALL - EVA_NAMES,
-    ),
-    "naflexvit": (
-        "NaFlex (timm naflexvit.py: factorised position embeddings, patches of several images "
-        "packed in one sequence) is not supported",
-        frozenset(
-            """
+# timm's naflexvit.py: read exactly (vitkit.naflex; checkpoints/timm_naflex.py has each entry)
+NAFLEX_NAMES: frozenset[str] = frozenset(
+    """
     naflexvit_base_patch16_gap naflexvit_base_patch16_map naflexvit_base_patch16_par_gap
     naflexvit_base_patch16_parfac_gap naflexvit_base_patch16_radio_v3
     naflexvit_base_patch16_siglip naflexvit_giant_patch16_radio_v3
@@ -156,7 +148,14 @@ OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     naflexvit_so150m2_patch16_reg1_map naflexvit_so400m_patch16_radio_v4
     naflexvit_so400m_patch16_siglip
 """.split()
-        ),
+)
+
+# timm's other ViT modules: (what vitkit lacks, their names)
+OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
+    "eva": (
+        "EVA-02's / Perception Encoder's / Sapiens2's / EVA-1's blocks (timm eva.py) are not "
+        "read yet",
+        _EVA_ALL - EVA_NAMES,
     ),
 }
 
@@ -194,7 +193,7 @@ def check_architecture(arch: str, source: str) -> str:
     """``arch`` (a pretrained tag after a dot dropped) if vitkit reads it; else one line
     naming what is missing."""
     name = arch.split(".")[0]
-    if name in VIT_NAMES or name in EVA_NAMES or relpos_module(name):
+    if name in VIT_NAMES or name in EVA_NAMES or name in NAFLEX_NAMES or relpos_module(name):
         return name
     if name in _EVA_ALL:
         check_eva_architecture(name, source)  # raises with what is missing

@@ -89,6 +89,13 @@ def add_commands(sub: Any) -> None:
     add_images(p)
     add_checkpoint(p)
     p.add_argument("--top-k", type=positive_int, default=5, help="labels to print per image")
+    p.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a NaFlex model: keep each image's aspect ratio, at most N patches (no crop)",
+    )
     add_json(p)
     p.set_defaults(func=cmd_predict)
 
@@ -222,7 +229,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
     model, ckpt = load_model(args.ckpt, **loading(args))
-    for path, preds in zip(args.images, predict_files(model, ckpt, args.images, args.top_k)):
+    for path, preds in zip(
+        args.images, predict_files(model, ckpt, args.images, args.top_k, args.max_seq_len)
+    ):
         if args.json:
             print(json.dumps({"image": str(path), "top_k": preds}))
         else:

@@ -46,6 +46,24 @@ def load_images(paths: Sequence[str | Path], preprocess: PreprocessConfig) -> to
     return torch.stack([transform(img) for img in images])
 
 
+def load_images_native(
+    paths: Sequence[str | Path], preprocess: PreprocessConfig, patch: tuple[int, int], n: int
+) -> list[torch.Tensor]:
+    """Image files -> uint8 [C, H, W] each, at its own aspect ratio: resized (PIL, the
+    checkpoint's interpolation) to the largest size of whole patches with at most ``n``
+    patches (timm's NaFlex eval size, :func:`vitkit.naflex.fit_size`); no crop."""
+    from vitkit.data.transforms import _PIL_INTERPOLATION, pil_to_tensor
+    from vitkit.naflex import fit_size
+
+    images = [load_image_file(p, preprocess.channels) for p in paths]  # fail before any work
+    out = []
+    for img in images:
+        h, w = fit_size((img.height, img.width), patch, n)
+        resized = img.resize((w, h), _PIL_INTERPOLATION[preprocess.interpolation])
+        out.append(pil_to_tensor(resized))
+    return out
+
+
 def eval_transform(preprocess: PreprocessConfig) -> PilEvalTransform:
     """The per-image transform (resize, centre crop) a checkpoint's preprocessing describes."""
     pre: Any = preprocess  # its fields are checked strings (config_checks), the Literals here

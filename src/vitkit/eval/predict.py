@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
-from vitkit.data.images import load_images
+from vitkit.data.images import load_images, load_images_native
 from vitkit.data.transforms import normalize
 from vitkit.errors import VitkitError
 from vitkit.eval.checkpoint import check_finite_weights
+from vitkit.naflex import pack
 
 Prediction = list[dict[str, Any]]  # [{"label", "index", "prob"}, ...], most probable first
 
@@ -38,14 +39,32 @@ def class_names(ckpt: Checkpoint, num_classes: int) -> tuple[str, ...]:
 
 
 def predict_files(
-    model: nn.Module, ckpt: Checkpoint, paths: Sequence[str | Path], k: int = 5
+    model: nn.Module,
+    ckpt: Checkpoint,
+    paths: Sequence[str | Path],
+    k: int = 5,
+    max_seq_len: int | None = None,
 ) -> list[Prediction]:
-    """Top-``k`` predictions for each image file, preprocessed as the checkpoint says."""
-    if not ckpt.model_config.num_classes:
+    """Top-``k`` predictions for each image file, preprocessed as the checkpoint says; with
+    ``max_seq_len`` (a NaFlex model) each image keeps its aspect ratio, at most that many
+    patches, and the images go in as one packed batch (:func:`vitkit.naflex.pack`)."""
+    cfg = ckpt.model_config
+    if not cfg.num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")
     check_finite_weights(model, ckpt)
     pre = ckpt.preprocess
-    batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std, pre.rescale_factor)
+    batch: Any
+    if max_seq_len is not None:
+        if not getattr(cfg, "naflex", False):
+            raise VitkitError(f"{ckpt.path}: --max-seq-len needs a NaFlex model (timm naflexvit)")
+        patch = cfg.patch_size  # type: ignore[union-attr]
+        images = load_images_native(paths, pre, patch, max_seq_len)
+        images = [
+            normalize(x.float()[None], pre.mean, pre.std, pre.rescale_factor)[0] for x in images
+        ]
+        batch = pack(images, patch, max_seq_len)
+    else:
+        batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std, pre.rescale_factor)
     with torch.inference_mode():
         probs = model(batch).float().softmax(-1)
     return top_k(probs, class_names(ckpt, probs.shape[-1]), k)
