@@ -134,7 +134,7 @@ def test_perception_encoder_is_refused_bare_and_as_a_hub_folder(tmp_path):
     with pytest.raises(VitkitError) as err:
         read_checkpoint(folder)
     msg = str(err.value)
-    assert "vit_pe_core_tiny_patch16_384: rotary position embeddings" in msg
+    assert "vit_pe_core_tiny_patch16_384: Perception Encoder's RoPE" in msg
     assert "\n" not in msg
 
 

@@ -63,7 +63,8 @@ def relpos_family(sd: dict[str, Tensor]) -> str | None:
 
 def writes_relpos(cfg: ViTConfig) -> bool:
     """Whether ``cfg`` is written as one of these modules' models (not timm's ViT)."""
-    return cfg.rel_pos != "none" or not cfg.abs_pos_embed or not cfg.k_bias
+    no_rope = cfg.rope == "none"  # (rotary models without E_pos are timm eva.py's)
+    return cfg.rel_pos != "none" or (no_rope and (not cfg.abs_pos_embed or not cfg.k_bias))
 
 
 def _to_vitkit_key(k: str) -> str:
