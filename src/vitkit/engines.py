@@ -76,6 +76,8 @@ def onnxruntime_runner(path: Path, threads: int | None = None) -> Callable[[Any]
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads or torch.get_num_threads()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle threads would spin and slow whatever runs next (PyTorch's OMP_WAIT_POLICY=PASSIVE).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
 
