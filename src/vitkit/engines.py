@@ -11,6 +11,8 @@ PyTorch is an optional extra; a missing one is one line naming it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tempfile
 from collections.abc import Callable
@@ -163,7 +165,8 @@ def fp32_engine_model(model: nn.Module, engine: str, threads: int | None = None)
     from vitkit.export import export_onnx
 
     with tempfile.TemporaryDirectory(prefix="vitkit-engine-") as tmp:
-        path = export_onnx(model, Path(tmp) / "model.onnx")
+        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+            path = export_onnx(model, Path(tmp) / "model.onnx")
         run = RUNNERS[engine](path, threads)  # the session holds the graph; the file can go
     return EngineModel(run, engine, "fp32")
 
