@@ -4,12 +4,12 @@ Two engines quantize here, each with its own maintained tool (vitkit writes no i
 
 - ``openvino``: NNCF's post-training quantization of the fp32 ONNX graph (transformer preset:
   int8 weights per channel, int8 activations with calibrated static scales, SmoothQuant),
-  saved as OpenVINO IR (``model.xml`` + ``model.bin``). The fastest path measured here
-  (bench/results/cpu_inference.md).
-- ``onnxruntime``: ONNX Runtime's static QDQ quantization of the MatMul/Gemm/Conv weights and
-  inputs (per-channel symmetric int8 weights, uint8 activations with calibrated scales), or
-  with ``dynamic`` its ``quantize_dynamic`` (activation scales computed per batch, no
-  calibration). The file is ONNX, so OpenVINO runs it too.
+  saved as OpenVINO IR (``model.xml`` + ``model.bin``).
+- ``onnxruntime`` (the default: the fastest and most accurate int8 measured on an AVX2 CPU,
+  bench/results/cpu_inference.md): ONNX Runtime's ``quantize_dynamic`` (activation scales per
+  batch), or with ``--static`` its QDQ quantization of the MatMul/Gemm/Conv weights and inputs
+  (per-channel symmetric int8 weights, uint8 activations with calibrated scales). The file is
+  ONNX, so OpenVINO runs it too.
 
 Calibration runs the fp32 model over ``--calib-images`` images of the checkpoint's own dataset
 (its training split, in the checkpoint's eval preprocessing), drawn with a fixed seed.
