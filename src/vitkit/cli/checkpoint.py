@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from vitkit.cli.engines import add_int8_options, cmd_export_int8
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -104,7 +105,9 @@ def add_commands(sub: Any) -> None:
         sub, "export", "export a checkpoint (any format) to ONNX, checked against onnxruntime"
     )
     add_checkpoint(p, positional=True)
-    p.add_argument("out", metavar="OUT", type=output_file, help="the .onnx file to write")
+    p.add_argument(
+        "out", metavar="OUT", type=path, help="the .onnx file to write (--int8: a directory)"
+    )
     p.add_argument(
         "--format", dest="out_format", default="onnx", choices=["onnx"], help="output format"
     )
@@ -114,6 +117,7 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="skip comparing onnxruntime's outputs with PyTorch's (needs onnxruntime)",
     )
+    add_int8_options(p)
     add_overwrite(p, "replace an existing OUT (never a file of the checkpoint read)")
     p.set_defaults(func=cmd_export)
 
@@ -177,6 +181,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.export import check_onnx, export_onnx
     from vitkit.files import check_destination
 
+    if args.int8 or args.engine or args.static:
+        if not args.int8:
+            raise VitkitError("--engine and --static choose how --int8 quantizes: add --int8")
+        _check_path(output_directory, args.out)
+        return cmd_export_int8(args)
+    _check_path(output_file, args.out)
     model, ckpt = load_model(args.ckpt, **loading(args))
     check_destination(args.out, reads=[ckpt.path], overwrite=args.overwrite)
     check_finite_weights(model, ckpt)
@@ -192,6 +202,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not diff <= 1e-4:  # (inf: a side returned NaN or inf)
             raise VitkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.2e} (> 1e-4)")
     return 0
+
+
+def _check_path(check: Any, text: str) -> None:
+    try:
+        check(text)
+    except argparse.ArgumentTypeError as e:
+        raise VitkitError(str(e)) from None
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from vitkit.cli.engines import add_engine_options, load_for_inference, source_comparison
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -47,6 +49,7 @@ def add_commands(sub: Any) -> None:
         "RUN/eval_SPLIT-2, -3, ... is used); never writes into the checkpoint read",
     )
     add_runtime(p, batch_size=256)
+    add_engine_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = add_command(
@@ -97,6 +100,7 @@ def add_commands(sub: Any) -> None:
         help="a NaFlex model: keep each image's aspect ratio, at most N patches (no crop)",
     )
     add_json(p)
+    add_engine_options(p, fast=True)
     p.set_defaults(func=cmd_predict)
 
 
@@ -128,8 +132,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
-    from vitkit.checkpoints import load_model
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
+    from vitkit.engines import EngineModel
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint import (
         checkpoint_dataset,
@@ -137,14 +141,20 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         eval_output_dir,
         evaluate_checkpoint,
     )
+    from vitkit.eval.compare import Recorder
     from vitkit.plotting import plot_confusion_matrix
 
-    model, ckpt = load_model(path, **loading(args))
+    model, ckpt, engine_line = load_for_inference(args, path)
     default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
     out = eval_output_dir(
         default, given=out_arg is not None, overwrite=args.overwrite, reads=[ckpt.path]
     )
     precision, why = checkpoint_precision(ckpt, args.precision)
+    if isinstance(model, EngineModel):  # the engine's own precision, on the CPU
+        if args.precision == "bf16" or args.device not in (None, "cpu"):
+            raise VitkitError(f"{engine_line}: runs on the CPU at its own precision only")
+        precision, why = model.precision, f"{model.engine} engine"
+        model = Recorder(model)
     model.to(args.device)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
@@ -166,6 +176,11 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.to_json_dict(), "precision": precision}
+    if isinstance(model, Recorder):
+        record["engine"] = model.model.engine
+        versus = source_comparison(args, ckpt, dataset, model, result)
+        if versus is not None:
+            record["versus_source"] = versus
     if tuple(names) == HARD_CLASSES:  # the label's two questions, scored apart
         record["shapes_hard"] = answer_accuracy(result.confusion)
         print(
@@ -223,12 +238,13 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints import load_model
     from vitkit.data.images import check_image_files
     from vitkit.eval.predict import format_top_k, predict_files
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
-    model, ckpt = load_model(args.ckpt, **loading(args))
+    model, ckpt, engine_line = load_for_inference(args, args.ckpt)
+    if args.engine or args.fast or ckpt.format == "vitkit-engine":
+        print(engine_line, file=sys.stderr if args.json else sys.stdout)
     for path, preds in zip(
         args.images, predict_files(model, ckpt, args.images, args.top_k, args.max_seq_len)
     ):

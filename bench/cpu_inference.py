@@ -1,0 +1,310 @@
+"""CPU inference, every path side by side in one run: fp32, bf16, compiled, int8, three engines.
+
+For each model (random weights, the same in every path; timm gets vitkit's weights through
+vitkit's converter) it times, at batch 1 (latency) and ``--batch`` (throughput):
+
+- timm fp32 eager; vitkit fp32 eager; vitkit bf16 autocast (only where bf16 is native: an
+  emulated bf16 matmul runs at a few GFLOP/s and would take the run hours); vitkit
+  ``torch.compile`` (fp32);
+- vitkit's ONNX export under ONNX Runtime fp32 and under OpenVINO fp32;
+- the int8 models ``vitkit export --int8`` writes (vitkit.int8): ONNX Runtime dynamic
+  (``quantize_dynamic``), ONNX Runtime static QDQ and OpenVINO + NNCF, calibrated on random
+  images (the weights are random too; accuracy is measured on a trained model with
+  ``vitkit eval``, not here).
+
+Each measurement is repeated ``--rounds`` times in an order shuffled every round (the host is
+noisy: ratios within one run are what to compare); the median is reported. Beside each figure:
+its fraction of the machine's measured matmul ceiling at that precision (fp32, bf16, int8 =
+ONNX Runtime's MatMulInteger u8 x s8; analytic FLOPs, vitkit.counts) and the peak memory of one
+call (glibc malloc, bench/speed.py's PeakMemory: PyTorch and ONNX Runtime allocate through it,
+OpenVINO partly not).
+
+    python bench/cpu_inference.py                 # mnist,Ti/16,S/16,B/16, batch 1 and 32, 2 rounds
+    python bench/cpu_inference.py --models B/16 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from references import import_reference  # noqa: E402
+from speed import PeakMemory, matmul_ceiling, model_cfg  # noqa: E402
+
+import vitkit  # noqa: E402
+from vitkit import engines, int8  # noqa: E402
+from vitkit.checkpoints import timm as timm_conv  # noqa: E402
+from vitkit.counts import count_flops  # noqa: E402
+from vitkit.export import export_onnx  # noqa: E402
+from vitkit.hardware import native_bf16  # noqa: E402
+
+PRECISION = {  # the ceiling each path is measured against
+    "timm fp32": "fp32",
+    "vitkit fp32": "fp32",
+    "vitkit bf16": "bf16",
+    "vitkit compiled": "fp32",
+    "ORT fp32": "fp32",
+    "OpenVINO fp32": "fp32",
+    "ORT int8 dynamic": "int8",
+    "ORT int8 static": "int8",
+    "OpenVINO int8": "int8",
+}
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        name = next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln)
+        flags = next(ln for ln in out.splitlines() if ln.startswith("Flags")).split()
+        known = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
+        isa = [f for f in known if f in flags]
+        return f"{name} ({torch.get_num_threads()} threads; {', '.join(isa)})"
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def int8_ceiling(n: int = 2048, reps: int = 5) -> float:
+    """Op/s of ONNX Runtime's MatMulInteger (uint8 x int8 -> int32), n x n x n."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    def vi(name: str, t: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, t, [n, n])
+
+    g = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["A", "B"], ["Y"])],
+        "mm",
+        [vi("A", TensorProto.UINT8), vi("B", TensorProto.INT8)],
+        [vi("Y", TensorProto.INT32)],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = torch.get_num_threads()
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {
+        "A": rng.integers(0, 255, (n, n), dtype=np.uint8),
+        "B": rng.integers(-128, 127, (n, n), dtype=np.int8),
+    }
+    best = float("inf")
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        s.run(None, feed)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def build_paths(name: str, batches: list[int], tmp: Path, args) -> tuple[dict, dict]:
+    """{path: {batch: fn}} for one model, and the time each preparation took."""
+    cfg = model_cfg(name)
+    torch.manual_seed(0)
+    ours = vitkit.create_model(cfg).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    timm = import_reference("timm")
+    t = timm.create_model("vit_base_patch16_224", **timm_conv.timm_model_args(cfg)).eval()
+    t.load_state_dict(timm_conv.state_dict_to_timm(ours.state_dict(), cfg))
+    xs = {b: torch.randn(b, cfg.in_chans, *cfg.image_size) for b in batches}
+    prep: dict[str, float] = {}
+
+    def torch_fns(model: torch.nn.Module, bf16: bool = False) -> dict:
+        def fn(b: int) -> Callable[[], object]:
+            def run() -> object:
+                with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                    return model(xs[b])
+
+            return run
+
+        return {b: fn(b) for b in batches}
+
+    paths = {"timm fp32": torch_fns(t), "vitkit fp32": torch_fns(ours)}
+    if native_bf16(torch.device("cpu")):
+        paths["vitkit bf16"] = torch_fns(ours, bf16=True)
+    if "compiled" in args.paths:
+        s = time.perf_counter()
+        compiled = torch.compile(ours)
+        fns = torch_fns(compiled)
+        for b in batches:
+            fns[b]()  # compile (one graph per batch size)
+        paths["vitkit compiled"] = fns
+        prep["vitkit compiled"] = time.perf_counter() - s
+    fp32 = export_onnx(ours, tmp / "fp32.onnx")
+    calib = torch.randn(args.calib_images, cfg.in_chans, *cfg.image_size)
+    files: dict[str, tuple[str, Path]] = {
+        "ORT fp32": ("onnxruntime", fp32),
+        "OpenVINO fp32": ("openvino", fp32),
+    }
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, engine, quant in (
+            ("ORT int8 dynamic", "onnxruntime", lambda o: int8.quantize_onnxruntime(fp32, o, None)),
+            ("ORT int8 static", "onnxruntime", lambda o: int8.quantize_onnxruntime(fp32, o, calib)),
+            ("OpenVINO int8", "openvino", lambda o: int8.quantize_openvino(fp32, o, calib)),
+        ):
+            if not engines.available(engine):
+                continue
+            s = time.perf_counter()
+            out = tmp / f"{label.replace(' ', '_')}.{'xml' if engine == 'openvino' else 'onnx'}"
+            quant(out)
+            prep[label] = time.perf_counter() - s
+            files[label] = (engine, out)
+    for label, (engine, path) in files.items():
+        if not engines.available(engine):
+            continue
+        paths[label] = engine_fns(engines.RUNNERS[engine](path, torch.get_num_threads()), xs)
+    return paths, prep
+
+
+def engine_fns(run: Callable, xs: dict[int, torch.Tensor]) -> dict:
+    arrays = {b: x.numpy() for b, x in xs.items()}
+    return {b: (lambda b=b: run(arrays[b])) for b in xs}
+
+
+def time_call(fn: Callable[[], object], min_s: float) -> float:
+    """Seconds per call: one warm-up call, then calls until ``min_s`` has passed (at least 1)."""
+    fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        if time.perf_counter() - start >= min_s:
+            return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mnist,Ti/16,S/16,B/16")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--min-s", type=float, default=0.5, help="timing per measurement (s)")
+    ap.add_argument("--calib-images", type=int, default=16)
+    ap.add_argument("--paths", default="compiled", help="'compiled' or '' (skip torch.compile)")
+    ap.add_argument("--out", default=str(ROOT / "bench/results/cpu_inference"))
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    batches = [1, args.batch]
+    cpu = torch.device("cpu")
+    ceilings = {"fp32": matmul_ceiling(torch.float32, cpu), "int8": int8_ceiling()}
+    if native_bf16(cpu):
+        ceilings["bf16"] = matmul_ceiling(torch.bfloat16, cpu)
+    else:
+        ceilings["bf16 (emulated)"] = matmul_ceiling(torch.bfloat16, cpu, n=512, reps=1)
+    print({k: f"{v / 1e9:.1f} GFLOP/s" for k, v in ceilings.items()}, flush=True)
+    rows = []
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix="vitkit-cpu-bench-") as tmp:
+            paths, prep = build_paths(name, batches, Path(tmp), args)
+            flops = count_flops(model_cfg(name))
+            times: dict[tuple[str, int], list[float]] = {}
+            peaks: dict[tuple[str, int], int | None] = {}
+            for key in [(p, b) for p in paths for b in batches]:  # peak memory, once each
+                with PeakMemory(cpu) as pm:
+                    paths[key[0]][key[1]]()
+                peaks[key] = pm.peak
+            rng = random.Random(0)
+            for _ in range(args.rounds):
+                keys = [(p, b) for p in paths for b in batches]
+                rng.shuffle(keys)
+                for key in keys:
+                    times.setdefault(key, []).append(time_call(paths[key[0]][key[1]], args.min_s))
+            for (p, b), ts in times.items():
+                sec = statistics.median(ts)
+                ceiling = ceilings.get(PRECISION[p])
+                rows.append(
+                    {
+                        "model": name,
+                        "path": p,
+                        "batch": b,
+                        "img_s": b / sec,
+                        "latency_ms": 1e3 * sec,
+                        "fraction_of_ceiling": flops * b / sec / ceiling if ceiling else None,
+                        "peak_mib": None if peaks[(p, b)] is None else peaks[(p, b)] / 2**20,
+                        "prepare_s": prep.get(p),
+                        "times_s": ts,
+                    }
+                )
+            for row in rows[-len(times) :]:
+                print(
+                    f"{name:6} b{row['batch']:<3} {row['path']:18} {row['img_s']:9.1f} img/s "
+                    f"{row['latency_ms']:9.1f} ms",
+                    flush=True,
+                )
+    write(rows, ceilings, args)
+
+
+def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
+    command = "python bench/cpu_inference.py " + " ".join(sys.argv[1:])
+    out = Path(args.out)
+    meta = {
+        "cpu": cpu_name(),
+        "command": command.strip(),
+        "torch": torch.__version__,
+        "rounds": args.rounds,
+        "ceilings_gflop_s": {k: v / 1e9 for k, v in ceilings.items()},
+    }
+    for mod in ("onnxruntime", "openvino", "nncf", "timm"):
+        with contextlib.suppress(ImportError):
+            meta[mod] = __import__(mod).__version__
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    lines = [
+        "# CPU inference: every path side by side",
+        "",
+        f"CPU: {meta['cpu']}. torch {meta['torch']}, onnxruntime {meta.get('onnxruntime')}, "
+        f"openvino {meta.get('openvino')}, nncf {meta.get('nncf')}, timm {meta.get('timm')}.",
+        f"Command: `{meta['command']}` ({args.rounds} rounds, median; random weights).",
+        "Matmul ceilings measured in the run: "
+        + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in meta["ceilings_gflop_s"].items())
+        + ". 'of ceiling': analytic FLOPs / time over the ceiling at the path's precision.",
+        "",
+    ]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        base = {
+            r["batch"]: r["img_s"] for r in rows if r["model"] == name and r["path"] == "timm fp32"
+        }
+        lines += [
+            f"## {name}",
+            "",
+            "| path | batch | img/s | latency ms | x timm fp32 | of ceiling | peak MiB "
+            "| prepare s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sorted(
+            (r for r in rows if r["model"] == name), key=lambda r: (r["batch"], -r["img_s"])
+        ):
+            frac, peak, prep = r["fraction_of_ceiling"], r["peak_mib"], r["prepare_s"]
+            lines.append(
+                f"| {r['path']} | {r['batch']} | {r['img_s']:.1f} | {r['latency_ms']:.1f} | "
+                f"{r['img_s'] / base[r['batch']]:.2f} | "
+                f"{'' if frac is None else f'{100 * frac:.0f} %'} | "
+                f"{'' if peak is None else f'{peak:.0f}'} | "
+                f"{'' if prep is None else f'{prep:.0f}'} |"
+            )
+        lines.append("")
+    out.with_suffix(".md").write_text("\n".join(lines))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

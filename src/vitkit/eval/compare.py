@@ -1,0 +1,56 @@
+"""A quantized model beside its fp32 source: top-1 of each, the difference, the agreement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class Recorder(nn.Module):
+    """``model`` unchanged, keeping the top-1 class of every row it is asked about (in order:
+    evaluation reads its loader unshuffled, so two recorders' lists line up image by image)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.top1: list[Tensor] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.model(x)
+        self.top1.append(out.argmax(-1).cpu())
+        return out
+
+    def predictions(self) -> Tensor:
+        return torch.cat(self.top1) if self.top1 else torch.zeros(0, dtype=torch.long)
+
+
+def agreement(a: Tensor, b: Tensor) -> float:
+    """Fraction of images on which two models' top-1 classes are the same."""
+    if a.shape != b.shape or a.numel() == 0:
+        raise ValueError(f"predictions of different lengths: {a.shape} vs {b.shape}")
+    return float((a == b).float().mean())
+
+
+def comparison(top1: float, source_top1: float, agree: float, source: str) -> dict[str, Any]:
+    """The record eval.json keeps (percentages): this model's top-1, the source's, the
+    difference (this - source) and the top-1 agreement."""
+    return {
+        "source": source,
+        "top1": 100 * top1,
+        "source_top1": 100 * source_top1,
+        "top1_difference": 100 * (top1 - source_top1),
+        "top1_agreement": 100 * agree,
+    }
+
+
+def format_comparison(c: dict[str, Any], precision: str) -> str:
+    return (
+        f"{precision} vs fp32 source ({c['source']}): top-1 {c['top1']:.2f} % vs "
+        f"{c['source_top1']:.2f} % ({c['top1_difference']:+.2f} points), "
+        f"top-1 agreement {c['top1_agreement']:.2f} %"
+    )
+
+
+__all__ = ["Recorder", "agreement", "comparison", "format_comparison"]

@@ -1,0 +1,109 @@
+"""int8 export and the engines: a round trip on a tiny model, the missing-engine line, the
+accuracy report beside the fp32 source."""
+
+from __future__ import annotations
+
+import builtins
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.checkpoints import save_checkpoint
+from vitkit.cli import main
+from vitkit.engines import available, load_engine_dir, require
+from vitkit.errors import VitkitError
+from vitkit.int8 import calibration_images
+
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny trained-looking model on the 8x8 digits (its own dataset, for calibration)."""
+    pytest.importorskip("sklearn")
+    d = tmp_path_factory.mktemp("int8")
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=10, width=32, depth=2, num_heads=2, mlp_dim=64
+    )
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_checkpoint(d / "ck", m, meta={"dataset": "digits"})
+    return d, m
+
+
+ENGINES = ["onnxruntime"] + (["openvino"] if available("openvino") else [])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_int8_round_trip_and_accuracy_report(ckpt, capsys, engine):
+    d, model = ckpt
+    out = d / f"q-{engine}"
+    args = ["export", str(d / "ck"), str(out), "--int8", "--engine", engine, "--calib-images", "16"]
+    args += ["--static"] if engine == "onnxruntime" else []  # (openvino always calibrates)
+    assert main(args) == 0
+    info = json.loads((out / "engine.json").read_text())
+    assert info["precision"] == "int8" and info["calibration"]["images"] == 16
+    assert info["calibration"]["data"] == "digits"
+    q, ck = load_engine_dir(out)
+    x = calibration_images(ck, "digits", 8, split="test")  # images like the calibration's
+    with torch.no_grad():
+        ref = model.eval()(x)
+    got = q(x)
+    assert got.shape == ref.shape and torch.isfinite(got).all()
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0)
+    assert cos > 0.9  # int8 (a tiny random model: its logits are close together), not garbage
+    # never over an existing model without --overwrite, never into the checkpoint read
+    assert main(args) == 2
+    assert "already holds" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    assert main(["export", str(d / "ck"), str(d / "ck" / "q"), "--int8", "--engine", engine]) == 2
+    assert "which this command reads" in capsys.readouterr().err
+    # eval beside the fp32 source: difference and agreement, printed and in eval.json
+    assert main(["eval", "--from", str(out), "--out", str(d / f"ev-{engine}")]) == 0
+    printed = capsys.readouterr().out
+    assert "vs fp32 source" in printed and "top-1 agreement" in printed
+    record = json.loads((d / f"ev-{engine}" / "eval.json").read_text())
+    v = record["versus_source"]
+    assert record["precision"] == "int8" and record["engine"] == engine
+    assert v["top1_difference"] == pytest.approx(v["top1"] - v["source_top1"])
+    assert 90 <= v["top1_agreement"] <= 100
+
+
+def test_fp32_through_an_engine_and_fast_say_which(ckpt, capsys, tmp_path):
+    d, _ = ckpt
+    from PIL import Image
+
+    img = tmp_path / "a.png"
+    Image.new("L", (8, 8), 128).save(img)
+    assert main(["predict", "--from", str(d / "ck"), str(img), "--engine", "torch"]) == 0
+    torch_out = capsys.readouterr().out.splitlines()
+    assert torch_out[0] == "engine: torch, fp32 (as asked)"
+    assert main(["predict", "--from", str(d / "ck"), str(img), "--fast"]) == 0
+    fast_out = capsys.readouterr().out.splitlines()
+    assert fast_out[0].startswith("engine: onnxruntime, fp32 (--fast")
+    assert fast_out[1] == torch_out[1]  # the same labels and probabilities to 0.1 %
+
+
+def test_missing_engine_is_one_line_naming_the_extra(monkeypatch):
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "openvino":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(VitkitError, match=r"pip install 'vitkit\[openvino\]'"):
+        require("openvino")
+    assert not available("openvino")
+
+
+def test_int8_options_need_int8(ckpt, capsys):
+    d, _ = ckpt
+    assert main(["export", str(d / "ck"), str(d / "x"), "--engine", "openvino"]) == 2
+    assert "add --int8" in capsys.readouterr().err
