@@ -41,7 +41,7 @@ from vitkit.config import (
 )
 from vitkit.counts import count_params
 from vitkit.errors import VitkitError
-from vitkit.files import set_file_mode
+from vitkit.files import fsync_dir, set_file_mode
 
 FORMAT = "vitkit"
 FORMAT_VERSION = 1
@@ -120,17 +120,7 @@ def unflatten_state(skeleton: Any, tensors: dict[str, Tensor]) -> Any:
 # Atomic writing
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_dir  # (vitkit.files; the name the checkpoint writers import)
 
 
 def _write_json(path: Path, obj: Any) -> None:

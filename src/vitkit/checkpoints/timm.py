@@ -480,29 +480,39 @@ def timm_hub_config(
     warn_hybrid_eps(cfg)
     if preprocess.resize == "none":
         warnings.warn("timm's eval transform always resizes; written as crop_pct 1", stacklevel=2)
-    k = 255 * preprocess.rescale_factor if preprocess.rescale_factor != 1 / 255 else 1.0
     out: dict[str, Any] = {
         "architecture": timm_architecture(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.width,
         "global_pool": timm_model_args(cfg)["global_pool"],
         "model_args": timm_model_args(cfg),
-        "pretrained_cfg": {
-            "input_size": [cfg.in_chans, *cfg.image_size],
-            "fixed_input_size": True,
-            "interpolation": preprocess.interpolation,
-            "crop_pct": preprocess.crop_pct,
-            "crop_mode": "squash" if preprocess.resize == "squash" else "center",
-            "mean": [m / k for m in preprocess.mean],
-            "std": [v / k for v in preprocess.std],
-            "num_classes": cfg.num_classes,
-            "first_conv": "embeds.proj" if cfg.naflex else "patch_embed.proj",
-            "classifier": "head",
-        },
+        "pretrained_cfg": pretrained_cfg(
+            cfg, preprocess, "embeds.proj" if cfg.naflex else "patch_embed.proj", True
+        ),
     }
     if class_names:
         out["label_names"] = list(class_names)
     return out
+
+
+def pretrained_cfg(
+    cfg: ViTConfig, preprocess: PreprocessConfig, first_conv: str, fixed_input_size: bool
+) -> dict[str, Any]:
+    """A timm folder's ``pretrained_cfg``: the input and its preprocessing (a rescale factor
+    other than 1/255 folded into mean and std, as timm has none)."""
+    k = 255 * preprocess.rescale_factor if preprocess.rescale_factor != 1 / 255 else 1.0
+    return {
+        "input_size": [cfg.in_chans, *cfg.image_size],
+        "fixed_input_size": fixed_input_size,
+        "interpolation": preprocess.interpolation,
+        "crop_pct": preprocess.crop_pct,
+        "crop_mode": "squash" if preprocess.resize == "squash" else "center",
+        "mean": [m / k for m in preprocess.mean],
+        "std": [v / k for v in preprocess.std],
+        "num_classes": cfg.num_classes,
+        "first_conv": first_conv,
+        "classifier": "head",
+    }
 
 
 # timm's registered sizes outside the paper's table (name pattern → heads), first match wins;

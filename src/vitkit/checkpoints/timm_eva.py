@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from vitkit.checkpoints.provenance import Provenance
+from vitkit.checkpoints.timm import pretrained_cfg
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 
@@ -357,7 +358,6 @@ def eva_hub_config(
     cfg: ViTConfig, preprocess: PreprocessConfig, class_names: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The ``config.json`` of a timm folder holding ``cfg`` as an eva.py entry."""
-    k = 255 * preprocess.rescale_factor if preprocess.rescale_factor != 1 / 255 else 1.0
     args = eva_model_args(cfg)
     out: dict[str, Any] = {
         "architecture": eva_architecture(cfg),
@@ -365,18 +365,7 @@ def eva_hub_config(
         "num_features": cfg.width,
         "global_pool": args["global_pool"],
         "model_args": args,
-        "pretrained_cfg": {
-            "input_size": [cfg.in_chans, *cfg.image_size],
-            "fixed_input_size": False,
-            "interpolation": preprocess.interpolation,
-            "crop_pct": preprocess.crop_pct,
-            "crop_mode": "squash" if preprocess.resize == "squash" else "center",
-            "mean": [m / k for m in preprocess.mean],
-            "std": [v / k for v in preprocess.std],
-            "num_classes": cfg.num_classes,
-            "first_conv": "patch_embed.proj",
-            "classifier": "head",
-        },
+        "pretrained_cfg": pretrained_cfg(cfg, preprocess, "patch_embed.proj", False),
     }
     if class_names:
         out["label_names"] = list(class_names)
