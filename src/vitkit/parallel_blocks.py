@@ -158,10 +158,13 @@ class DiffAttention(nn.Module):
         self.proj = nn.Linear(d, d)
         _add_lambdas(self, self.half_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: None = None, bias: None = None) -> Tensor:
+        """(``rope`` / ``bias``: the paper's block passes them; the config refuses both here.)"""
         return self._run(x, explicit=False)[0]
 
-    def forward_explicit(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_explicit(
+        self, x: Tensor, rope: None = None, bias: None = None
+    ) -> tuple[Tensor, Tensor]:
         out, weights = self._run(x, explicit=True)
         assert weights is not None
         return out, weights
