@@ -69,10 +69,14 @@ def init_checkpoint(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
 
 def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
     k = info.num_classes
-    # settings a checkpoint may not say (-o gelu=quick): stated when reading it, not assumed
-    stated = {f: v for f, v in cfg.model_overrides.items() if f in _STATED_WHEN_READING}
-    heads = stated.pop("num_heads", None)
-    probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
+    # settings a checkpoint does not say (-o gelu=quick on a bare file): stated when reading
+    # it, so nothing is assumed; a setting the file does say is the fine-tuning check's below
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the read below says what is still assumed)
+        sources = read_checkpoint(cfg.init_from).provenance  # type: ignore[arg-type]
+    assumed = {f for f, s in (sources.sources if sources else {}).items() if s == "assumed"}
+    stated = {f: v for f, v in cfg.model_overrides.items() if f in assumed}
+    probe = read_checkpoint(cfg.init_from, overrides=stated)  # type: ignore[arg-type]
     size = cfg.image_size or info.image_size
     if not cfg.new_head and probe.model_config.num_classes != k:
         raise VitkitError(
@@ -91,9 +95,6 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
             if key in ckpt.state_dict:  # (DeiT's distillation head is replaced too)
                 ckpt.state_dict[key] = torch.zeros_like(ckpt.state_dict[key])
     return ckpt
-
-
-_STATED_WHEN_READING = ("gelu", "layer_norm_eps", "block", "num_heads")
 
 
 def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
