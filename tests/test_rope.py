@@ -176,3 +176,27 @@ def test_counts_and_family_name_match_timm(tmp_path, name):
     n = sum(p.numel() for p in ref.parameters())
     assert count_params(cfg) == n == sum(p.numel() for p in VisionTransformer(cfg).parameters())
     assert family_name(cfg).startswith("DINOv3" if "dinov3" in name else "RoPE-ViT (mixed)")
+
+
+def test_analyze_a_model_without_learned_position_embeddings(tmp_path):
+    """A DINOv3-style model (rotary only, no E_pos): the analysis says why Figure 7's centre
+    panel is absent instead of stopping, and still writes its report."""
+    import vitkit
+    from vitkit.analysis import analyze_model
+
+    model = vitkit.create_model(
+        "Ti/4",
+        image_size=16,
+        width=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=3,
+        rope="dinov3",
+        rope_half=True,
+        abs_pos_embed=False,
+    ).eval()
+    result = analyze_model(model, tmp_path / "a")
+    assert "position_similarity" not in result.numbers
+    (section,) = [s for s in result.sections if s.title == "Position embedding similarity"]
+    assert "has nothing to show" in str(section.items[0])

@@ -255,31 +255,41 @@ def analyze_model(
             )
         )
 
-    # Figure 7, centre: position-embedding similarity.
-    sim = position_embedding_similarity(model)
-    files["position_similarity"] = plot_position_similarity(sim, out / FILES["position_similarity"])
-    items: list[str | Figure | Table] = [
-        "Cosine similarity of each patch's position embedding with all others (the class "
-        "token's embedding left out), as in the paper's Figure 7 (centre): tile (r, c) shows "
-        "patch (r, c) against the whole grid.",
-        Figure(files["position_similarity"]),
-    ]
-    if cfg.num_patches >= 2:
-        stats = similarity_by_distance(sim)
-        numbers["position_similarity"] = stats.to_dict()
-        items.insert(
-            1,
-            Table(
-                ["patch pairs", "mean cosine"],
-                [
-                    ["adjacent (same row or column, 1 apart)", stats.adjacent],
-                    ["same row or column, >= 2 apart", stats.same_row_or_column],
-                    [f"far (>= {stats.far_distance:g} patches apart)", stats.far],
-                    ["all distinct pairs", stats.other],
-                ],
-            ),
+    # Figure 7, centre: position-embedding similarity (nothing to show without a learned E_pos).
+    if getattr(model, "pos_embed", None) is None:
+        none = (
+            "This model has no learned position embeddings (abs_pos_embed=False: rotary "
+            "embeddings or a relative position bias stand in), so the paper's Figure 7 (centre) "
+            "has nothing to show; position shows in the attention distances below."
         )
-    sections.append(Section("Position embedding similarity", items))
+        sections.append(Section("Position embedding similarity", [none]))
+    else:
+        sim = position_embedding_similarity(model)
+        files["position_similarity"] = plot_position_similarity(
+            sim, out / FILES["position_similarity"]
+        )
+        items: list[str | Figure | Table] = [
+            "Cosine similarity of each patch's position embedding with all others (the class "
+            "token's embedding left out), as in the paper's Figure 7 (centre): tile (r, c) shows "
+            "patch (r, c) against the whole grid.",
+            Figure(files["position_similarity"]),
+        ]
+        if cfg.num_patches >= 2:
+            stats = similarity_by_distance(sim)
+            numbers["position_similarity"] = stats.to_dict()
+            items.insert(
+                1,
+                Table(
+                    ["patch pairs", "mean cosine"],
+                    [
+                        ["adjacent (same row or column, 1 apart)", stats.adjacent],
+                        ["same row or column, >= 2 apart", stats.same_row_or_column],
+                        [f"far (>= {stats.far_distance:g} patches apart)", stats.far],
+                        ["all distinct pairs", stats.other],
+                    ],
+                ),
+            )
+        sections.append(Section("Position embedding similarity", items))
 
     if data is not None:
         if data.images.shape[0] == 0:
