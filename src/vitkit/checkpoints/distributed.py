@@ -46,7 +46,6 @@ from vitkit.checkpoints.io import (
     FORMAT_VERSION,
     TRAIN_JSON,
     WEIGHTS,
-    _fsync_dir,
     _read_json,
     _write_json,
     flatten_state,
@@ -56,6 +55,7 @@ from vitkit.checkpoints.io import (
 )
 from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
+from vitkit.files import fsync_dir
 
 
 def is_distributed_checkpoint(path: str | Path) -> bool:
@@ -142,7 +142,7 @@ def save_distributed_checkpoint(
         }
         _write_json(tmp / CONFIG, config)
         _write_json(tmp / TRAIN_JSON, {"state": train_state or {}, "optimizer": hyper_json})
-        _fsync_dir(tmp / DCP_DIR)
+        fsync_dir(tmp / DCP_DIR)
         replace_dir(tmp, path)
     _barrier()
     return path

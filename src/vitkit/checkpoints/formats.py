@@ -267,9 +267,7 @@ def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Ch
             ckpt.preprocess = dataclasses.replace(ckpt.preprocess, **pre)
         except (TypeError, ValueError) as e:
             raise VitkitError(f"{p}: preprocessing {_spelled(pre)}: {e}") from None
-        prov.give(pre)
-        if "mean" in pre or "std" in pre:  # (the paper's-preprocessing guess is about both)
-            prov.give({"mean": None, "std": None})
+        prov.give(pre)  # (stating mean silences the paper's-preprocessing line)
     if overrides:
         try:
             ckpt.model_config = ckpt.model_config.replace(**overrides)

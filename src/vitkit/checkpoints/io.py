@@ -120,9 +120,6 @@ def unflatten_state(skeleton: Any, tensors: dict[str, Tensor]) -> Any:
 # Atomic writing
 
 
-_fsync_dir = fsync_dir  # (vitkit.files; the name the checkpoint writers import)
-
-
 def _write_json(path: Path, obj: Any) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=1)
@@ -146,7 +143,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def save_checkpoint(
@@ -191,7 +188,7 @@ def replace_dir(tmp: Path, path: Path) -> Path:
     """Move the finished directory ``tmp`` to ``path`` (fsynced). An existing ``path`` is
     moved aside first and deleted only after the swap, so a kill at any instant leaves the old
     or the new one (``resolve_checkpoint`` finds a ``.NAME.old-*`` left by a kill)."""
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if path.exists():
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.rename(path, old)
@@ -199,7 +196,7 @@ def replace_dir(tmp: Path, path: Path) -> Path:
         shutil.rmtree(old)
     else:
         os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

@@ -18,6 +18,7 @@ name against these rules.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from torch import Tensor
@@ -81,8 +82,6 @@ _OTHER_KEYS: tuple[tuple[str, str], ...] = (  # (the first match names the archi
 
 def refuse_other_keys(sd: dict[str, Tensor], source: str) -> None:
     """State dicts with keys only an architecture vitkit does not implement has."""
-    import re
-
     for pattern, what in _OTHER_KEYS:
         key = next((k for k in sd if re.search(pattern, k)), None)
         if key is not None:

@@ -24,7 +24,6 @@ from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
     CONFIG,
     Checkpoint,
-    _fsync_dir,
     _write_json,
     check_weights_fit,
     load_state_dict_strict,
@@ -33,7 +32,7 @@ from vitkit.checkpoints.io import (
 )
 from vitkit.config import ResNetConfig
 from vitkit.errors import VitkitError
-from vitkit.files import check_destination, publish, set_file_mode
+from vitkit.files import check_destination, fsync_dir, publish, set_file_mode
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")
@@ -159,7 +158,7 @@ def _install_dir(tmp: Path, dst: Path) -> Path:
     for f in sorted(tmp.iterdir()):
         os.replace(f, dst / f.name)
     tmp.rmdir()
-    _fsync_dir(dst)
+    fsync_dir(dst)
     return dst
 
 
