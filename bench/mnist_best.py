@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,22 +30,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from vitkit.hardware import cpu_name  # noqa: E402
 from vitkit.plotting.canvas import new_figure, save_png  # noqa: E402
 
 TARGET_TOP1 = 0.9965  # mean over the seeds
 TARGET_RATIO = 0.8  # each seed's wall time / mnist-long's
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln)
-        flags = next(ln for ln in out.splitlines() if ln.startswith("Flags")).split()
-        known = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-        isa = [f for f in known if f in flags]
-        return f"{name} ({os.cpu_count()} vCPUs; {', '.join(isa)})"
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def command(recipe: str, seed: int | None, out: Path, smoke: bool) -> list[str]:
