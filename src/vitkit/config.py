@@ -125,6 +125,8 @@ class ViTConfig:
     rope_xy: bool = False  # per-axis channels (x, y), not (row, column) (timm grid_indexing="xy")
     rope_offset: float = 0.0  # added to every patch coordinate (timm rope_grid_offset; PE: 1)
     rope_ref_grid: tuple[int, int] | None = None  # indices rescaled to this grid (EVA-02)
+    rope_hf: bool = False  # DINOv3's angles as transformers' DINOv3ViT: 2 pi x coords in float32
+    # times 1 / period (float32-rounded); False: timm's, divided in the model's dtype
     # relative position bias (vitkit.relpos; timm beit.py, vision_transformer_relpos.py)
     rel_pos: RelPosKind = "none"  # a bias on the attention logits by query-key offset: "bias" a
     # learned table (BEiT, timm RelPosBias), "mlp" / "mlp_swin" an MLP of log offsets (RelPosMlp)

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_relpos
+from vitkit.checkpoints import hf_dinov3, hf_family, hf_siglip, timm_eva, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -120,6 +120,12 @@ def write_checkpoint(
             cfg, ckpt.preprocess, ckpt.class_names
         )
         return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf" and hf_dinov3.writes_dinov3(cfg):  # DINOv3's RoPE: DINOv3ViTModel
+        dino = {
+            CONFIG: hf_dinov3.vit_to_dinov3_config(cfg),
+            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, dino, hf_dinov3.state_dict_to_dinov3(sd, cfg))
     if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
         siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
         tower = {
