@@ -141,6 +141,8 @@ class ViTConfig:
     naflex_antialias: bool = True  # antialias when the learned table shrinks (timm's default)
     naflex_ar_preserving: bool = False  # resample to a max(h, w) square, keep the top-left h x w
     naflex_align_corners: bool = False  # align_corners of the learned table's resampling
+    naflex_resample_own: bool = False  # resample (in float32) at the table's own grid too, as
+    # transformers' SigLIP 2 on the CPU; False: the table as it is there (timm)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range

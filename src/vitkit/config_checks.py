@@ -268,7 +268,8 @@ def check_naflex(cfg: Any) -> None:
         "naflex_pos": choice("naflex_pos", cfg.naflex_pos, ("learned", "factorized")),
         "naflex_interp": choice("naflex_interp", cfg.naflex_interp, ("bicubic", "bilinear")),
     }
-    for name in ("naflex_antialias", "naflex_ar_preserving", "naflex_align_corners"):
+    bools = ("naflex_antialias", "naflex_ar_preserving", "naflex_align_corners")
+    for name in (*bools, "naflex_resample_own"):
         values[name] = choice(name, getattr(cfg, name), (True, False))
     for name, value in values.items():
         object.__setattr__(cfg, name, value)

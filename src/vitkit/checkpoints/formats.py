@@ -9,7 +9,7 @@ Formats (``FORMATS``):
 - ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
   ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``);
   SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`,
-  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`.
+  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`, SigLIP 2 NaFlex through :mod:`.hf_siglip2`.
 
 Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
 allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
@@ -35,7 +35,15 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_dinov3, hf_family, hf_siglip, timm_eva, timm_hub, timm_relpos
+from vitkit.checkpoints import (
+    hf_dinov3,
+    hf_family,
+    hf_siglip,
+    hf_siglip2,
+    timm_eva,
+    timm_hub,
+    timm_relpos,
+)
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
@@ -432,13 +440,17 @@ def _read_hf(p: Path) -> Checkpoint:
     if odd:  # a class vitkit does not read is never read as the nearest one it does
         raise VitkitError(
             f"{p / CONFIG}: architectures {odd[0]!r} is not a Hugging Face class vitkit reads "
-            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP and DINOv3 ViT classes)"
+            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP, SigLIP 2 and DINOv3 ViT classes)"
         )
     if hf_siglip.is_siglip(hf):  # SigLIP's image tower
         return _read_hf_with(p, hf, hf_siglip.siglip_to_vit_config, hf_siglip.siglip_to_state_dict)
     if hf_dinov3.is_dinov3(hf):  # DINOv3 (RoPE)
         dino = hf_dinov3.dinov3_to_vit_config, hf_dinov3.dinov3_to_state_dict, hf_dinov3.FIELDS
         return _read_hf_with(p, hf, *dino)
+    if hf_siglip2.is_siglip2(hf):  # SigLIP 2 NaFlex
+        conv = hf_siglip2.siglip2_to_vit_config, hf_siglip2.siglip2_to_state_dict
+        pre = hf_siglip2.siglip2_preprocess, hf_siglip2.processor_assumption
+        return _read_hf_with(p, hf, *conv, hf_siglip2.FIELDS, *pre)
     if hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
         weights = _weights_in(p)
         cfg = _wrap(lambda: hf_family.family_config(hf, weights), p / CONFIG)
@@ -465,7 +477,7 @@ _HF_CLASSES = frozenset(
     "Dinov2WithRegistersModel Dinov2WithRegistersForImageClassification ViTMAEModel "
     "ViTMAEForPreTraining CLIPModel CLIPVisionModel CLIPVisionModelWithProjection SiglipModel "
     "SiglipVisionModel".split()
-) | frozenset(hf_dinov3.CLASSES)
+) | frozenset((*hf_dinov3.CLASSES, *hf_siglip2.CLASSES))
 
 
 def _hf_provenance(
@@ -495,16 +507,26 @@ _HF_MORE = {  # config fields beyond hf.HF_FIELDS that a Hugging Face config.jso
 
 
 def _read_hf_with(
-    p: Path, hf: dict[str, Any], to_config: Any, to_state: Any, fields: Any = None
+    p: Path,
+    hf: dict[str, Any],
+    to_config: Any,
+    to_state: Any,
+    fields: Any = None,
+    to_pre: Any = hf_conv.hf_preprocess,
+    assume: Any = None,
 ) -> Checkpoint:
-    """A Hugging Face folder whose class has its own converter module (SigLIP, DINOv3):
-    ``to_config(hf, source)``, ``to_state(weights, cfg, source)``, ``fields`` for provenance."""
+    """A Hugging Face folder whose class has its own converter module (SigLIP, DINOv3,
+    SigLIP 2): ``to_config(hf, source)``, ``to_state(weights, cfg, source)``, ``fields`` for
+    provenance, ``to_pre(preprocessor_config, cfg)``, ``assume(preprocessor_config, cfg)``:
+    an :class:`Assumption` said when read, or None."""
     cfg = to_config(hf, str(p / CONFIG))
     sd = to_state(_weights_in(p), cfg, str(p))
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
-    pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
+    pre = _wrap(lambda: to_pre(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None, fields)
+    if assume is not None and (a := assume(pp, cfg)) is not None:
+        prov.assume(a)
     return Checkpoint(p, cfg, pre, sd, provenance=prov)
 
 

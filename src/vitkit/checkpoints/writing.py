@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_dinov3, hf_family, hf_siglip, timm_eva, timm_relpos
+from vitkit.checkpoints import hf_dinov3, hf_family, hf_siglip, hf_siglip2, timm_eva, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -126,6 +126,12 @@ def write_checkpoint(
             "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
         }
         return _write_dir(dst, dino, hf_dinov3.state_dict_to_dinov3(sd, cfg))
+    if to == "hf" and cfg.naflex:  # SigLIP 2 NaFlex: Siglip2VisionModel
+        nax = {
+            CONFIG: hf_siglip2.vit_to_siglip2_config(cfg),
+            "preprocessor_config.json": hf_siglip2.vit_to_siglip2_preprocess(ckpt.preprocess, cfg),
+        }
+        return _write_dir(dst, nax, hf_siglip2.state_dict_to_siglip2(sd, cfg))
     if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
         siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
         tower = {
