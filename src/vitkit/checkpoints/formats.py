@@ -9,7 +9,8 @@ Formats (``FORMATS``):
 - ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
   ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``);
   SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`,
-  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`, SigLIP 2 NaFlex through :mod:`.hf_siglip2`.
+  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`, SigLIP 2 NaFlex through :mod:`.hf_siglip2`,
+  BEiT through :mod:`.hf_beit`.
 
 Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
 allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
@@ -36,6 +37,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
 from vitkit.checkpoints import (
+    hf_beit,
     hf_dinov3,
     hf_family,
     hf_siglip,
@@ -440,13 +442,17 @@ def _read_hf(p: Path) -> Checkpoint:
     if odd:  # a class vitkit does not read is never read as the nearest one it does
         raise VitkitError(
             f"{p / CONFIG}: architectures {odd[0]!r} is not a Hugging Face class vitkit reads "
-            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP, SigLIP 2 and DINOv3 ViT classes)"
+            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP, SigLIP 2, DINOv3 ViT and BEiT classes)"
         )
     if hf_siglip.is_siglip(hf):  # SigLIP's image tower
         return _read_hf_with(p, hf, hf_siglip.siglip_to_vit_config, hf_siglip.siglip_to_state_dict)
     if hf_dinov3.is_dinov3(hf):  # DINOv3 (RoPE)
         dino = hf_dinov3.dinov3_to_vit_config, hf_dinov3.dinov3_to_state_dict, hf_dinov3.FIELDS
         return _read_hf_with(p, hf, *dino)
+    if hf_beit.is_beit(hf):  # BEiT (relative position bias)
+        return _read_hf_with(
+            p, hf, hf_beit.beit_to_vit_config, hf_beit.beit_to_state_dict, hf_beit.FIELDS
+        )
     if hf_siglip2.is_siglip2(hf):  # SigLIP 2 NaFlex
         conv = hf_siglip2.siglip2_to_vit_config, hf_siglip2.siglip2_to_state_dict
         pre = hf_siglip2.siglip2_preprocess, hf_siglip2.processor_assumption
@@ -462,13 +468,18 @@ def _read_hf(p: Path) -> Checkpoint:
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None)
+    return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
+
+
+def _hf_names(hf: dict[str, Any], cfg: ViTConfig) -> tuple[str, ...]:
+    """The class names of ``id2label`` (none where they are transformers' LABEL_i)."""
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
         names = tuple(str(id2label.get(str(i), id2label.get(i, i))) for i in range(cfg.num_classes))
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = ()
-    return Checkpoint(p, cfg, pre, sd, names, provenance=prov)
+    return names
 
 
 _HF_CLASSES = frozenset(
@@ -477,7 +488,7 @@ _HF_CLASSES = frozenset(
     "Dinov2WithRegistersModel Dinov2WithRegistersForImageClassification ViTMAEModel "
     "ViTMAEForPreTraining CLIPModel CLIPVisionModel CLIPVisionModelWithProjection SiglipModel "
     "SiglipVisionModel".split()
-) | frozenset((*hf_dinov3.CLASSES, *hf_siglip2.CLASSES))
+) | frozenset((*hf_dinov3.CLASSES, *hf_siglip2.CLASSES, *hf_beit.CLASSES))
 
 
 def _hf_provenance(
@@ -521,13 +532,15 @@ def _read_hf_with(
     an :class:`Assumption` said when read, or None."""
     cfg = to_config(hf, str(p / CONFIG))
     sd = to_state(_weights_in(p), cfg, str(p))
+    if isinstance(sd, tuple):  # (a converter whose weights complete the config: BEiT's head)
+        cfg, sd = sd
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: to_pre(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None, fields)
     if assume is not None and (a := assume(pp, cfg)) is not None:
         prov.assume(a)
-    return Checkpoint(p, cfg, pre, sd, provenance=prov)
+    return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
 
 
 def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:

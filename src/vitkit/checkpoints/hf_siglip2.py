@@ -149,7 +149,10 @@ def siglip2_write_refusal(cfg: ViTConfig) -> str | None:
     }
     bad = [k for k, v in odd.items() if v]
     if bad:
-        return f"Hugging Face's Siglip2VisionModel cannot hold {'; '.join(bad)}; write timm instead"
+        return (
+            f"Hugging Face's NaFlex tower (Siglip2VisionModel) cannot hold {'; '.join(bad)}; "
+            "write timm instead"
+        )
     return None
 
 
