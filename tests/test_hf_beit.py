@@ -174,3 +174,15 @@ def test_what_beit_cannot_hold_or_does_not_say_is_refused(tmp_path):
     ckpt = Checkpoint(tmp_path / "src", cfg, PreprocessConfig.for_model(cfg), model.state_dict())
     with pytest.raises(VitkitError, match="BEiT cannot hold a pooling other than"):
         write_checkpoint(ckpt, tmp_path / "gap", "hf")
+
+
+def test_bare_beit_weights_ask_for_their_folder(tmp_path):
+    """A classifier's bare weights (keys under ``beit.``) are known as Hugging Face's."""
+    from vitkit.checkpoints.formats import detect_format
+
+    _, _, folder = saved(tmp_path, "relpos")
+    (tmp_path / "bare").mkdir()
+    bare = (folder / "model.safetensors").rename(tmp_path / "bare" / "model.safetensors")
+    assert detect_format(bare) == "hf"
+    with pytest.raises(VitkitError, match="Hugging Face weights need their folder"):
+        read_checkpoint(bare)

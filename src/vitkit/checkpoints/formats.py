@@ -114,7 +114,7 @@ def detect_format(path: str | Path) -> Format:
 
 
 def _format_of_keys(sd: dict[str, Tensor], p: Path) -> Format:
-    if any(k.startswith(("embeddings.", "vit.embeddings.")) for k in sd):
+    if any(k.startswith(("embeddings.", "vit.embeddings.", "beit.embeddings.")) for k in sd):
         return "hf"
     if "patch_embed.proj.weight" in sd or "pos_embed" in sd or timm_conv.is_timm_bit(sd):
         return "timm"
