@@ -126,6 +126,14 @@ def test_beit_converts_to_timm_and_back_from_the_command_line(tmp_path, capsys):
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert rel(vitkit.load(tmp_path / "timm")(x), output(ref, x)) <= 1e-5
+    import numpy as np
+    from PIL import Image
+
+    image = tmp_path / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), np.uint8)).save(image)
+    capsys.readouterr()
+    assert main(["predict", str(image), "--from", str(folder), "--json", "--top-k", "3"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["top_k"]) == 3
 
 
 def test_what_beit_cannot_hold_or_does_not_say_is_refused(tmp_path):

@@ -130,6 +130,13 @@ def test_dinov3_folders_convert_and_inspect_from_the_command_line(tmp_path, caps
         assert rel(vitkit.load(tmp_path / "back")(x), want) <= 1e-5
         timm_model = vitkit.load(tmp_path / "timm", pool="token")  # timm's DINOv3 pools "avg"
         assert rel(timm_model(x), want) <= 1e-5
+    from PIL import Image
+
+    image = tmp_path / "image.png"
+    Image.new("RGB", (40, 32)).save(image)
+    capsys.readouterr()  # DINOv3ViTModel has no classifier: predict says so in one line
+    assert main(["predict", str(image), "--from", str(folder)]) == 2
+    assert "no classification head" in capsys.readouterr().err
 
 
 def test_what_dinov3_cannot_hold_or_does_not_say_is_refused(tmp_path):

@@ -17,8 +17,8 @@ head keys) made NaFlex (:mod:`vitkit.naflex`, ``naflex=True``):
   three); padding is masked as keys in the encoder and the MAP head, as there.
 
 ``Siglip2ImageProcessor`` resizes each image, keeping its aspect ratio, to at most
-``max_num_patches`` patches; vitkit does that with ``--max-seq-len N`` (``predict`` /
-``eval``), and otherwise resizes to the square grid at native size (said once when read).
+``max_num_patches`` patches; vitkit does that with ``vitkit predict --max-seq-len N``, and
+otherwise resizes to the square grid at native size (said once when read).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def processor_assumption(pp: dict[str, Any] | None, cfg: ViTConfig) -> Assumptio
         cfg.image_size,
         f"resized to the native square grid; Siglip2ImageProcessor keeps each image's aspect "
         f"ratio with at most max_num_patches={n} patches",
-        f"predict and eval do that with --max-seq-len {n}",
+        f"vitkit predict does that with --max-seq-len {n}",
         None,
     )
 
