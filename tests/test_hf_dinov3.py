@@ -128,8 +128,30 @@ def test_dinov3_folders_convert_and_inspect_from_the_command_line(tmp_path, caps
     with torch.no_grad():
         want = ref(pixel_values=x).pooler_output
         assert rel(vitkit.load(tmp_path / "back")(x), want) <= 1e-5
-        timm_model = vitkit.load(tmp_path / "timm", pool="token")  # timm's DINOv3 pools "avg"
-        assert rel(timm_model(x), want) <= 1e-5
+        assert rel(vitkit.load(tmp_path / "timm")(x), want) <= 1e-5  # (timm's LingBot entry)
+    hub = json.loads((tmp_path / "timm" / "config.json").read_text())
+    assert hub["architecture"] == "vit_small_patch16_lingbot"  # DINOv3's RoPE, class token
+    assert main(["convert", str(tmp_path / "timm"), str(tmp_path / "again"), "--to", "hf"]) == 0
+    c = load_file(tmp_path / "again" / "model.safetensors")
+    assert all(torch.equal(a[k], c[k]) for k in a if k != "embeddings.mask_token")
+    # timm's DINOv3 entries pool the mean patch: refused as DINOv3ViTModel unless told
+    hub.update(architecture="vit_small_patch16_dinov3")
+    hub["model_args"]["global_pool"] = "avg"
+    (tmp_path / "timm" / "config.json").write_text(json.dumps(hub))
+    assert main(["convert", str(tmp_path / "timm"), str(tmp_path / "gap"), "--to", "hf"]) == 2
+    assert "load it with -o pool=token" in capsys.readouterr().err
+    cmd = [
+        "convert",
+        str(tmp_path / "timm"),
+        str(tmp_path / "tok"),
+        "--to",
+        "hf",
+        "-o",
+        "pool=token",
+    ]
+    assert main(cmd) == 0
+    d = load_file(tmp_path / "tok" / "model.safetensors")
+    assert all(torch.equal(a[k], d[k]) for k in a if k != "embeddings.mask_token")
     from PIL import Image
 
     image = tmp_path / "image.png"
