@@ -248,7 +248,7 @@ def beit_write_refusal(cfg: ViTConfig) -> str | None:
             or not cfg.patch_bias
             or cfg.mlp != "mlp"
         ),
-        "sub-norms, RMSNorm or post-norm blocks": set(cfg.later_switches),
+        ", ".join(cfg.later_switches) or "later switches": set(cfg.later_switches),
         "parallel blocks": cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn,
         "a ResNet stem": cfg.is_hybrid,
     }

@@ -212,7 +212,9 @@ def dinov3_write_refusal(cfg: ViTConfig) -> str | None:
         "no final norm": not cfg.final_norm,
         "pos_embed_prefix": not cfg.pos_embed_prefix and cfg.abs_pos_embed,
         "class_token": not cfg.has_class_token,
-        "sub-norms, RMSNorm or post-norm blocks": set(cfg.later_switches) - {"proj_bias"},
+        ", ".join(set(cfg.later_switches) - {"proj_bias"}) or "later switches": (
+            set(cfg.later_switches) - {"proj_bias"}
+        ),
         "dropout": cfg.dropout,
     }
     bad = [k for k, v in odd.items() if v]
