@@ -495,7 +495,8 @@ def _hf_provenance(
     hf: dict[str, Any], cfg: ViTConfig, has_pp: bool, fields: Mapping[str, str] | None = None
 ) -> Provenance:
     """A Hugging Face config's fields: in the file, or its class's default (the format's);
-    the rest from the weights. ``fields``: config field -> the class's key, where not ViT's."""
+    the rest from the weights. ``fields``: config field -> the class's key (None: fixed by
+    the class), where not ViT's."""
     prov = Provenance().set("weights", cfg.to_dict())
     inner = hf.get("vision_config")
     vision: dict[str, Any] = inner if isinstance(inner, dict) else hf

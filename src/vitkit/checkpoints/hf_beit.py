@@ -56,6 +56,7 @@ FIELDS = {
     "rel_pos": "use_relative_position_bias",
     "rel_pos_shared": "use_shared_relative_position_bias",
     "layer_scale_init": "layer_scale_init_value",
+    **dict.fromkeys(["qkv_bias", "k_bias", "class_token"]),  # fixed by the class (no key)
 }
 _TABLE = "relative_position_bias.relative_position_bias_table"
 # transformers 5's module names -> the 4.x names it saves

@@ -55,6 +55,10 @@ FIELDS = {
     "num_reg_tokens": "num_register_tokens",
     "layer_scale_init": "layerscale_value",
     "attn_dropout": "attention_dropout",
+    # fixed by the class (None: no key): its RoPE, no E_pos, the class token's pooled output
+    **dict.fromkeys(
+        "rope rope_half rope_xy rope_offset rope_hf abs_pos_embed pool class_token".split()
+    ),
 }
 _SILU = ("silu", "swish")
 _MASK = "embeddings.mask_token"

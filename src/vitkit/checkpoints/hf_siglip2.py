@@ -49,6 +49,11 @@ FIELDS = {
     "naflex_grid": "num_patches",
     "pool": "vision_use_head",
     "attn_dropout": "attention_dropout",
+    # fixed by the class (None: no key): how E_pos is resampled; the size is the grid's
+    **dict.fromkeys(
+        "image_size naflex naflex_pos naflex_interp naflex_antialias naflex_ar_preserving "
+        "naflex_align_corners naflex_resample_own class_token".split()
+    ),
 }
 _READS = "Siglip2VisionModel and the image tower of Siglip2Model"
 
