@@ -118,7 +118,7 @@ _DINOV3 = {
     "layer_scale_init": 1e-5,
     "layer_norm_eps": 1e-5,
 }
-_QKVB: dict[str, Any] = {"k_bias": False}  # q and v biases, the key's fixed at 0 (timm attn_type="eva")
+_QKVB: dict[str, Any] = {"k_bias": False}  # q and v biases, the key's 0 (timm attn_type="eva")
 _NO_QKV_BIAS: dict[str, Any] = {"qkv_bias": False}
 _PLUS: dict[str, Any] = {"mlp": "swiglu", "mlp_dim": 8 * 384}  # S+: SwiGLU 2 x 1536 (packed as fc1)
 
