@@ -59,7 +59,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ViTConfig, di
 def test_dinov3_finetunes_on_digits_at_another_size(tuned):
     out, cfg, sd = tuned
     report = json.loads((out / "report.json").read_text())
-    assert report["test_top1"] > 0.4  # 10 classes: chance is 0.1 (measured 0.57)
+    assert report["test_top1"] > 0.4  # 10 classes: chance is 0.1 (about 0.6 measured here)
     ckpt = load_checkpoint(out)
     got = ckpt.model_config
     assert got.image_size == (8, 8) and got.num_classes == 10
