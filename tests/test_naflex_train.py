@@ -195,3 +195,46 @@ def test_naflex_refusals_below_the_cli():
 
     with pytest.raises(VitkitError, match="shards: NaFlex batches read ImageFolder"):
         native_dataset(Stream(), NaFlexTransform((4, 4), 16, 3))
+
+
+@pytest.mark.slow
+def test_readme_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
+    """The README's NaFlex train / predict / finetune commands, as written; substitutes: the
+    test's folder for the data, files for the images, a short run (--max-steps 2, batch 12,
+    32 px for the report)."""
+    import shlex
+
+    from test_readme import readme_commands
+
+    monkeypatch.chdir(tmp_path)
+    short = ["--max-steps", "2", "--batch-size", "12", "--threads", "1", "--no-progress"]
+    short += ["--image-size", "32"]  # the report's fixed-size analysis (finetune's recipe: 384)
+    commands = [c for c in readme_commands() if "--max-seq-len" in c and "runs/naflex" in c]
+    assert [shlex.split(c)[1] for c in commands] == ["train", "predict", "finetune"]
+    for command in commands:
+        args = [str(folder) if a.startswith("path/to/") else a for a in shlex.split(command)[1:]]
+        if args[0] == "predict":
+            wide, tall = folder / "test" / "top" / "0.png", folder / "test" / "top" / "1.png"
+            args = [
+                str(wide) if a == "wide.jpg" else str(tall) if a == "tall.jpg" else a for a in args
+            ]
+        else:
+            args += [*short, "--out-dir", "runs/naflex" if args[0] == "train" else "runs/ft"]
+        assert main(args) == 0, capsys.readouterr().err
+    assert (tmp_path / "runs" / "ft" / "report.json").is_file()
+
+
+@pytest.mark.parametrize("pos", ["learned", "factorized"])
+def test_analysis_reads_naflex_position_embeddings_on_their_own_grid(pos):
+    """Figure 7's position similarity of a NaFlex model: E_pos on its 3x5 grid, not the
+    image's 14x14 (it stopped with "shape '[14, 14, -1]' is invalid")."""
+    from vitkit.analysis import position_embedding_similarity
+    from vitkit.config import model_config
+    from vitkit.model import build_model
+
+    cfg = model_config(
+        "Ti/16", depth=1, naflex=True, pos_embed_prefix=False, naflex_grid=(3, 5), naflex_pos=pos
+    )
+    sim = position_embedding_similarity(build_model(cfg))
+    assert sim.shape == (3, 5, 3, 5)
+    assert torch.allclose(sim[1, 2, 1, 2], torch.tensor(1.0))
