@@ -110,6 +110,7 @@ def test_fewshot_analyze_and_explain_run_on_the_finetuned_dinov3(tuned, tmp_path
     assert Path(record["rollout_png"]).is_file() and Path(record["layers_png"]).is_file()
 
 
+@pytest.mark.filterwarnings("ignore:.*head is all zeros")
 def test_adapt_moves_a_rope_model_to_another_size_without_e_pos():
     """Fine-tuning a RoPE model at another size stopped with KeyError: 'pos_embed'."""
     cfg = model_config("vit_small_patch16_dinov3", image_size=16, num_classes=3, **TINY)
@@ -121,6 +122,7 @@ def test_adapt_moves_a_rope_model_to_another_size_without_e_pos():
     build_model(new).load_state_dict(moved)
 
 
+@pytest.mark.filterwarnings("ignore:.*head is all zeros")
 def test_adapt_keeps_naflex_e_pos_on_its_own_grid():
     cfg = ViTConfig(image_size=16, naflex=True, naflex_grid=(3, 3), pool="gap", **TINY)
     sd = build_model(cfg).state_dict()
@@ -134,3 +136,21 @@ def test_adapt_refuses_a_relative_position_table_at_another_size():
     sd = build_model(cfg).state_dict()
     with pytest.raises(VitkitError, match="relative position bias table is learned for a 8x8"):
         adapt(cfg, sd, image_size=8, source="beit")
+
+
+def test_train_builds_a_named_dinov3_and_inspect_names_it(tmp_path, capsys):
+    """``--model vit_small_patch16_dinov3`` (a named model, families.py) with smaller sizes:
+    the run's checkpoint has the entry's switches and ``inspect`` names the family."""
+    out = tmp_path / "run"
+    args = ["train", "--data", "digits", "--model", "vit_small_patch16_dinov3"]
+    args += [f"-o{k}={v}" for k, v in TINY.items()]
+    args += ["--max-steps", "1", "--epochs", "1", "--batch-size", "32", "--no-progress"]
+    assert main([*args, "--threads", "1", "--out-dir", str(out)]) == 0
+    got = load_checkpoint(out).model_config
+    want = model_config("vit_small_patch16_dinov3", image_size=8, num_classes=10, **TINY)
+    assert got.family_switches == want.family_switches and not got.qkv_bias
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert (
+        "family:      DINOv3 ViT-w32-d2-h2/2, no qkv bias, 4 registers" in capsys.readouterr().out
+    )
