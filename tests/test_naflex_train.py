@@ -107,6 +107,7 @@ def test_naflex_training_learns_and_predict_reads_the_checkpoint(folder, tmp_pat
         (["--max-seq-len", "16"], "--max-seq-len is the NaFlex sequence length: add --naflex"),
         (["--naflex"], "--naflex needs --max-seq-len N"),
         (["--naflex", "--max-seq-len", "16"], "--naflex needs a NaFlex model and --model Ti/4"),
+        (["--naflex", "--max-seq-len", "16", "--nproc-per-node", "2"], "runs in one process"),
     ],
 )
 def test_nonsense_is_one_line(folder, tmp_path, capsys, extra, needle):

@@ -258,6 +258,8 @@ def check_model_before_spawning(cfg: Any) -> None:
     error about the image size is left to the run, which knows it."""
     from vitkit.config import model_config
 
+    if cfg.max_seq_len is not None:
+        raise VitkitError("--naflex runs in one process for now (no --nproc-per-node, torchrun)")
     if cfg.init_from or cfg.resume:  # (the checkpoint's config: checked where it is read)
         return
     size = {"image_size": cfg.image_size} if cfg.image_size else {}

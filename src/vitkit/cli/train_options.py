@@ -120,7 +120,8 @@ def _add_naflex(g: Any) -> None:
         "--naflex",
         action="store_true",
         help="a NaFlex model: every image keeps its aspect ratio, resized to at most "
-        "--max-seq-len patches; batches of mixed shapes are padded with a valid mask",
+        "--max-seq-len patches; batches of mixed shapes are padded with a valid mask; the "
+        "only augmentation is a left-right flip (unless --augment none; where the data allows)",
     )
     g.add_argument(
         "--max-seq-len",
