@@ -5,6 +5,7 @@ nonsense combination."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -78,6 +79,10 @@ def test_a_naflex_batch_mixes_aspect_ratios(folder):
     assert logits.shape == (12, 3)
     test_images, _, _ = next(iter(trainer._loader(trainer.test_set, 54, train=False)))
     assert len(set(test_images.grids())) == 3  # evaluation keeps each aspect ratio too
+    # DataLoader workers make the same batches (the transform and collate travel to them)
+    trainer.cfg = dataclasses.replace(trainer.cfg, num_workers=1)
+    in_worker, _, _ = next(iter(trainer._loader(trainer.test_set, 54, train=False)))
+    assert all(torch.equal(a, b) for a, b in zip(in_worker.tensors(), test_images.tensors()))
 
 
 @pytest.mark.slow

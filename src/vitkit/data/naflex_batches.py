@@ -100,6 +100,9 @@ class PackedImages:
     def to(self, device: Any, non_blocking: bool = False) -> PackedImages:
         return PackedImages(*(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
 
+    def pin_memory(self) -> PackedImages:  # (a DataLoader with pin_memory calls it)
+        return PackedImages(*(t.pin_memory() for t in self.tensors()))
+
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.patches, self.patch_coord, self.patch_valid
 
