@@ -41,6 +41,49 @@ def test_count_equals_timm(name):
     assert cfg.image_size == tuple(reference.patch_embed.img_size)
 
 
+# timm eva.py's rows (DINOv3, LingBot, RoPE-ViT): every one, on the meta device (~15 s in all)
+ROPE_ROWS = [n for n in FAMILIES if family_of(n) in ("DINOv3", "LingBot", "RoPE-ViT")]
+
+
+@pytest.mark.parametrize("name", ROPE_ROWS)
+def test_rope_row_equals_timm_and_the_folder_reader(name):
+    from vitkit.checkpoints.timm_eva import eva_hub_config_provenance
+
+    timm = import_reference("timm")
+    with torch.device("meta"):
+        reference = timm.create_model(name, pretrained=False)
+    cfg = model_config(name)
+    assert isinstance(cfg, ViTConfig)
+    assert count_params(cfg) == sum(p.numel() for p in reference.parameters())
+    assert cfg.num_classes == reference.num_classes
+    assert cfg.image_size == tuple(reference.patch_embed.img_size)
+    # the same network vitkit reads from a timm folder naming this entry: every field, not
+    # only the count (the count cannot see the RoPE kind, base, pairing or the pooling)
+    hub = {"architecture": name, "model_args": {"img_size": list(cfg.image_size)}}
+    heads = reference.blocks[0].attn.num_heads
+    read, _ = eva_hub_config_provenance(hub, reference.state_dict(), name, heads)
+    assert read == cfg
+
+
+def test_rope_rows_are_every_eva_entry_vitkit_reads():
+    from vitkit.checkpoints.timm_names import EVA_NAMES
+
+    assert set(ROPE_ROWS) == EVA_NAMES
+    assert len([n for n in ROPE_ROWS if family_of(n) == "DINOv3"]) == 12  # S S+ B L H+ 7B, Ti
+    # EVA-02 and Perception Encoder are not named models yet (their switches are being built)
+    assert not [n for n in FAMILIES if n.startswith(("eva", "vit_pe_"))]
+
+
+def test_create_model_builds_a_named_rope_model():
+    from vitkit import create_model
+
+    with torch.device("meta"):
+        model = create_model("vit_small_plus_patch16_dinov3_qkvb")
+    assert sum(p.numel() for p in model.parameters()) == 28_692_480  # timm's
+    tiny = create_model("vit_small_patch16_rope_mixed_224", depth=1, image_size=32, num_classes=3)
+    assert tiny(torch.randn(2, 3, 32, 48)).shape == (2, 3)  # RoPE follows the input's grid
+
+
 def test_built_model_has_the_counted_parameters():
     from vitkit.model import build_model
 
@@ -55,7 +98,8 @@ def test_overrides_and_families():
     assert not cfg.pos_embed_prefix and cfg.gelu == "none"
     assert model_config("vit_base_patch16_clip_quickgelu_224").gelu == "quick"
     assert model_config("deit_tiny_distilled_patch16_224").dist_token
-    assert {family_of(n) for n in FAMILIES} == {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE"}
+    families = {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE", "DINOv3", "LingBot", "RoPE-ViT"}
+    assert {family_of(n) for n in FAMILIES} == families
     with pytest.raises(VitkitError, match="unknown model 'deit3_tiny_patch16_224'"):
         model_config("deit3_tiny_patch16_224")
 
@@ -66,6 +110,9 @@ def test_models_command_lists_the_family(capsys):
     assert "deit3_small_patch16_224" in out and "22,059,496" in out  # timm's count
     assert "vit_small_patch14_reg4_dinov2" in out and "22,057,344" in out
     assert "vit_base_patch16_224.mae" in out
+    assert "vit_7b_patch16_dinov3                 DINOv3" in out and "6,716,030,976" in out
+    assert "vit_small_patch16_lingbot" in out and "21,596,160" in out
+    assert "vit_large_patch16_rope_mixed_ape_224  RoPE-ViT" in out and "304,399,336" in out
 
 
 @pytest.mark.parametrize(
@@ -80,6 +127,23 @@ def test_models_command_lists_the_family(capsys):
             "DINOv2 ViT-w1536-d40-h24/14, 4 registers, SwiGLU MLP, layer scale 1e-05, 518 px",
         ),
         ("vit_base_patch16_clip_quickgelu_224", "CLIP tower B/16, quick GELU, 224 px"),
+        (
+            "vit_base_patch16_dinov3",
+            "DINOv3 B/16, no qkv bias, 4 registers, layer scale 1e-05, gap pool, 256 px",
+        ),
+        (
+            "vit_base_patch16_dinov3_qkvb",
+            "DINOv3 B/16, q/v biases, 4 registers, layer scale 1e-05, gap pool, 256 px",
+        ),
+        (
+            "vit_small_patch16_lingbot",
+            "DINOv3 S/16, q/v biases, 4 registers, layer scale 1e-05, 512 px",
+        ),
+        (
+            "vit_small_patch16_rope_ape_224",
+            "RoPE-ViT (axial) S/16, E_pos + RoPE, layer scale 1e-05, 224 px",
+        ),
+        ("vit_large_patch16_rope_mixed_224", "RoPE-ViT (mixed) L/16, layer scale 1e-05, 224 px"),
         ("vit_base_patch16_224.mae", "ViT-B/16 (the paper's), 224 px"),
         ("B/32", "ViT-B/32 (the paper's), 224 px"),
         ("r50_vit_b16", "R(3,4,9)x1+ViT-B/16 (the paper's), 224 px"),
@@ -109,6 +173,14 @@ def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "family:      DeiT-III ViT-w384-d1-h6/16, layer scale 1e-06, 32 px" in out
     assert "switches:    layer_scale_init=1e-06, pos_embed_prefix=False" in out
+
+
+def test_inspect_names_a_dinov3_timm_folder(tmp_path, capsys):
+    cfg = model_config("vit_small_patch16_dinov3_qkvb", image_size=32, depth=1, num_classes=3)
+    folder = _timm_folder(tmp_path, cfg)
+    assert main(["inspect", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "family:      DINOv3 ViT-w384-d1-h6/16, q/v biases, 4 registers" in out
 
 
 def _timm_folder(tmp_path: Path, cfg: ViTConfig) -> Path:

@@ -15,6 +15,17 @@ CLIP's eps 1e-5 and, where named, quick GELU.
 - CLIP image towers (Radford et al., 2021): LayerNorm before the encoder, no patch bias, eps
   1e-5; ``quickgelu``: x * sigmoid(1.702 x) (OpenAI's weights). The head is the projection.
 - MAE encoders (He et al., 2022): the paper's ViT with exact GELU and no head.
+- DINOv3 (Siméoni et al., 2025; timm eva.py): no E_pos but rotary embeddings on centred
+  coordinates in [-1, 1] (``rope="dinov3"``, period 100, rotate_half pairing), 4 storage
+  tokens, layer scale 1e-5, LayerNorm eps 1e-5, no head, 256 px; timm pools by the patch mean
+  (upstream DINOv3 by the class token: ``-o pool=token``); S+ and H+ have a SwiGLU MLP, 7B
+  too; ``_qkvb``: q and v biases (the key's is 0). LingBot (timm eva.py) is DINOv3's network
+  with class-token pooling at 512 px.
+- RoPE-ViT (Heo et al., 2024; timm eva.py): DeiT-III's recipe with 2-D rotary embeddings
+  (``rope="axial"``, base 100, x before y) instead of E_pos, or ``mixed`` with learned
+  per-block frequencies (base 10); ``_ape``: E_pos on the patches as well. timm's SBB RoPE ViTs
+  (``*_rope_reg*_gap_256``): axial RoPE rescaled to a 16 x 16 grid, registers, mean pool.
+- Not here yet: EVA-02 and Perception Encoder (timm eva.py) — their switches are being built.
 
 This module imports nothing from vitkit (``config`` imports it).
 """
@@ -96,9 +107,100 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 
+# DINOv3: rotary embeddings (vitkit.rope "dinov3") and storage tokens instead of E_pos
+_DINOV3 = {
+    "rope": "dinov3",
+    "rope_theta": 100.0,
+    "rope_half": True,
+    "abs_pos_embed": False,
+    "num_reg_tokens": 4,
+    "class_token": True,
+    "layer_scale_init": 1e-5,
+    "layer_norm_eps": 1e-5,
+}
+_QKVB: dict[str, Any] = {"k_bias": False}  # q and v biases, the key's 0 (timm attn_type="eva")
+_NO_QKV_BIAS: dict[str, Any] = {"qkv_bias": False}
+_PLUS: dict[str, Any] = {"mlp": "swiglu", "mlp_dim": 8 * 384}  # S+: SwiGLU 2 x 1536 (packed as fc1)
+
+
+def _dinov3(size: str, pool: str = "gap", image: int = 256, **switches: Any) -> dict[str, Any]:
+    return _vit(size, 16, image, 0, **_DINOV3, pool=pool, **switches)
+
+
+_ROPE = {"class_token": True, "layer_scale_init": 1e-5, "rope_xy": True, "abs_pos_embed": False}
+_AXIAL = {**_ROPE, "rope": "axial", "rope_theta": 100.0}
+_MIXED = {**_ROPE, "rope": "mixed", "rope_theta": 10.0}
+_APE = {"abs_pos_embed": True, "pos_embed_prefix": False}  # + E_pos on the patches only
+_SBB = {  # timm's SBB RoPE ViTs: axial RoPE on a 16 x 16 reference grid, registers, mean pool
+    "rope": "axial",
+    "rope_theta": 10000.0,
+    "rope_ref_grid": (16, 16),
+    "abs_pos_embed": False,
+    "pool": "gap",
+    "class_token": False,
+    "fc_norm": True,
+    "layer_scale_init": 1e-5,
+    "k_bias": False,
+}
+_BETWIXT = {"width": 640, "num_heads": 10, "mlp_dim": 2560}
+
+# the eva.py rows (checkpoints/timm_eva.py reads the same entries' weights)
+_EVA: dict[str, dict[str, Any]] = {
+    "vit_small_patch16_dinov3": _dinov3("small", **_NO_QKV_BIAS),
+    "vit_small_patch16_dinov3_qkvb": _dinov3("small", **_QKVB),
+    "vit_small_plus_patch16_dinov3": _dinov3("small", **_PLUS, **_NO_QKV_BIAS),
+    "vit_small_plus_patch16_dinov3_qkvb": _dinov3("small", **_PLUS, **_QKVB),
+    "vit_base_patch16_dinov3": _dinov3("base", **_NO_QKV_BIAS),
+    "vit_base_patch16_dinov3_qkvb": _dinov3("base", **_QKVB),
+    "vit_large_patch16_dinov3": _dinov3("large", **_NO_QKV_BIAS),
+    "vit_large_patch16_dinov3_qkvb": _dinov3("large", **_QKVB),
+    "vit_huge_plus_patch16_dinov3": _dinov3(
+        "huge", mlp="swiglu", mlp_dim=8 * 1280, num_heads=20, **_NO_QKV_BIAS
+    ),
+    "vit_huge_plus_patch16_dinov3_qkvb": _dinov3(
+        "huge", mlp="swiglu", mlp_dim=8 * 1280, num_heads=20, **_QKVB
+    ),
+    "vit_7b_patch16_dinov3": _dinov3(
+        "huge", width=4096, depth=40, num_heads=32, mlp="swiglu", mlp_dim=4 * 4096, **_NO_QKV_BIAS
+    ),
+    "vit_tiny_patch16_dinov3_qkvb": _dinov3("tiny", **_QKVB),
+    "vit_small_patch16_lingbot": _dinov3("small", "token", 512, **_QKVB),
+    "vit_base_patch16_lingbot": _dinov3("base", "token", 512, **_QKVB),
+    "vit_large_patch16_lingbot": _dinov3("large", "token", 512, **_QKVB),
+    "vit_giant_patch16_lingbot": _dinov3("large", "token", 512, **_GIANT, **_NO_QKV_BIAS),
+    **{
+        f"vit_{size}_patch16_rope{kind}{ape}_224": _vit(size, 16, 224, 1000, **{**rope, **extra})
+        for size in ("small", "base", "large")
+        for kind, rope in (("", _AXIAL), ("_mixed", _MIXED))
+        for ape, extra in (("", {}), ("_ape", _APE))
+    },
+    "vit_medium_patch16_rope_reg1_gap_256": _vit("medium", 16, 256, 1000, **_SBB, num_reg_tokens=1),
+    "vit_mediumd_patch16_rope_reg1_gap_256": _vit(
+        "medium",
+        16,
+        256,
+        1000,
+        **{**_SBB, **_NO_QKV_BIAS, "k_bias": True},
+        num_reg_tokens=1,
+        depth=20,
+    ),
+    "vit_betwixt_patch16_rope_reg4_gap_256": _vit(
+        "medium", 16, 256, 1000, **_SBB, num_reg_tokens=4, **_BETWIXT
+    ),
+    "vit_base_patch16_rope_reg1_gap_256": _vit("base", 16, 256, 1000, **_SBB, num_reg_tokens=1),
+}
+FAMILIES.update(_EVA)
+
+
 def family_of(name: str) -> str:
     """The family a :data:`FAMILIES` name belongs to: "DeiT", "DeiT-III", "DINOv2", "CLIP",
-    "MAE"."""
+    "MAE", "DINOv3", "LingBot", "RoPE-ViT"."""
+    if name.endswith(("_dinov3", "_dinov3_qkvb")):
+        return "DINOv3"
+    if name.endswith("_lingbot"):
+        return "LingBot"
+    if "_rope" in name:
+        return "RoPE-ViT"
     if name.startswith("deit3_"):
         return "DeiT-III"
     if name.startswith("deit_"):

@@ -23,13 +23,18 @@ from torch import Tensor
 
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
+from vitkit.naflex import pos_embed_for_grid
 
 
 def patch_position_embeddings(model: VisionTransformer) -> Tensor:
-    """The position embeddings of the patches, without the class token's: [gh, gw, D]."""
+    """The position embeddings of the patches, without the class token's: [gh, gw, D]. A
+    NaFlex model's are on their own grid (``naflex_grid``; a factorised table summed there)."""
     cfg = model.cfg
     if model.pos_embed is None:
         raise VitkitError("the model has no learned position embeddings (abs_pos_embed=False)")
+    if cfg.naflex:
+        table = pos_embed_for_grid(model.pos_embed.detach().float().cpu(), cfg, cfg.naflex_grid)
+        return table[0].reshape(*cfg.naflex_grid, -1)
     pe = model.pos_embed.detach().float().cpu()[0, cfg.num_pos_prefix :]
     return pe.reshape(*cfg.grid_size, -1)
 

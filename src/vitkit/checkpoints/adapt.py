@@ -2,6 +2,8 @@
 
 - The position embeddings are resampled with :func:`vitkit.posemb.resample_pos_embed` (the
   paper's 2-D interpolation; the same function a model uses for inputs of another size).
+  Rotary embeddings (DINOv3, RoPE-ViT) and NaFlex's E_pos (its own grid) need nothing; a
+  relative position bias table (BEiT) is refused at another size.
 - :func:`adapt`: a (config, state dict) pair at a new image size, with a new zero-initialised
   head ("we remove the pre-trained prediction head and attach a zero-initialized D x K
   feedforward layer", Sec. 3.2) and with the pre-logits layer kept or dropped.
@@ -14,7 +16,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from vitkit.config import ModelConfig, ResNetConfig
+from vitkit.config import ModelConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.posemb import Resample, resample_pos_embed
 
@@ -53,9 +55,7 @@ def adapt(
             and not isinstance(new, ResNetConfig)  # `new` is `cfg` resized: the same type
             and new.grid_size != cfg.grid_size
         ):
-            sd["pos_embed"] = resample_pos_embed(
-                sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_pos_prefix, resample
-            )
+            sd.update(_resampled_pos_embed(cfg, new, sd, resample, source))
     representation = None if isinstance(cfg, ResNetConfig) else cfg.representation_size
     drop_pre = pre_logits is False and representation is not None
     if pre_logits is True and representation is None:
@@ -85,3 +85,23 @@ def adapt(
             stacklevel=2,
         )
     return new, sd
+
+
+def _resampled_pos_embed(
+    cfg: ViTConfig, new: ViTConfig, sd: dict[str, Tensor], resample: Resample, source: str
+) -> dict[str, Tensor]:
+    """E_pos for ``new``'s patch grid: resampled; nothing to do without a learned E_pos (RoPE
+    follows any grid) or with NaFlex's (on its own grid, resampled per image in the forward)."""
+    if cfg.rel_pos == "bias":
+        h, w = cfg.grid_size
+        raise VitkitError(
+            f"{source}: its relative position bias table is learned for a {h}x{w} patch grid; "
+            f"{new.image_size[0]}x{new.image_size[1]} px makes another (vitkit does not "
+            "resample the table): keep the checkpoint's image size"
+        )
+    if not cfg.abs_pos_embed or cfg.naflex:
+        return {}
+    pos = resample_pos_embed(
+        sd["pos_embed"], cfg.grid_size, new.grid_size, cfg.num_pos_prefix, resample
+    )
+    return {"pos_embed": pos}

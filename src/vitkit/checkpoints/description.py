@@ -24,6 +24,7 @@ def family_name(cfg: ViTConfig) -> str:
         kinds = {"dinov3": "DINOv3", "axial": "RoPE-ViT (axial)", "mixed": "RoPE-ViT (mixed)"}
         family = kinds[cfg.rope] if cfg.rope_ref_grid is None else "timm RoPE ViT (SBB)"
         details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
+        details += ["no qkv bias"] if not cfg.qkv_bias else [] if cfg.k_bias else ["q/v biases"]
     elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.relpos)
         family = _rel_pos_family(cfg)
         details += _rel_pos_details(cfg)

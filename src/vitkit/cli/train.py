@@ -42,7 +42,7 @@ def add_commands(sub: Any) -> None:
         "curves.png and a confusion matrix in the output directory. Any option overrides the "
         "recipe's value; 'vitkit train --list-recipes' shows each recipe's settings.",
     )
-    add_train_options(p, "mnist")
+    add_train_options(p, "mnist", naflex=True)
     p.add_argument(
         "--init-from",
         type=path,
@@ -87,7 +87,7 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="report the best sweep run instead of retraining on the whole training set",
     )
-    add_train_options(p, "paper-finetune")
+    add_train_options(p, "paper-finetune", naflex=True)
     p.set_defaults(func=cmd_finetune)
 
     p = add_command(
@@ -258,6 +258,8 @@ def check_model_before_spawning(cfg: Any) -> None:
     error about the image size is left to the run, which knows it."""
     from vitkit.config import model_config
 
+    if cfg.max_seq_len is not None:
+        raise VitkitError("--naflex runs in one process for now (no --nproc-per-node, torchrun)")
     if cfg.init_from or cfg.resume:  # (the checkpoint's config: checked where it is read)
         return
     size = {"image_size": cfg.image_size} if cfg.image_size else {}
@@ -303,8 +305,11 @@ def banner(trainer: Any, env: Any) -> str:
     compiled = ""
     if hasattr(trainer.forward_model, "_orig_mod"):  # torch.compile wrapped it
         compiled = f", compiled ({cfg.compile}; the first step compiles)"
+    size = f"{mc.image_size[0]}x{mc.image_size[1]} px"
+    if cfg.max_seq_len is not None:  # --naflex
+        size = f"NaFlex: each image at its aspect ratio, at most {cfg.max_seq_len} patches"
     return (
-        f"training {mc.short_name} ({mc.image_size[0]}x{mc.image_size[1]} px) "
+        f"training {mc.short_name} ({size}) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
         f"{count(trainer.total_steps, 'step')}, {trainer.cfg.precision}, "

@@ -28,15 +28,20 @@ from vitkit.cli.options import (
 from vitkit.overrides import parse_key_values
 
 
-def add_train_options(p: argparse.ArgumentParser, recipe: str, shown: str | None = None) -> None:
+def add_train_options(
+    p: argparse.ArgumentParser, recipe: str, shown: str | None = None, naflex: bool = False
+) -> None:
     """Every training setting as an option; none given means the recipe's value. ``shown``:
-    how the help names the default recipe, where the command chooses it later."""
+    how the help names the default recipe, where the command chooses it later; ``naflex``:
+    the command trains a classifier on NaFlex batches too (train, finetune)."""
     p.add_argument(
         "--recipe", default=recipe, help=f"recipe to start from (default: {shown or recipe})"
     )
     p.add_argument("--list-recipes", action="store_true", help="list recipes and exit")
     _add_data(p.add_argument_group("data"))
     _add_model(p.add_argument_group("model"))
+    if naflex:
+        _add_naflex(p.add_argument_group("NaFlex (images at their own aspect ratios)"))
     _add_optimisation(p.add_argument_group("optimisation"))
     _add_run(p.add_argument_group("run"))
     _add_scale_out(
@@ -108,6 +113,34 @@ def _add_model(g: Any) -> None:
     g.add_argument(
         "--keep-head", action="store_true", help="fine-tuning: keep the checkpoint's head"
     )
+
+
+def _add_naflex(g: Any) -> None:
+    g.add_argument(
+        "--naflex",
+        action="store_true",
+        help="a NaFlex model: every image keeps its aspect ratio, resized to at most "
+        "--max-seq-len patches; batches of mixed shapes are padded with a valid mask; the "
+        "only augmentation is a left-right flip (unless --augment none; where the data allows)",
+    )
+    g.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        metavar="N",
+        help="with --naflex: the most patches an image may have (the padded sequence length)",
+    )
+
+
+def _naflex_change(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
+    """``max_seq_len`` from --naflex / --max-seq-len, each refused without the other."""
+    from vitkit.errors import VitkitError
+
+    naflex, seq = getattr(args, "naflex", False), getattr(args, "max_seq_len", None)
+    if seq is not None and not naflex:
+        raise VitkitError("--max-seq-len is the NaFlex sequence length: add --naflex")
+    if naflex and seq is None and cfg.max_seq_len is None:
+        raise VitkitError("--naflex needs --max-seq-len N (the most patches an image may have)")
+    return {"max_seq_len": seq} if seq is not None else {}
 
 
 def _add_optimisation(g: Any) -> None:
@@ -260,4 +293,5 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
             changes[switch] = True
     if args.no_progress:
         changes["progress"] = False
+    changes.update(_naflex_change(args, cfg))
     return dataclasses.replace(cfg, **changes)

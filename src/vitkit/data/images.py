@@ -52,16 +52,23 @@ def load_images_native(
     """Image files -> uint8 [C, H, W] each, at its own aspect ratio: resized (PIL, the
     checkpoint's interpolation) to the largest size of whole patches with at most ``n``
     patches (timm's NaFlex eval size, :func:`vitkit.naflex.fit_size`); no crop."""
-    from vitkit.data.transforms import _PIL_INTERPOLATION, pil_to_tensor
-    from vitkit.naflex import fit_size
+    from vitkit.data.transforms import pil_to_tensor
 
     images = [load_image_file(p, preprocess.channels) for p in paths]  # fail before any work
-    out = []
-    for img in images:
-        h, w = fit_size((img.height, img.width), patch, n)
-        resized = img.resize((w, h), _PIL_INTERPOLATION[preprocess.interpolation])
-        out.append(pil_to_tensor(resized))
-    return out
+    return [pil_to_tensor(resize_native(img, patch, n, preprocess.interpolation)) for img in images]
+
+
+def resize_native(
+    img: Image.Image, patch: tuple[int, int], max_seq_len: int, interpolation: str
+) -> Image.Image:
+    """``img`` at its own aspect ratio, the largest size of whole patches with at most
+    ``max_seq_len`` patches (timm's NaFlex size, :func:`vitkit.naflex.fit_size`); no crop.
+    ``predict --max-seq-len`` and NaFlex training (``data.naflex_batches``) both resize so."""
+    from vitkit.data.transforms import _PIL_INTERPOLATION
+    from vitkit.naflex import fit_size
+
+    h, w = fit_size((img.height, img.width), patch, max_seq_len)
+    return img.resize((w, h), _PIL_INTERPOLATION[interpolation])
 
 
 def eval_transform(preprocess: PreprocessConfig) -> PilEvalTransform:

@@ -21,7 +21,7 @@ state) across epochs. With `num_workers=0` they use the main process's global to
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
@@ -160,16 +160,23 @@ class ArrayLoader:
 
 
 class EpochDataLoader(DataLoader):
-    """A DataLoader over an `EpochBatchSampler` that collates with `collate_skipping`."""
+    """A DataLoader over an `EpochBatchSampler` that collates with `collate_skipping` (or
+    `collate_fn`: NaFlex batches, `data.naflex_batches.CollatePacked`)."""
 
     batch_sampler: EpochBatchSampler  # the one given to __init__
 
-    def __init__(self, dataset: Dataset, batch_sampler: EpochBatchSampler, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_sampler: EpochBatchSampler,
+        collate_fn: Callable[[Any], Any] = collate_skipping,
+        **kwargs: Any,
+    ) -> None:
         generator = torch.Generator().manual_seed(self._worker_seed(batch_sampler, 0))
         super().__init__(
             dataset,
             batch_sampler=batch_sampler,
-            collate_fn=collate_skipping,
+            collate_fn=collate_fn,
             generator=generator,  # seeds the workers' torch / random / numpy generators
             **kwargs,
         )
@@ -202,13 +209,14 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     shuffle_buffer: int = 1000,
+    collate_fn: Callable[[Any], Any] | None = None,
 ) -> EpochLoader:
     """An `EpochLoader` for `dataset`: `ArrayLoader` for an `ArrayDataset`, a `ShardLoader` for
     webdataset shards (`ShardDataset`), else a DataLoader over an `EpochBatchSampler`.
 
     `batch_size` is per rank; `rank` / `world_size` pick this rank's part of every epoch.
     The worker options apply to DataLoaders only (an ArrayLoader just honours `pin_memory`);
-    `shuffle_buffer` to shards only.
+    `shuffle_buffer` to shards only; `collate_fn` to a map-style dataset's DataLoader.
     """
     if isinstance(dataset, ArrayDataset):
         return ArrayLoader(
@@ -242,12 +250,14 @@ def make_loader(
     sampler = EpochBatchSampler(
         n, batch_size, shuffle, drop_last, seed, rank=rank, world_size=world_size
     )
-    worker_kwargs = {}
+    worker_kwargs: dict[str, Any] = {}
     if num_workers > 0:
         worker_kwargs = {
             "persistent_workers": persistent_workers,
             "prefetch_factor": prefetch_factor,
         }
+    if collate_fn is not None:
+        worker_kwargs["collate_fn"] = collate_fn
     return EpochDataLoader(
         dataset, sampler, num_workers=num_workers, pin_memory=pin_memory, **worker_kwargs
     )

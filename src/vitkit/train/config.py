@@ -46,6 +46,10 @@ class TrainConfig:
     init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
     new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
     keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
+    # NaFlex (a NaFlex model, vitkit.naflex): every image at its own aspect ratio, resized to at
+    # most this many patches, batches padded to it with a valid mask (data.naflex_batches,
+    # timm's NaFlex loader at one sequence length); None: every image at image_size
+    max_seq_len: int | None = None
     # self-supervised pre-training (vitkit.selfsup; run by vitkit.train.pretrain.Pretrainer)
     objective: Objective = "classify"  # classify (labels) | mpp | mae (no labels)
     objective_options: dict[str, Any] = field(default_factory=dict)  # MPPConfig / MAEConfig
@@ -157,6 +161,28 @@ class TrainConfig:
         if self.init_resample not in ("bicubic", "bilinear", "zoom"):
             raise VitkitError(
                 f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
+            )
+
+        if self.max_seq_len is not None:
+            self._check_naflex()
+
+    def _check_naflex(self) -> None:
+        """What NaFlex batches (images of different sizes, padded) do not combine with."""
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise VitkitError(f"max_seq_len must be at least 1 patch, got {self.max_seq_len}")
+        odd = [
+            name
+            for name, on in (
+                ("--mixup", self.mixup_alpha > 0),
+                ("--cutmix", self.cutmix_alpha > 0),
+                ("--randaugment", self.randaugment is not None),
+                (f"the {self.objective} objective", self.objective != "classify"),
+            )
+            if on
+        ]
+        if odd:
+            raise VitkitError(
+                f"--naflex trains on images of different sizes; {', '.join(odd)} need one size"
             )
 
     def to_dict(self) -> dict[str, Any]:

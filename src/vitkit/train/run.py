@@ -22,6 +22,7 @@ from torch import Tensor
 from vitkit.checkpoints import Checkpoint, load_state_dict_strict
 from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.data import ArrayDataset, DataInfo, make_loader, to_model_input
+from vitkit.data.naflex_batches import PackedImages
 from vitkit.errors import VitkitError
 from vitkit.eval.checkpoint import non_finite_weights
 from vitkit.hardware import resolve_precision
@@ -35,6 +36,7 @@ from vitkit.train.compile import compile_for_training
 from vitkit.train.config import TrainConfig
 from vitkit.train.ema import WeightAverage
 from vitkit.train.metrics import MetricsLog
+from vitkit.train.naflex import check_naflex_run, naflex_loader, prepare_packed
 from vitkit.train.optim import build_optimizer
 from vitkit.train.schedules import warmup_decay
 
@@ -102,6 +104,8 @@ class TrainingRun:
             self.model_cfg = setup.finetune_model_config(cfg, self.init)
         else:
             self.model_cfg = self.build_model_config()
+        if cfg.max_seq_len is not None:  # --naflex: images at their own aspect ratios
+            check_naflex_run(cfg, self.model_cfg, self.dist.enabled)
         self.model = build_model(self.model_cfg).to(self.device)
         if self.init is not None:
             load_state_dict_strict(self.model, self.init.state_dict, source=str(cfg.init_from))
@@ -185,6 +189,16 @@ class TrainingRun:
 
     def _loader(self, dataset: Any, batch_size: int, train: bool) -> Any:
         cfg = self.cfg
+        if cfg.max_seq_len is not None:
+            return naflex_loader(
+                dataset,
+                batch_size,
+                train=train,
+                cfg=cfg,
+                model_cfg=self.model_cfg,  # type: ignore[arg-type]
+                preprocess=self.preprocess,
+                info=self.info,
+            )
         return make_loader(
             dataset,
             batch_size,
@@ -210,8 +224,11 @@ class TrainingRun:
     # ----- the data path -----------------------------------------------------------------
 
     def prepare(self, images: Tensor) -> Tensor:
-        """uint8 batch → normalised float model input of the model's size and channels."""
+        """uint8 batch → normalised float model input of the model's size and channels (a
+        NaFlex batch: its patches normalised, ``train.naflex``)."""
         pre = self.preprocess
+        if isinstance(images, PackedImages):
+            return prepare_packed(images, pre, self.device)
         return to_model_input(
             images.to(self.device),
             pre.image_size,
@@ -225,6 +242,8 @@ class TrainingRun:
         """Random augmentation of a uint8 batch, drawing only from ``self.aug_generator``:
         RandAugment (if asked) on any data; the geometric augmentation on in-memory data
         (ImageFolder data gets its crop and flip from the PIL transform in the loader)."""
+        if isinstance(images, PackedImages):  # NaFlex: flipped (if at all) by its loader
+            return images
         in_memory = isinstance(self.train_set, ArrayDataset)
         part = None  # this rank's rows of the global micro-batch
         if self.dist.enabled:
