@@ -27,6 +27,13 @@ MAX_UNITS = 1024  # ResNet units per stage
 MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
 
 
+def check_fields(cls: type, names: Any, what: str) -> None:
+    """Raise a VitkitError naming each of ``names`` that is not a field of dataclass ``cls``."""
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise VitkitError(f"unknown {what}: {', '.join(unknown)}")
+
+
 def integer(name: str, value: Any, lo: int, hi: int) -> int:
     """``value`` as an int in ``[lo, hi]`` (numpy integers too; never a bool or a float)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
