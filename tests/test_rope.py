@@ -4,6 +4,7 @@ autocast, and the refusals kept."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -145,8 +146,11 @@ def test_bare_eva_state_dict_is_refused(tmp_path):
 
 
 def test_other_eva_entries_are_refused(tmp_path):
-    _, folder = timm_folder(tmp_path, "eva02_tiny_patch14_224")
-    with pytest.raises(VitkitError, match="EVA-02's RoPE"):
+    _, folder = timm_folder(tmp_path, "vit_small_patch16_rope_224")
+    config = json.loads((folder / "config.json").read_text())
+    config["architecture"] = "vit_large_patch16_sapiens2"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VitkitError, match="Sapiens2's grouped-query attention"):
         read_checkpoint(folder)
 
 

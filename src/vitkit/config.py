@@ -60,6 +60,9 @@ class ViTConfig:
     # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
     # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
     # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
+    map_heads: int | None = None  # the MAP head's heads (Perception Encoder: 8); None: num_heads
+    map_mlp_dim: int | None = None  # the MAP head's MLP width (PE gigantic: 4 D); None: mlp_dim
+    map_prefix: bool = False  # the MAP head attends over the prefix tokens too (PE, timm Eva)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -163,6 +166,12 @@ class ViTConfig:
             raise VitkitError('pool="token_gap" needs the class token')
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
+        if self.pool != "map" and (self.map_heads or self.map_mlp_dim or self.map_prefix):
+            raise VitkitError(
+                'map_heads, map_mlp_dim and map_prefix are the MAP head\'s (pool="map")'
+            )
+        if self.pool == "map" and self.width % (self.map_heads or self.num_heads):
+            raise VitkitError(f"width {self.width} is not divisible by map_heads {self.map_heads}")
         if self.pool == "map" and self.mlp == "swiglu":
             raise VitkitError('pool="map" has a GELU MLP; it does not combine with mlp="swiglu"')
         if self.pool == "map" and (self.later_switches.keys() - {"block", "patch_norm"}):

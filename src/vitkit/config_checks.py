@@ -119,6 +119,10 @@ def check_vit(cfg: Any) -> dict[str, Any]:
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
         ),
     }
+    out["map_prefix"] = choice("map_prefix", cfg.map_prefix, (True, False))
+    for name in ("map_heads", "map_mlp_dim"):
+        if getattr(cfg, name) is not None:
+            out[name] = integer(name, getattr(cfg, name), 1, MAX_MLP)
     if cfg.class_token is not None:
         out["class_token"] = choice("class_token", cfg.class_token, (True, False))
     if cfg.layer_scale_init is not None:
@@ -149,6 +153,8 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     out = {k: v for k, v in out.items() if v != default[k]}
     if cfg.pool in ("avgmax", "max", "map", "token_gap"):
         out["pool"] = cfg.pool
+    out.update({k: getattr(cfg, k) for k in ("map_heads", "map_mlp_dim") if getattr(cfg, k)})
+    out.update({"map_prefix": True} if cfg.map_prefix else {})
     if cfg.gelu == "quick":
         out["gelu"] = "quick"
     if cfg.has_class_token != (cfg.pool in ("token", "token_gap")):

@@ -44,7 +44,8 @@ def count_params(cfg: ModelConfig) -> int:
     n += cfg.depth * (block + _parallel_params(cfg, block))
     n += 2 * d if cfg.final_norm else 0  # final norm (or fc_norm after pooling)
     if cfg.pool == "map":  # probe, q, kv, out projection, LayerNorm, MLP
-        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * m + m + d)
+        pm = cfg.map_mlp_dim or m
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * pm + pm + d)
     n += 2 * d if cfg.norm_pre else 0
     n += _later_switch_params(cfg)
     if cfg.representation_size:
@@ -102,8 +103,8 @@ def count_flops(cfg: ModelConfig) -> int:
     macs += cfg.depth * per_block * cfg.parallel  # parallel=N: N branches of each (the rest:
     # parallel_scaling and diff_attn have the paper's matmuls, rearranged)
     if cfg.pool == "map":  # one query over the N patch tokens: q, kv, scores, values, out, MLP
-        n = cfg.num_patches
-        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * m
+        n = cfg.seq_len if cfg.map_prefix else cfg.num_patches
+        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * (cfg.map_mlp_dim or m)
     if cfg.rel_pos.startswith("mlp"):  # the bias's MLP over every offset, per module
         (h, w), hidden = cfg.grid_size, cfg.rel_pos_dim
         per = (2 * h - 1) * (2 * w - 1) * (2 * hidden + hidden * cfg.num_heads)

@@ -221,13 +221,14 @@ class LayerScale(nn.Module):
 class Mlp(nn.Module):
     """The MLP of Eq. 3: two dense layers with a GELU between them."""
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, mlp_dim: int | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim, bias=cfg.proj_bias)
+        mlp_dim = mlp_dim or cfg.mlp_dim  # (the MAP head's may differ: map_mlp_dim)
+        self.fc1 = nn.Linear(cfg.width, mlp_dim, bias=cfg.proj_bias)
         self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
         self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
         self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
-        hidden = cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim
+        hidden = mlp_dim // 2 if self.swiglu else mlp_dim
         # BEiT-3's sub-LayerNorm on the hidden units, after the activation
         self.norm = make_norm(cfg, hidden) if cfg.scale_mlp_norm else nn.Identity()
         self.fc2 = nn.Linear(hidden, cfg.width, bias=cfg.proj_bias)
@@ -307,14 +308,14 @@ class MAPHead(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         d = cfg.width
-        self.num_heads = cfg.num_heads
-        self.head_dim = d // cfg.num_heads
+        self.num_heads = cfg.map_heads or cfg.num_heads  # (Perception Encoder: 8)
+        self.head_dim = d // self.num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, d))  # the probe (timm's name)
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.proj = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg)
+        self.mlp = Mlp(cfg, cfg.map_mlp_dim)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """Tokens [B, N, D] → pooled features [B, D]; ``mask``: additive [B, 1, 1, N] (NaFlex)."""
@@ -341,7 +342,7 @@ class Intermediates:
     features: the final-normalised tokens [B, T, D] (what ``forward_features`` returns).
     logits: the head's output [B, num_classes].
     pool_attention: with ``pool="map"``, the MAP probe's attention over the patch tokens
-    [B, heads, N]; None for the other poolings.
+    [B, heads, N] (``map_prefix``: over every token, [B, heads, T]); None for other poolings.
     """
 
     hidden_states: list[Tensor]
@@ -473,8 +474,8 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
-        if self.attn_pool is not None:
-            return self.fc_norm(self.attn_pool(patches))
+        if self.attn_pool is not None:  # (map_prefix: over every token, as timm's Eva)
+            return self.fc_norm(self.attn_pool(tokens if self.cfg.map_prefix else patches))
         if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)
             return torch.cat([tokens[:, 0], patches.mean(dim=1)], dim=-1)
         if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
@@ -529,9 +530,8 @@ class VisionTransformer(nn.Module):
         features = self.norm(x)
         if self.attn_pool is None:
             return Intermediates(hidden, attentions, features, self.forward_head(features))
-        pooled, pool_attention = self.attn_pool.forward_explicit(
-            features[:, self.cfg.num_prefix_tokens :]
-        )
+        prefix = 0 if self.cfg.map_prefix else self.cfg.num_prefix_tokens
+        pooled, pool_attention = self.attn_pool.forward_explicit(features[:, prefix:])
         logits = self._classify(self.fc_norm(pooled), features, pre_logits=False)
         return Intermediates(hidden, attentions, features, logits, pool_attention)
 

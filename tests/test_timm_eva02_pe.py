@@ -1,0 +1,199 @@
+"""timm eva.py's EVA-02, EVA-1 giant and Perception Encoder entries (checkpoints.timm_eva):
+parity against live timm in float64 for every entry with its own switches and tiny sizes, the
+folders real checkpoints have (no model_args), round trips, and what stays refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from references import import_reference, perturbed
+from safetensors.torch import load_file, save_file
+
+from vitkit.checkpoints import read_checkpoint, write_checkpoint
+from vitkit.checkpoints.io import Checkpoint
+from vitkit.checkpoints.timm_names import EVA_NAMES, OTHER_MODULES
+from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.errors import VitkitError
+from vitkit.model import VisionTransformer
+
+NAMES = sorted(n for n in EVA_NAMES if n.startswith(("eva", "vit_pe_")))
+
+
+def small(name: str) -> dict:
+    side = 56 if "patch14" in name else 64  # a 4 x 4 patch grid
+    return {"img_size": side, "num_classes": 5, "depth": 2, "embed_dim": 64, "num_heads": 4}
+
+
+def timm_folder(tmp_path: Path, name: str, **args):
+    """A float64 timm ``name`` (random weights moved off their init) and its save_for_hf
+    folder."""
+    timm = import_reference("timm")
+    from timm.models._hub import save_for_hf
+
+    ref = perturbed(timm.create_model(name, **args).double())
+    save_for_hf(ref, str(tmp_path / name), safe_serialization=True)
+    return ref, tmp_path / name
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def ours(ckpt: Checkpoint) -> VisionTransformer:
+    model = VisionTransformer(ckpt.model_config).double().eval()
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    return model
+
+
+def test_the_entries_read_are_the_ones_named():
+    assert len(NAMES) == 28  # 12 EVA-02 less none, 4 EVA-1 giants, 12 PE
+    assert OTHER_MODULES["eva"][1] == {n for n in OTHER_MODULES["eva"][1] if "sapiens2" in n}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_timm_entry_is_exact(tmp_path, name):
+    args = small(name)
+    ref, folder = timm_folder(tmp_path, name, **args)
+    model = ours(read_checkpoint(folder))
+    x = torch.randn(2, 3, args["img_size"], args["img_size"], dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(model(x), ref(x)) <= 1e-12
+        assert rel(model.forward_features(x), ref.forward_features(x)) <= 1e-12
+        assert rel(model.forward_intermediates(x).logits, ref(x)) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["eva02_tiny_patch14_224", "vit_pe_core_tiny_patch16_384", "vit_pe_spatial_tiny_patch16_512"],
+)
+def test_folder_without_model_args_reads_the_entry(tmp_path, name):
+    """Hub folders name the entry only: heads, RoPE, the MAP head's 8 heads and the size come
+    from the entry, the width table and E_pos."""
+    side = 56 if "patch14" in name else 64
+    ref, folder = timm_folder(tmp_path, name, depth=1, img_size=side, num_classes=3)
+    config = json.loads((folder / "config.json").read_text())
+    del config["model_args"]
+    (folder / "config.json").write_text(json.dumps(config))
+    ckpt = read_checkpoint(folder)
+    assert ckpt.model_config.image_size == (side, side)
+    x = torch.randn(2, 3, side, side, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(ours(ckpt)(x), ref(x)) <= 1e-12
+
+
+def test_each_switch_matters(tmp_path):
+    """The parity above can fail: PE's RoPE offset / reference grid, its MAP head over the
+    class token and its 8 heads, EVA-02's reference grid each change the logits."""
+    ref, folder = timm_folder(tmp_path, "vit_pe_core_tiny_patch16_384", **small("pe"))
+    ckpt = read_checkpoint(folder)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        want = ref(x)
+        for change in (
+            {"rope_offset": 0.0},
+            {"rope_ref_grid": None},
+            {"map_prefix": False},
+            {"map_heads": 4},
+        ):
+            model = VisionTransformer(ckpt.model_config.replace(**change)).double().eval()
+            model.load_state_dict(ckpt.state_dict)
+            assert rel(model(x), want) > 1e-6, change
+
+
+ROUND_TRIPS = [
+    "eva02_base_patch14_224",  # unfused q / k / v with q, v biases, SwiGLU sub-norm
+    "eva02_large_patch14_clip_224",  # + the attention's sub-norm, class-token pooling
+    "eva02_enormous_patch14_clip_224",  # post-norm, no RoPE
+    "eva_giant_patch14_224",  # E_pos only, fc_norm
+    "vit_pe_core_gigantic_patch14_448",  # MAP head: 8 heads, its own MLP width, no class token
+    "vit_pe_core_small_patch16_384",  # MAP head over the class token
+    "vit_pe_lang_large_patch14_448",  # no final norm, layer scale
+]
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_round_trip_through_a_timm_folder(tmp_path, name):
+    timm = import_reference("timm")
+    args = small(name)
+    ref, folder = timm_folder(tmp_path, name, **args)
+    ckpt = read_checkpoint(folder)
+    write_checkpoint(ckpt, tmp_path / "out", "timm")
+    back = read_checkpoint(tmp_path / "out")
+    assert back.model_config == ckpt.model_config
+    for k, v in ckpt.state_dict.items():
+        assert torch.equal(back.state_dict[k], v), k
+    again = timm.create_model(f"local-dir:{tmp_path / 'out'}").double().eval()
+    again.load_state_dict(load_file(tmp_path / "out" / "model.safetensors"))
+    x = torch.randn(2, 3, args["img_size"], args["img_size"], dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(again(x), ref(x)) <= 1e-12
+
+
+def test_sapiens2_is_refused_naming_what_is_missing(tmp_path):
+    _, folder = timm_folder(tmp_path, "eva02_tiny_patch14_224", **small("eva02_patch14"))
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architecture="vit_base_patch16_sapiens2", model_args={})
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VitkitError, match="grouped-query attention"):
+        read_checkpoint(folder)
+
+
+def test_bad_eva_folders_are_refused(tmp_path):
+    _, folder = timm_folder(tmp_path, "eva02_base_patch14_224", **small("patch14"))
+    sd = load_file(folder / "model.safetensors")
+    del sd["blocks.1.attn.k_proj.weight"]  # one of the three unfused projections missing
+    save_file(sd, folder / "model.safetensors")
+    with pytest.raises(VitkitError, match="not all three weights"):
+        read_checkpoint(folder)
+    _, folder = timm_folder(tmp_path, "vit_pe_core_tiny_patch16_384", **small("pe"))
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["global_pool"] = "avg"  # says no attention pool; the weights have one
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VitkitError, match="attn_pool weights disagree"):
+        read_checkpoint(folder)
+
+
+def test_map_head_fields_are_checked():
+    with pytest.raises(VitkitError, match="MAP head"):
+        ViTConfig(map_prefix=True)
+    with pytest.raises(VitkitError, match="map_heads"):
+        ViTConfig(pool="map", map_heads=5)
+    cfg = ViTConfig(pool="map", class_token=True, map_heads=8, map_mlp_dim=100)
+    assert cfg.family_switches["map_heads"] == 8
+    from vitkit.counts import count_params
+
+    assert count_params(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters())
+
+
+def test_writer_refuses_a_map_head_that_skips_the_class_token(tmp_path):
+    cfg = ViTConfig(
+        image_size=32, patch_size=16, width=64, depth=1, num_heads=4, mlp_dim=128,
+        pool="map", class_token=True, rope="axial", abs_pos_embed=False, gelu="none",
+    )  # fmt: skip
+    model = VisionTransformer(cfg)
+    ckpt = Checkpoint(Path("m"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
+    with pytest.raises(VitkitError, match="no pool"):
+        write_checkpoint(ckpt, tmp_path / "o", "timm")
+
+
+@pytest.mark.parametrize("name", ["eva02_base_patch14_224", "vit_pe_core_gigantic_patch14_448"])
+def test_counts_match_timm(tmp_path, name):
+    from vitkit.counts import count_params
+
+    ref, folder = timm_folder(tmp_path, name, **small(name))
+    cfg = read_checkpoint(folder).model_config
+    assert count_params(cfg) == sum(p.numel() for p in ref.parameters())
+
+
+def test_analysis_of_a_map_head_over_the_class_token(tmp_path):
+    from vitkit.analysis.attention import pooled_row
+
+    _, folder = timm_folder(tmp_path, "vit_pe_core_tiny_patch16_384", **small("pe"))
+    model = ours(read_checkpoint(folder)).float()
+    out = model.forward_intermediates(torch.randn(1, 3, 64, 64))
+    assert out.pool_attention is not None and out.pool_attention.shape == (1, 8, 17)
+    row = pooled_row(out.attentions[-1], model.cfg, out.pool_attention)
+    assert row.shape == (1, 4, 17) and torch.allclose(row.sum(-1), torch.ones(1, 4))
