@@ -179,13 +179,22 @@ def test_writer_refuses_a_map_head_that_skips_the_class_token(tmp_path):
         write_checkpoint(ckpt, tmp_path / "o", "timm")
 
 
-@pytest.mark.parametrize("name", ["eva02_base_patch14_224", "vit_pe_core_gigantic_patch14_448"])
-def test_counts_match_timm(tmp_path, name):
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("eva02_base_patch14_224", "EVA-02"),
+        ("vit_pe_core_gigantic_patch14_448", "Perception Encoder"),
+        ("eva_giant_patch14_clip_224", "EVA"),
+    ],
+)
+def test_counts_and_family_name_match_timm(tmp_path, name, family):
+    from vitkit.checkpoints.description import family_name
     from vitkit.counts import count_params
 
     ref, folder = timm_folder(tmp_path, name, **small(name))
     cfg = read_checkpoint(folder).model_config
     assert count_params(cfg) == sum(p.numel() for p in ref.parameters())
+    assert family_name(cfg).startswith(f"{family} ")
 
 
 def test_analysis_of_a_map_head_over_the_class_token(tmp_path):
