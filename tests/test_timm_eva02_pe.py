@@ -206,3 +206,41 @@ def test_analysis_of_a_map_head_over_the_class_token(tmp_path):
     assert out.pool_attention is not None and out.pool_attention.shape == (1, 8, 17)
     row = pooled_row(out.attentions[-1], model.cfg, out.pool_attention)
     assert row.shape == (1, 4, 17) and torch.allclose(row.sum(-1), torch.ones(1, 4))
+
+
+@pytest.mark.parametrize(
+    ("name", "rope"),
+    [
+        ("eva02_base_patch14_224", "axial"),  # unfused q / k / v, sub-norm, fc_norm: GAP
+        ("eva02_large_patch14_clip_224", "axial"),  # no fc_norm: the class token
+        ("eva_giant_patch14_224", "none"),
+    ],
+)
+def test_bare_eva_layouts_are_read_saying_the_rope(tmp_path, name, rope):
+    """A bare EVA-02 / EVA file: the keys fix the family, the RoPE is said in one line, and
+    stating it silences the line (and changes the numbers where the guess was wrong)."""
+    import warnings
+
+    from vitkit.errors import AssumptionWarning
+
+    width, heads = (1408, 16) if "giant" in name else (192, 3)  # timm's: the heads are known
+    timm = import_reference("timm")
+    args = {"depth": 1, "img_size": 28, "num_classes": 3, "embed_dim": width, "num_heads": heads}
+    ref = perturbed(timm.create_model(name, **args).double())
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    x = torch.randn(2, 3, 28, 28, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = read_checkpoint(path)
+    said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert [s for s in said if f"rope='{rope}' assumed" in s and "\n" not in s]
+    with torch.no_grad():
+        assert rel(ours(ckpt)(x), ref(x)) <= 1e-12
+    if rope == "axial":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            told = read_checkpoint(path, overrides={"rope": "none"})
+        assert not [w for w in caught if "rope=" in str(w.message)]
+        with torch.no_grad():
+            assert rel(ours(told)(x), ref(x)) > 1e-6
