@@ -480,7 +480,7 @@ def bare_eva_config_provenance(
     else:  # EVA-02 enormous (1792) is post-norm, the EVA-1 giant CLIP tower (1408) pre-norm
         arch = "eva02_enormous_patch14_clip_224" if width == 1792 else "eva_giant_patch14_clip_224"
     cfg, prov = eva_hub_config_provenance({"architecture": arch}, sd, source, num_heads)
-    named = family_of(arch)[1]  # (the entry's settings: every entry of this layout's)
+    _, named = check_eva_architecture(arch, source)  # (every entry of this layout has them)
     prov.set("weights", list(named), f"every timm eva.py entry of the {layout} layout")
     if layout == "EVA-02":
         why = (
