@@ -126,11 +126,13 @@ def test_gap_vit_b_bare_says_its_heads(tmp_path):
     assert rel_diff(ref, model, 32) <= 1e-12
 
 
-def test_perception_encoder_is_refused_bare_and_read_as_a_hub_folder(tmp_path):
-    ref = timm_model("vit_pe_core_tiny_patch16_384", depth=1, img_size=32)
-    with pytest.raises(VitkitError, match="Perception Encoder") as err:
-        read_checkpoint(bare(ref, tmp_path))
-    assert "\n" not in str(err.value) and "names its vit_pe_* entry" in str(err.value)
+def test_perception_encoder_bare_says_its_rope_and_is_read_as_a_hub_folder(tmp_path):
+    """Bare, at its own size (timm's reference grid is the entry's grid): exact, the RoPE said
+    in one line; a hub folder naming the entry: exact, nothing said."""
+    ref = timm_model("vit_pe_core_tiny_patch16_384", depth=1, img_size=32, ref_feat_shape=2)
+    model, said = load64(bare(ref, tmp_path))
+    assert [s for s in said if "rope='axial' assumed (Perception Encoder" in s and "\n" not in s]
+    assert rel_diff(ref, model, 32) <= 1e-12
     model, said = load64(hub_folder(ref, tmp_path))
     assert not said and rel_diff(ref, model, 32) <= 1e-12
 

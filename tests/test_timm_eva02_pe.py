@@ -214,18 +214,22 @@ def test_analysis_of_a_map_head_over_the_class_token(tmp_path):
         ("eva02_base_patch14_224", "axial"),  # unfused q / k / v, sub-norm, fc_norm: GAP
         ("eva02_large_patch14_clip_224", "axial"),  # no fc_norm: the class token
         ("eva_giant_patch14_224", "none"),
+        ("vit_pe_spatial_gigantic_patch14_448", "axial"),  # no class token: RoPE from (0, 0)
+        ("vit_pe_lang_large_patch14_448", "axial"),  # class token: from (1, 1); layer scale
     ],
 )
 def test_bare_eva_layouts_are_read_saying_the_rope(tmp_path, name, rope):
-    """A bare EVA-02 / EVA file: the keys fix the family, the RoPE is said in one line, and
-    stating it silences the line (and changes the numbers where the guess was wrong)."""
+    """A bare EVA-02 / EVA / PE file: the keys fix the family, the RoPE is said in one line,
+    and stating it silences the line (and changes the numbers where the guess was wrong)."""
     import warnings
 
     from vitkit.errors import AssumptionWarning
 
-    width, heads = (1408, 16) if "giant" in name else (192, 3)  # timm's: the heads are known
+    width, heads = (1408, 16) if "giant_" in name else (192, 3)  # timm's: the heads are known
     timm = import_reference("timm")
     args = {"depth": 1, "img_size": 28, "num_classes": 3, "embed_dim": width, "num_heads": heads}
+    if "_pe_" in name:  # a checkpoint at its own size: PE's reference grid is its grid
+        args["ref_feat_shape"] = 2
     ref = perturbed(timm.create_model(name, **args).double())
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)

@@ -385,7 +385,7 @@ def eva_hub_config_provenance(
         fields["rope_xy"] = args["rope_grid_indexing"] == "xy"
     if "ref_feat_shape" in args:
         ref = args["ref_feat_shape"]
-        fields["rope_ref_grid"] = None if ref is None else tuple(ref)
+        fields["rope_ref_grid"] = ref if ref is None or isinstance(ref, int) else tuple(ref)
     if fields["layer_scale_init"] is None or not shown["layer_scale_init"]:
         fields["layer_scale_init"] = None
     pool = {"avg": "gap"}.get(args.get("global_pool", ""), args.get("global_pool"))
@@ -452,6 +452,11 @@ def bare_layout(sd: dict[str, Tensor]) -> str | None:
     """ "EVA-02" (q / v biases, SwiGLU, E_pos and a class token, nothing else) or "EVA" (the same
     with a GELU MLP): the eva.py layouts whose keys fix the family; None for another."""
     b = "blocks.0."
+    if "norm_pre.weight" in sd and "patch_embed.proj.bias" not in sd and "pos_embed" in sd:
+        # norm_pre, no patch bias, and a MAP head or no final norm: only PE's (timm_bare)
+        finals = ("norm.weight", "fc_norm.weight")
+        pe = "attn_pool.latent" in sd or not any(k in sd for k in finals)
+        return "Perception Encoder" if pe and f"{b}attn.qkv.bias" in sd else None
     split = f"{b}attn.q_proj.bias" in sd
     qv = f"{b}attn.k_proj.bias" not in sd if split else f"{b}attn.q_bias" in sd
     others = ("reg_token", "rope.freqs", f"{b}gamma_1", "attn_pool.latent", "norm_pre.weight")
@@ -473,6 +478,8 @@ def bare_eva_config_provenance(
     none) assumed and said, as no key shows it."""
     layout = bare_layout(sd)
     fc_norm, width = "fc_norm.weight" in sd, sd["patch_embed.proj.weight"].shape[0]
+    if layout == "Perception Encoder":
+        return _bare_pe(sd, source, num_heads)
     if layout == "EVA-02":
         arch = "eva02_base_patch14_224" if fc_norm else "eva02_base_patch16_clip_224"
     elif fc_norm:
@@ -493,6 +500,35 @@ def bare_eva_config_provenance(
         could = "one with RoPE needs rope, rope_theta and rope_ref_grid stated"
         prov.assume(Assumption("rope", "none", why, could, None))
     return cfg, prov
+
+
+def _bare_pe(
+    sd: dict[str, Tensor], source: str, num_heads: int | None
+) -> tuple[ViTConfig, Provenance]:
+    """A bare Perception Encoder: every vit_pe_* entry counts its RoPE from (1, 1) with a class
+    token and from (0, 0) without, on its own E_pos grid, and pools with an 8-head MAP head
+    (core) or the mean of the patch tokens (lang / spatial); the RoPE is said, as no key shows
+    it."""
+    cls, core = "cls_token" in sd, "attn_pool.latent" in sd
+    small = "vit_pe_core_tiny_patch16_384" if core else "vit_pe_spatial_tiny_patch16_512"
+    arch = small if cls else f"vit_pe_{'core' if core else 'spatial'}_gigantic_patch14_448"
+    side = int(round((sd["pos_embed"].shape[1] - cls) ** 0.5))
+    args = {"ref_feat_shape": [side, side]}
+    cfg, prov = eva_hub_config_provenance(
+        {"architecture": arch, "model_args": args}, sd, source, num_heads
+    )
+    prov.set(
+        "weights", [*check_eva_architecture(arch, source)[1], "rope_ref_grid"], "every vit_pe_*"
+    )
+    head = "a MAP head" if core else "no final norm"
+    why = (
+        f"Perception Encoder's keys (norm_pre, no patch bias, {head}): "
+        f"every timm vit_pe_* entry rotates q / k by patch index from {int(cls)} in (x, y) order, "
+        "rescaled to its E_pos grid; no key shows it"
+    )
+    return cfg, prov.assume(
+        Assumption("rope", "axial", why, "a model of this layout may have none", "none")
+    )
 
 
 def eva_hub_config(
