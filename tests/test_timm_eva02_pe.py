@@ -248,3 +248,27 @@ def test_bare_eva_layouts_are_read_saying_the_rope(tmp_path, name, rope):
         assert not [w for w in caught if "rope=" in str(w.message)]
         with torch.no_grad():
             assert rel(ours(told)(x), ref(x)) > 1e-6
+
+
+def test_bare_eva_block_is_said_where_no_entry_has_the_width(tmp_path):
+    """EVA-02 enormous (post-norm) and the EVA-1 giant CLIP tower (pre-norm) have the same keys;
+    only their widths tell them apart, so another width says the block it assumed."""
+    import warnings
+
+    from vitkit.errors import AssumptionWarning
+
+    timm = import_reference("timm")
+    args = {"depth": 1, "img_size": 28, "num_classes": 3, "embed_dim": 64, "num_heads": 4}
+    ref = perturbed(timm.create_model("eva02_enormous_patch14_clip_224", **args).double())
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    x = torch.randn(2, 3, 28, 28, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guessed = read_checkpoint(path, num_heads=4)
+    said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert [s for s in said if "block='pre' assumed" in s and "-o block=post" in s]
+    told = read_checkpoint(path, num_heads=4, overrides={"block": "post"})
+    with torch.no_grad():
+        assert rel(ours(guessed)(x), ref(x)) > 1e-6
+        assert rel(ours(told)(x), ref(x)) <= 1e-12

@@ -499,6 +499,10 @@ def bare_eva_config_provenance(
         why = "EVA's keys (q / v biases, GELU MLP): no timm entry of them has RoPE"
         could = "one with RoPE needs rope, rope_theta and rope_ref_grid stated"
         prov.assume(Assumption("rope", "none", why, could, None))
+        if not fc_norm and width not in (1408, 1792):  # no registered entry says the block
+            why = "the EVA-1 giant CLIP tower's (width 1408); EVA-02 enormous (1792) is post-norm"
+            other = "post" if cfg.block == "pre" else "pre"
+            prov.assume(Assumption("block", cfg.block, why, f"it may be {other}-norm", other))
     return cfg, prov
 
 
