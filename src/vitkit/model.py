@@ -45,7 +45,8 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 (LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
 ``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
 (DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
-both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
+both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`;
+``map_heads`` / ``map_mlp_dim`` / ``map_prefix``: Perception Encoder's, over every token).
 AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
 ``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
 attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`). ``naflex``
