@@ -1,6 +1,7 @@
-"""timm eva.py's EVA-02, EVA-1 giant and Perception Encoder entries (checkpoints.timm_eva):
-parity against live timm in float64 for every entry with its own switches and tiny sizes, the
-folders real checkpoints have (no model_args), round trips, and what stays refused."""
+"""timm eva.py's EVA-02, EVA-1 giant, Perception Encoder and Sapiens2 entries
+(checkpoints.timm_eva): parity against live timm in float64 for every entry with its own
+switches and tiny sizes, the folders real checkpoints have (no model_args), round trips, bare
+state dicts."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.model import VisionTransformer
 
-NAMES = sorted(n for n in EVA_NAMES if n.startswith(("eva", "vit_pe_")))
+NAMES = sorted(n for n in EVA_NAMES if n.startswith(("eva", "vit_pe_")) or "sapiens2" in n)
 
 
 def small(name: str) -> dict:
     side = 56 if "patch14" in name else 64  # a 4 x 4 patch grid
-    return {"img_size": side, "num_classes": 5, "depth": 2, "embed_dim": 64, "num_heads": 4}
+    args = {"img_size": side, "num_classes": 5, "depth": 2, "embed_dim": 64, "num_heads": 4}
+    if "sapiens2" in name:  # grouped-query attention: key / value heads per block
+        args.update(depth=3, num_kv_heads=(4, 2, 1))
+    return args
 
 
 def timm_folder(tmp_path: Path, name: str, **args):
@@ -49,8 +53,8 @@ def ours(ckpt: Checkpoint) -> VisionTransformer:
 
 
 def test_the_entries_read_are_the_ones_named():
-    assert len(NAMES) == 28  # 12 EVA-02 less none, 4 EVA-1 giants, 12 PE
-    assert OTHER_MODULES["eva"][1] == {n for n in OTHER_MODULES["eva"][1] if "sapiens2" in n}
+    assert len(NAMES) == 33  # 12 EVA-02, 4 EVA-1 giants, 12 PE, 5 Sapiens2
+    assert not OTHER_MODULES["eva"][1]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -63,6 +67,10 @@ def test_timm_entry_is_exact(tmp_path, name):
         assert rel(model(x), ref(x)) <= 1e-12
         assert rel(model.forward_features(x), ref.forward_features(x)) <= 1e-12
         assert rel(model.forward_intermediates(x).logits, ref(x)) <= 1e-12
+    if "sapiens2" in name:  # timm's dynamic_img_size entry: RoPE follows the input's grid
+        x = torch.randn(2, 3, 48, 80, dtype=torch.float64)
+        with torch.no_grad():
+            assert rel(model(x), ref(x)) <= 1e-12
 
 
 @pytest.mark.parametrize(
@@ -111,7 +119,8 @@ ROUND_TRIPS = [
     "vit_pe_core_gigantic_patch14_448",  # MAP head: 8 heads, its own MLP width, no class token
     "vit_pe_core_small_patch16_384",  # MAP head over the class token
     "vit_pe_lang_large_patch14_448",  # no final norm, layer scale
-]
+    "vit_large_patch16_sapiens2",  # RMSNorm, grouped-query attention (unfused), attention-only
+]  # layer scale
 
 
 @pytest.mark.parametrize("name", ROUND_TRIPS)
@@ -132,13 +141,20 @@ def test_round_trip_through_a_timm_folder(tmp_path, name):
         assert rel(again(x), ref(x)) <= 1e-12
 
 
-def test_sapiens2_is_refused_naming_what_is_missing(tmp_path):
-    _, folder = timm_folder(tmp_path, "eva02_tiny_patch14_224", **small("eva02_patch14"))
+def test_sapiens2_folder_without_model_args_has_its_own_heads(tmp_path):
+    """Sapiens2-H is 1280 wide with 16 heads (DINOv3 H+ of the same width has 20): the entry's
+    family says which, and the key / value heads follow from the key projections."""
+    name = "vit_huge_patch16_sapiens2"
+    args = {"depth": 1, "img_size": 32, "num_classes": 3, "num_kv_heads": (8,)}
+    ref, folder = timm_folder(tmp_path, name, **args)
     config = json.loads((folder / "config.json").read_text())
-    config.update(architecture="vit_base_patch16_sapiens2", model_args={})
+    del config["model_args"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(VitkitError, match="grouped-query attention"):
-        read_checkpoint(folder)
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.model_config.num_heads, ckpt.model_config.kv_heads) == (16, (8,))
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(ours(ckpt)(x), ref(x)) <= 1e-12
 
 
 def test_bad_eva_folders_are_refused(tmp_path):
@@ -154,6 +170,19 @@ def test_bad_eva_folders_are_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(VitkitError, match="attn_pool weights disagree"):
         read_checkpoint(folder)
+
+
+def test_kv_heads_are_checked():
+    with pytest.raises(VitkitError, match="one per block"):
+        ViTConfig(depth=2, kv_heads=(4,))
+    with pytest.raises(VitkitError, match="dividing num_heads"):
+        ViTConfig(depth=2, num_heads=12, kv_heads=(5, 12))
+    with pytest.raises(VitkitError, match="with k_bias"):
+        ViTConfig(depth=1, kv_heads=(6,), k_bias=False)
+    cfg = ViTConfig(depth=2, kv_heads=(6, 12), layer_scale_init=1.0, layer_scale_mlp=False)
+    from vitkit.counts import count_params
+
+    assert count_params(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters())
 
 
 def test_map_head_fields_are_checked():

@@ -113,6 +113,9 @@ class ViTConfig:
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
     abs_pos_embed: bool = True  # Eq. 1's learned E_pos; False: none (DINOv3, RoPE-ViT, BEiT)
     k_bias: bool = True  # False: q and v biases only, the key's 0 (timm / BEiT q_bias, v_bias)
+    kv_heads: tuple[int, ...] | None = None  # key / value heads per block, shared by groups of
+    # query heads (grouped-query attention, Ainslie et al. 2023; Sapiens2); None: num_heads
+    layer_scale_mlp: bool = True  # False: layer scale on the attention branch only (Sapiens2)
     # Rotary position embeddings on the patch tokens' q / k (vitkit.rope; timm eva.py's family)
     rope: RopeKind = "none"  # "dinov3": centred coords in [-1, 1] (DINOv3); "axial": patch
     # indices (RoPE-ViT, EVA-02, PE); "mixed": learned per-block frequencies (RoPE-ViT mixed)
@@ -294,6 +297,8 @@ class ViTConfig:
             d["resnet_layers"] = list(self.resnet_layers)
         if self.rope_ref_grid is not None:
             d["rope_ref_grid"] = list(self.rope_ref_grid)
+        if self.kv_heads is not None:
+            d["kv_heads"] = list(self.kv_heads)
         return d
 
     @classmethod

@@ -182,6 +182,8 @@ def rope_switches(cfg: Any) -> dict[str, Any]:
     """The rotary-embedding switches that differ from the paper (vitkit.rope), and the two
     that RoPE and relative-bias models share (no E_pos, no key bias)."""
     out = {k: getattr(cfg, k) for k in ("abs_pos_embed", "k_bias") if not getattr(cfg, k)}
+    out.update({"layer_scale_mlp": False} if not cfg.layer_scale_mlp else {})
+    out.update({"kv_heads": cfg.kv_heads} if cfg.kv_heads is not None else {})
     if cfg.rope != "none":
         out["rope"] = cfg.rope
         out.update({k: getattr(cfg, k) for k, v in _ROPE_DEFAULTS.items() if getattr(cfg, k) != v})
@@ -207,6 +209,7 @@ def check_rope(cfg: Any) -> None:
         object.__setattr__(cfg, name, value)
     if not cfg.k_bias and not cfg.qkv_bias:
         raise VitkitError("k_bias=False (q and v biases only) needs qkv_bias=True")
+    check_kv_heads(cfg)
     if cfg.rope == "none":
         return
     if cfg.rel_pos != "none":
@@ -224,6 +227,23 @@ def check_rope(cfg: Any) -> None:
 
 # relative position bias (vitkit.relpos): the paper's values
 _REL_POS_DEFAULTS = {"rel_pos": "none", "rel_pos_shared": False, "rel_pos_dim": 128}
+
+
+def check_kv_heads(cfg: Any) -> None:
+    """Grouped-query attention's key / value heads per block, and attention-only layer scale."""
+    object.__setattr__(
+        cfg, "layer_scale_mlp", choice("layer_scale_mlp", cfg.layer_scale_mlp, (True, False))
+    )
+    if cfg.kv_heads is None:
+        return
+    kv = int_tuple("kv_heads", cfg.kv_heads, 1, cfg.num_heads, cfg.depth)
+    object.__setattr__(cfg, "kv_heads", kv)
+    if len(kv) != cfg.depth or any(cfg.num_heads % h for h in kv):
+        raise VitkitError(
+            f"kv_heads {kv}: one per block ({cfg.depth}), each dividing num_heads {cfg.num_heads}"
+        )
+    if not cfg.k_bias or cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn:
+        raise VitkitError("kv_heads (grouped-query attention) is the paper's block's, with k_bias")
 
 
 def rel_pos_switches(cfg: Any) -> dict[str, Any]:

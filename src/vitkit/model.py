@@ -133,12 +133,14 @@ class Attention(nn.Module):
     computes the softmax itself and also returns the attention weights [B, heads, T, T].
     """
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, kv_heads: int | None = None) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
+        self.kv_heads = kv_heads or cfg.num_heads  # fewer: grouped-query attention (Sapiens2)
         qv_only = cfg.qkv_bias and not cfg.k_bias  # EVA / DINOv3 / BEiT: q_bias, v_bias (timm)
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and not qv_only)
+        qkv = cfg.width + 2 * self.kv_heads * self.head_dim
+        self.qkv = nn.Linear(cfg.width, qkv, bias=cfg.qkv_bias and not qv_only)
         self.q_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.v_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.rope_half, self.num_prefix = cfg.rope_half, cfg.num_prefix_tokens  # vitkit.rope
@@ -160,13 +162,22 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.qkv.weight, bias)
         else:
             qkv = self.qkv(x)
-        qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        if self.kv_heads == self.num_heads:
+            qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        else:  # grouped-query attention: kv_heads key / value heads
+            parts = qkv.split(
+                [self.num_heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2, -1
+            )
+            q, k, v = (x.reshape(b, t, -1, self.head_dim).transpose(1, 2) for x in parts)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # rotary position embedding of the patch tokens (vitkit.rope)
             q = rotate(q, rope, self.rope_half, self.num_prefix)
             k = rotate(k, rope, self.rope_half, self.num_prefix)
-        return q, k, v
+        if self.kv_heads == self.num_heads:
+            return q, k, v
+        groups = self.num_heads // self.kv_heads  # each key / value head serves this many
+        return q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
@@ -246,10 +257,10 @@ class Block(nn.Module):
     """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3. With ``block="post"`` the norm
     moves onto the branch's output, z + LN(F(z)) (timm's ``ResPostBlock``; not the paper's)."""
 
-    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0) -> None:
+    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0, index: int = 0) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg, cfg.width)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, cfg.kv_heads[index] if cfg.kv_heads else None)
         self.norm2 = make_norm(cfg, cfg.width)
         self.post_norm = cfg.block == "post"
         self.mlp = Mlp(cfg)
@@ -257,7 +268,8 @@ class Block(nn.Module):
         self.drop_path_rate = drop_path_rate
         scale = cfg.layer_scale_init
         self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
-        self.ls2 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
+        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
+        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
@@ -292,7 +304,7 @@ def make_block(cfg: ViTConfig, index: int, drop_path_rate: float) -> nn.Module:
     attn = (lambda: DiffAttention(cfg, index)) if cfg.diff_attn else (lambda: Attention(cfg))
     if cfg.parallel > 1:  # "Three things": N attention branches, then N MLP branches
         return ParallelThingsBlock(cfg, drop_path_rate, attn, lambda: Mlp(cfg), scale)
-    block = Block(cfg, drop_path_rate)
+    block = Block(cfg, drop_path_rate, index)
     if cfg.diff_attn:  # differential attention in place of Eq. 2's MSA
         block.add_module("attn", attn())
     return block

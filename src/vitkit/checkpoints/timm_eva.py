@@ -55,6 +55,11 @@ FAMILIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("EVA-02", r"^eva02_enormous_patch14_clip_224$", {**_EVA1, "block": "post", "pool": "token"}),
     ("EVA", r"^eva_giant_patch14_(224|336|560)$", {**_EVA1, "pool": "gap"}),
     ("EVA", r"^eva_giant_patch14_clip_224$", {**_EVA1, "pool": "token"}),
+    (  # Sapiens2: DINOv3's RoPE, RMSNorm, grouped-query attention in the middle blocks
+        "Sapiens2",
+        r"^vit_\w+_patch16_sapiens2$",
+        {**_DINO, "layer_norm_eps": 1e-6, "norm": "rmsnorm", "pool": "token"},
+    ),
     ("Perception Encoder", r"^vit_pe_core_(tiny|small|base|large)_", {**_PE, **_PE_MAP}),
     ("Perception Encoder", r"^vit_pe_core_gigantic_", {**_PE, **_PE_MAP, "rope_offset": 0.0}),
     (
@@ -80,11 +85,10 @@ FAMILIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
 )
 # eva.py entries refused, by name: what vitkit lacks
-REFUSED: tuple[tuple[str, str], ...] = (
-    (r"_sapiens2$", "Sapiens2's grouped-query attention (num_kv_heads) is not supported"),
-)
+REFUSED: tuple[tuple[str, str], ...] = ()
 _LS = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
 _FC1 = re.compile(r"^(blocks\.\d+\.mlp\.)fc1_([gx])\.(weight|bias)$")
+_QKV_FUSED = re.compile(r"^(blocks\.(\d+)\.attn\.)qkv\.(weight|bias)$")
 _QKV = re.compile(r"^(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)$")
 
 
@@ -167,6 +171,10 @@ def state_dict_to_eva(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor
         f = re.match(r"^(blocks\.\d+\.mlp\.)fc1\.(weight|bias)$", k)
         if m:
             out[f"{m[1]}gamma_{m[2]}"] = v.contiguous()
+        elif cfg.kv_heads is not None and (q := _QKV_FUSED.match(k)):  # unfused for timm
+            sizes = [cfg.width, *(2 * [cfg.kv_heads[int(q[2])] * (cfg.width // cfg.num_heads)])]
+            for name, part in zip("qkv", v.split(sizes, dim=0)):
+                out[f"{q[1]}{name}_proj.{q[3]}"] = part.contiguous()
         elif f and cfg.mlp == "swiglu":
             g, x = v.chunk(2, dim=0)
             out[f"{f[1]}fc1_g.{f[2]}"], out[f"{f[1]}fc1_x.{f[2]}"] = g.contiguous(), x.contiguous()
@@ -182,17 +190,16 @@ def eva_write_refusal(cfg: ViTConfig) -> str | None:
         "representation_size": cfg.representation_size,
         "dist_token": cfg.dist_token,
         "pool": cfg.pool == "token_gap" or pool_prefix,  # Eva's attn_pool sees every token
-        "norm": cfg.norm != "layernorm",
+        "norm": cfg.norm != "layernorm" and (cfg.rope != "dinov3" or cfg.layer_norm_eps != 1e-6),
         "patch_norm": cfg.patch_norm,
         "proj_bias": not cfg.proj_bias,
         "qk_norm with block='post'": cfg.block == "post" and cfg.qk_norm,
         "gelu": cfg.gelu != "none" and cfg.mlp != "swiglu",
-        "qkv_bias": cfg.qkv_bias and cfg.k_bias and cfg.rope not in ("axial", "none"),
         "norm_pre": cfg.norm_pre == cfg.patch_bias,
         # the entry fixes the norms' epsilon (timm's model_args cannot hold a norm_layer):
         # DINOv3's and PE's 1e-5, the others' 1e-6
         "layer_norm_eps": cfg.layer_norm_eps not in (1e-5, 1e-6)
-        or (cfg.rope == "dinov3" and cfg.layer_norm_eps != 1e-5),
+        or (cfg.rope == "dinov3" and cfg.norm == "layernorm" and cfg.layer_norm_eps != 1e-5),
         "mlp_dim": not _ratio_exact(cfg.width, _hidden(cfg)),
         "map_mlp_dim": cfg.pool == "map" and not _ratio_exact(cfg.width, _map_hidden(cfg)),
     }
@@ -218,6 +225,8 @@ def _ratio_exact(width: int, hidden: int) -> bool:
 def eva_architecture(cfg: ViTConfig) -> str:
     """A registered eva.py entry of the same family and norm epsilon (``model_args`` set the
     rest)."""
+    if cfg.norm == "rmsnorm":  # (Sapiens2's RMSNorm, eps 1e-6)
+        return "vit_base_patch16_sapiens2"
     if cfg.rope == "dinov3":
         return "vit_small_patch16_lingbot" if cfg.pool == "token" else "vit_small_patch16_dinov3"
     if cfg.layer_norm_eps == 1e-5:  # Perception Encoder's
@@ -244,7 +253,9 @@ def eva_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "num_heads": cfg.num_heads,
         "mlp_ratio": _hidden(cfg) / cfg.width,
         "qkv_bias": cfg.qkv_bias,
-        "qkv_fused": True,
+        "qkv_fused": cfg.kv_heads is None,  # (timm's grouped-query attention is unfused)
+        "num_kv_heads": None if cfg.kv_heads is None else list(cfg.kv_heads),
+        "attn_only_layer_scale": not cfg.layer_scale_mlp,
         "attn_type": "eva" if (not cfg.k_bias or not cfg.qkv_bias) else "rope",
         "class_token": cfg.has_class_token,
         "num_reg_tokens": cfg.num_reg_tokens,
@@ -285,6 +296,7 @@ _ARGS = frozenset(
     "use_pre_transformer_norm qk_norm scale_attn_inner scale_mlp swiglu_mlp swiglu_align_to "
     "use_abs_pos_emb use_rot_pos_emb rope_type rope_temperature rope_rotate_half "
     "use_post_transformer_norm use_post_norm attn_pool_num_heads attn_pool_mlp_ratio "
+    "num_kv_heads attn_only_layer_scale rope_rescale_coords rope_jitter_coords rope_shift_coords "
     "rope_grid_indexing rope_grid_offset ref_feat_shape dynamic_img_size "
     "qkv_fused drop_rate pos_drop_rate patch_drop_rate proj_drop_rate attn_drop_rate "
     "drop_path_rate head_init_scale device dtype".split()
@@ -305,9 +317,16 @@ def _shapes(sd: dict[str, Tensor], source: str) -> dict[str, Any]:
     else:
         fc1, fc2 = sd[f"{b}mlp.fc1.weight"].shape[0], sd[f"{b}mlp.fc2.weight"].shape[1]
         mlp, mlp_dim = ("swiglu" if fc2 * 2 == fc1 else "mlp"), fc1
-    split = f"{b}attn.q_proj.weight" in sd  # EVA-02 B / L: unfused q, k, v
-    if split and sd[f"{b}attn.k_proj.weight"].shape != sd[f"{b}attn.q_proj.weight"].shape:
-        raise VitkitError(f"{source}: fewer key / value heads (grouped-query) are not read")
+    split = f"{b}attn.q_proj.weight" in sd  # EVA-02 B / L, Sapiens2: unfused q, k, v
+    keys = (
+        [f"blocks.{i}.attn.{p}_proj.weight" for i in range(depth) for p in "qkv"] if split else []
+    )
+    if any(k not in sd for k in keys):
+        missing = next(k for k in keys if k not in sd)
+        raise VitkitError(
+            f"{source}: no {missing}: q_proj / k_proj / v_proj: not all three weights"
+        )
+    kv_dims = [sd[k].shape[0] for k in keys[1::3]]
     qv = f"{b}attn.q_bias" in sd or (split and f"{b}attn.k_proj.bias" not in sd)
     qv = qv and (not split or f"{b}attn.q_proj.bias" in sd)
     ls = f"{b}gamma_1" in sd
@@ -324,6 +343,9 @@ def _shapes(sd: dict[str, Tensor], source: str) -> dict[str, Any]:
         "num_reg_tokens": sd["reg_token"].shape[1] if "reg_token" in sd else 0,
         "abs_pos_embed": "pos_embed" in sd,
         "layer_scale_init": 1e-5 if ls else None,
+        "layer_scale_mlp": not ls or f"{b}gamma_2" in sd,  # (Sapiens2: attention only)
+        "norm": "layernorm" if f"{b}norm1.bias" in sd else "rmsnorm",
+        "kv_heads": kv_dims if any(k != width for k in kv_dims) else None,  # dims: heads below
         "norm_pre": "norm_pre.weight" in sd,
         "patch_bias": "patch_embed.proj.bias" in sd,
         "qk_norm": f"{b}attn.q_norm.weight" in sd,
@@ -349,7 +371,7 @@ def eva_hub_config_provenance(
     """The architecture of a timm folder naming an eva.py entry: the weights, then what the
     entry fixes (:data:`FAMILIES`), then the folder's ``model_args``."""
     arch = str(hub.get("architecture", "")).split(".")[0]
-    _, named = check_eva_architecture(arch, source)
+    fam, named = check_eva_architecture(arch, source)
     args = hub.get("model_args") or {}
     if not isinstance(args, dict):
         raise VitkitError(f"{source}: model_args is not a JSON object")
@@ -401,7 +423,10 @@ def eva_hub_config_provenance(
         fields["fc_norm"] = True
     fields["class_token"] = shown["class_token"]
     if "num_heads" not in fields:
-        fields["num_heads"] = num_heads if num_heads is not None else _heads(shown["width"])
+        fields["num_heads"] = num_heads if num_heads is not None else _heads(shown["width"], fam)
+    if shown["kv_heads"]:  # key / value widths -> heads
+        head_dim = shown["width"] // fields["num_heads"]
+        fields["kv_heads"] = tuple(k // head_dim for k in shown["kv_heads"])
     size = args.get("img_size")
     grid = _pos_grid(sd, shown, fields.get("pos_embed_prefix", True), args)
     if size is None:
@@ -422,11 +447,13 @@ def eva_hub_config_provenance(
 # 640; EVA-1 giant 1408, PE gigantic 1536, EVA-02 enormous 1792: 16)
 _HEADS = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1280: 20, 4096: 32}
 _HEADS.update({1408: 16, 1536: 16, 1792: 16})
+_SAPIENS2_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 24, 2432: 32}  # (H 16, g 24 heads)
 
 
-def _heads(width: int) -> int:
-    if width in _HEADS:
-        return _HEADS[width]
+def _heads(width: int, family: str) -> int:
+    table = _SAPIENS2_HEADS if family == "Sapiens2" else _HEADS
+    if width in table:
+        return table[width]
     raise VitkitError(f"width {width}: the number of heads is not known; give num_heads")
 
 
