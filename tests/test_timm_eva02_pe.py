@@ -301,3 +301,26 @@ def test_bare_eva_block_is_said_where_no_entry_has_the_width(tmp_path):
     with torch.no_grad():
         assert rel(ours(guessed)(x), ref(x)) > 1e-6
         assert rel(ours(told)(x), ref(x)) <= 1e-12
+
+
+def test_bare_sapiens2_is_read_saying_its_rope(tmp_path):
+    """RMSNorm with q / k / v apart, all biased: only Sapiens2's keys; its heads from its own
+    width table, the key / value heads from the key projections, DINOv3's RoPE said."""
+    import warnings
+
+    from vitkit.errors import AssumptionWarning
+
+    timm = import_reference("timm")
+    args = {"depth": 1, "img_size": 32, "num_classes": 3, "num_kv_heads": (6,)}
+    ref = perturbed(timm.create_model("vit_base_patch16_sapiens2", **args).double())
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = read_checkpoint(path)
+    said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert [s for s in said if "rope='dinov3' assumed (Sapiens2" in s]
+    assert (ckpt.model_config.num_heads, ckpt.model_config.kv_heads) == (12, (6,))
+    x = torch.randn(2, 3, 48, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(ours(ckpt)(x), ref(x)) <= 1e-12

@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_hub, timm_relpos
+from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_eva_bare, timm_hub, timm_relpos
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
@@ -372,8 +372,10 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
-    elif timm_eva.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
-        cfg, prov = _wrap(lambda: timm_eva.bare_eva_config_provenance(sd, str(p), num_heads), p)
+    elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
+        cfg, prov = _wrap(
+            lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
+        )
         ckpt = Checkpoint(
             p, cfg, PreprocessConfig.for_model(cfg), timm_eva.eva_to_state_dict(sd, cfg)
         )

@@ -11,9 +11,9 @@ the value is implied by the weights; where they disagree (a CLIP tower's GELU is
 quick; a SigLIP tower's exact or tanh; a GAP ViT-B has 12 or 16 heads; a no-class-token
 ``fc_norm`` layout may be the post-norm ``vit_base_patch16_rpn_224``), vitkit takes the
 commoner value and says so (:class:`vitkit.checkpoints.provenance.Assumption`). Layouts only
-another architecture has (Perception Encoder's, which adds rotary position embeddings the
-weights do not show) are refused; timm eva.py's EVA-02 and EVA layouts, whose keys fix the
-family, are read by :func:`vitkit.checkpoints.timm_eva.bare_eva_config_provenance`.
+timm eva.py's EVA-02, EVA, Perception Encoder or Sapiens2 have are read as that family by
+:mod:`vitkit.checkpoints.timm_eva_bare`, the rotary embedding the weights do not show said;
+the other eva.py layouts are refused.
 ``bench/coverage.py --mode bare`` checks every registered name against these rules.
 """
 
@@ -79,7 +79,7 @@ _OTHER_KEYS: tuple[tuple[str, str], ...] = (  # (the first match names the archi
     (
         r"\.attn\.[qv]_bias$|\.gamma_[12]$|\.attn\.[qkv]_proj\.",
         "timm eva.py's blocks (q / v biases, gamma_1 layer scale or split q / k / v: DINOv3, "
-        "RoPE-ViT, LingBot, Sapiens2, EVA-02 or EVA with registers or layer scale), whose "
+        "RoPE-ViT, LingBot, EVA-02 or EVA with registers or layer scale), whose "
         "rotary position embeddings the keys do not show; a timm folder whose config.json "
         "names the eva.py entry is read",
     ),
