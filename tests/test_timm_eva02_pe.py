@@ -214,6 +214,7 @@ def test_writer_refuses_a_map_head_that_skips_the_class_token(tmp_path):
         ("eva02_base_patch14_224", "EVA-02"),
         ("vit_pe_core_gigantic_patch14_448", "Perception Encoder"),
         ("eva_giant_patch14_clip_224", "EVA"),
+        ("vit_large_patch16_sapiens2", "Sapiens2"),
     ],
 )
 def test_counts_and_family_name_match_timm(tmp_path, name, family):

@@ -27,6 +27,8 @@ def family_name(cfg: ViTConfig) -> str:
             family = "Perception Encoder"  # RoPE from (1, 1) in (x, y) order, norm_pre
         elif cfg.rope == "axial" and cfg.rope_ref_grid is not None and not cfg.k_bias:
             family = "EVA-02"  # RoPE on a reference grid, q / v biases
+        elif cfg.rope == "dinov3" and cfg.norm == "rmsnorm":
+            family = "Sapiens2"  # DINOv3's RoPE with RMSNorm (and grouped-query attention)
         details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
     elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.relpos)
         family = _rel_pos_family(cfg)
