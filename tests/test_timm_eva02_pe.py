@@ -325,3 +325,34 @@ def test_bare_sapiens2_is_read_saying_its_rope(tmp_path):
     x = torch.randn(2, 3, 48, 32, dtype=torch.float64)
     with torch.no_grad():
         assert rel(ours(ckpt)(x), ref(x)) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"kv_heads": (2, 4)},
+        {"layer_scale_init": 0.5, "layer_scale_mlp": False},
+        {"pool": "map", "map_heads": 2, "map_mlp_dim": 96},
+        {"pool": "map", "class_token": True, "map_prefix": True},
+    ],
+    ids=["kv_heads", "ls_attn_only", "map_heads", "map_prefix"],
+)
+def test_new_switches_without_rope_are_written_as_timm_eva(tmp_path, extra):
+    """Only timm's Eva holds these: a model with them (and no RoPE) is written as an eva.py
+    folder timm computes the same, never as a VisionTransformer that cannot hold them."""
+    timm = import_reference("timm")
+    cfg = ViTConfig(
+        image_size=32, patch_size=16, width=64, depth=2, num_heads=4, mlp_dim=128,
+        num_classes=3, gelu="none", **extra,
+    )  # fmt: skip
+    model = perturbed(VisionTransformer(cfg).double())
+    ckpt = Checkpoint(Path("m"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
+    write_checkpoint(ckpt, tmp_path / "out", "timm")
+    assert read_checkpoint(tmp_path / "out").model_config == cfg.replace(
+        class_token=cfg.has_class_token
+    )
+    ref = timm.create_model(f"local-dir:{tmp_path / 'out'}").double().eval()
+    ref.load_state_dict(load_file(tmp_path / "out" / "model.safetensors"))
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert rel(model(x), ref(x)) <= 1e-12

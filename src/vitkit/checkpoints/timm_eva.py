@@ -424,6 +424,10 @@ def eva_hub_config_provenance(
     fields["class_token"] = shown["class_token"]
     if "num_heads" not in fields:
         fields["num_heads"] = num_heads if num_heads is not None else _heads(shown["width"], fam)
+    if fields.get("map_heads") == fields["num_heads"]:
+        fields["map_heads"] = None  # (the blocks' heads, timm's default)
+    if pool == "map":  # timm's Eva pools every token: the prefix ones where there are any
+        fields["map_prefix"] = bool(shown["class_token"] or shown["num_reg_tokens"])
     if shown["kv_heads"]:  # key / value widths -> heads
         head_dim = shown["width"] // fields["num_heads"]
         fields["kv_heads"] = tuple(k // head_dim for k in shown["kv_heads"])
