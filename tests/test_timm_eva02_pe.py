@@ -356,3 +356,14 @@ def test_new_switches_without_rope_are_written_as_timm_eva(tmp_path, extra):
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         assert rel(model(x), ref(x)) <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["vit_pe_core_tiny_patch16_384", "vit_base_patch16_sapiens2"])
+def test_onnx_export(tmp_path, name):
+    """The MAP head over the class token and grouped-query attention export with parity."""
+    pytest.importorskip("onnxruntime")
+    from vitkit.export import check_onnx, export_onnx
+
+    _, folder = timm_folder(tmp_path, name, **small(name))
+    model = ours(read_checkpoint(folder)).float()
+    assert check_onnx(model, export_onnx(model, tmp_path / "m.onnx")) <= 1e-4
