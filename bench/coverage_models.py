@@ -210,11 +210,15 @@ HF_CLASSES: dict[str, dict[str, Any]] = {
     "CLIPVisionModel": {},
     "CLIPVisionModelWithProjection": {"projection_dim": 16},
     "SiglipVisionModel": {},
-    # ViT-family image encoders vitkit does not implement: refused, never silent
     "DINOv3ViTModel": _REG4,
     "Siglip2VisionModel": {"image_size": None, "num_patches": 16},
-    "BeitModel": {},
-    "BeitForImageClassification": {},
+    # BEiT's two layouts: pre-trained (a shared bias, E_pos), fine-tuned (a bias per layer)
+    "BeitModel": {
+        "use_shared_relative_position_bias": True,
+        "use_absolute_position_embeddings": True,
+    },
+    "BeitForImageClassification": {"use_relative_position_bias": True},
+    # ViT-family image encoders vitkit does not implement: refused, never silent
     "Data2VecVisionModel": {},
     "IJepaModel": {},
     "ViTMSNModel": {},
@@ -232,7 +236,7 @@ HF_CLASSES: dict[str, dict[str, Any]] = {
     "VitDetModel": {"image_size": 32, "pretrain_image_size": 32},
     "YolosModel": {"image_size": [32, 32], "num_detection_tokens": 2},
 }
-IMPLEMENTED = set(list(HF_CLASSES)[:14])  # the classes vitkit reads; the rest must be refused
+IMPLEMENTED = set(list(HF_CLASSES)[:18])  # the classes vitkit reads; the rest must be refused
 
 
 def build_hf(transformers: Any, cls_name: str, seed: int) -> Any:

@@ -29,10 +29,8 @@ import argparse
 import contextlib
 import io
 import json
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +53,7 @@ from vitkit import engines, int8  # noqa: E402
 from vitkit.checkpoints import timm as timm_conv  # noqa: E402
 from vitkit.counts import count_flops  # noqa: E402
 from vitkit.export import export_onnx  # noqa: E402
-from vitkit.hardware import native_bf16  # noqa: E402
+from vitkit.hardware import cpu_name, native_bf16  # noqa: E402
 
 PRECISION = {  # the ceiling each path is measured against
     "timm fp32": "fp32",
@@ -68,18 +66,6 @@ PRECISION = {  # the ceiling each path is measured against
     "ORT int8 static": "int8",
     "OpenVINO int8": "int8",
 }
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln)
-        flags = next(ln for ln in out.splitlines() if ln.startswith("Flags")).split()
-        known = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
-        isa = [f for f in known if f in flags]
-        return f"{name} ({torch.get_num_threads()} threads; {', '.join(isa)})"
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def int8_ceiling(n: int = 2048, reps: int = 5) -> float:

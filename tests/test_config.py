@@ -280,3 +280,15 @@ def test_count_flops_hand_derived_b16():
     flops = sum(2 * a * b * c for a, b, c in matmuls)
     assert flops == 35_127_656_448  # ≈ 17.56 GMACs, the figure usually quoted for B/16
     assert count_flops(model_config("B/16")) == flops
+
+
+def test_key_values_take_bracketed_lists_including_the_empty_one():
+    """``-o resnet_layers=[]`` is the hybrid's root-only ResNet; it used to reach the config as
+    the string '[]' and be refused, so no command line could build that hybrid."""
+    from vitkit.config import model_config
+    from vitkit.overrides import parse_key_values
+
+    got = parse_key_values(["resnet_layers=[]", "image_size=(28, 28)", "b=[3]", "c=[3,4]"])
+    assert got == {"resnet_layers": [], "image_size": [28, 28], "b": [3], "c": [3, 4]}
+    cfg = model_config("Ti/4", resnet_layers=got["resnet_layers"], patch_size=1, image_size=28)
+    assert cfg.resnet_layers == () and cfg.is_hybrid and cfg.grid_size == (7, 7)

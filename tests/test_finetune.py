@@ -202,3 +202,14 @@ def test_randaugment_applies_to_image_folders_too(tmp_path):
     assert not torch.equal(trainer.augment(images), images)
     plain = Trainer(dataclasses.replace(cfg, randaugment=None, out_dir=str(tmp_path / "r2")))
     assert torch.equal(plain.augment(images), images)  # (crop/flip happen in the loader)
+
+
+def test_mnist_best_smoke_keeps_the_hybrid_root_and_runs_from_the_cli(tmp_path):
+    """The time-to-accuracy recipe's --smoke variant: the hybrid's patch 1 on the ResNet root's
+    feature map survives the shrinking (dropping it gave patch 4 x stride 4 > the image)."""
+    out = tmp_path / "best"
+    args = ["train", "--recipe", "mnist-best", "--smoke", "--data", "digits"]
+    assert main([*args, "--out-dir", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["model_config"]["resnet_layers"] == [] and report["steps"] == 6
+    assert report["model_config"]["patch_size"] == [1, 1]

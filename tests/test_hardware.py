@@ -64,3 +64,18 @@ def test_a_run_records_the_precision_auto_resolved_to(tmp_path: Path) -> None:
     trainer.fit()
     saved = json.loads((out / "train_config.json").read_text())
     assert saved["precision"] == want  # what resuming and 'vitkit eval' read back
+
+
+def test_cpu_name_says_the_vector_extensions_lscpu_shows():
+    """Benchmarks name the CPU with what decides their speed (AVX2 only vs AVX-512 / AMX)."""
+    import subprocess
+
+    from vitkit.hardware import cpu_name
+
+    name = cpu_name()
+    try:
+        flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        pytest.skip("no lscpu here")
+    assert "vCPUs" in name and ("avx2" in name) == (" avx2 " in flags + " ")
+    assert ("avx512f" in name) == (" avx512f " in flags + " ")

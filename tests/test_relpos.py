@@ -178,7 +178,7 @@ def test_refusals(tmp_path):
         tr.state_dict_to_relpos({}, cfg.replace(rel_pos="mlp", abs_pos_embed=False, gelu="tanh"))
 
 
-def test_paper_vit_is_unchanged_and_npz_hf_refuse_the_switches(tmp_path):
+def test_paper_vit_is_unchanged_npz_refuses_the_switches_hf_holds_them_as_beit(tmp_path):
     cfg = ViTConfig(image_size=32, width=64, depth=1, num_heads=2, mlp_dim=128)
     assert cfg.family_switches == {}
     beit = cfg.replace(gelu="none", pool="gap", class_token=True, fc_norm=True, k_bias=False)
@@ -186,9 +186,12 @@ def test_paper_vit_is_unchanged_and_npz_hf_refuse_the_switches(tmp_path):
     assert set(beit.family_switches) >= {"abs_pos_embed", "rel_pos", "k_bias"}
     model = vitkit.create_model(beit)
     ckpt = Checkpoint(Path("mem"), beit, PreprocessConfig.for_model(beit), model.state_dict())
-    for fmt, dst in (("npz", tmp_path / "m.npz"), ("hf", tmp_path / "hf")):
-        with pytest.raises(VitkitError):
-            write_checkpoint(ckpt, dst, fmt)
+    with pytest.raises(VitkitError):
+        write_checkpoint(ckpt, tmp_path / "m.npz", "npz")
+    write_checkpoint(ckpt, tmp_path / "hf", "hf")  # BeitForImageClassification (hf_beit.py)
+    back = read_checkpoint(tmp_path / "hf")
+    assert back.model_config == beit
+    assert all(torch.equal(back.state_dict[k], v) for k, v in model.state_dict().items())
 
 
 def test_onnx_export_of_a_tiny_beit(tmp_path):

@@ -142,3 +142,30 @@ def test_divergence_stops_at_once_and_keeps_the_last_finite_checkpoint(
     assert main(["eval", "--from", str(tmp_path / "nan")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "NaN or infinite" in err and "head.weight" in err
+
+
+def test_epoch_records_carry_training_wall_time_that_a_resume_goes_on_from(
+    tmp_path: Path,
+) -> None:
+    """``elapsed_s`` (accuracy against wall time, docs/experiments.md) grows epoch by epoch, and
+    a resumed run adds to the last record's instead of starting again at 0."""
+    Trainer(config(tmp_path / "t", epochs=2, max_steps=None)).fit()
+    records = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").open()]
+    first = [r["elapsed_s"] for r in records if "val_top1" in r]
+    assert len(first) == 2 and 0 < first[0] < first[1]
+    import shutil
+
+    from vitkit.checkpoints import LATEST
+
+    run = tmp_path / "killed"  # as if killed after the first epoch's checkpoint
+    shutil.copytree(tmp_path / "t", run)
+    epoch1 = sorted((run / "checkpoints").glob("step_*"))[0].name
+    (run / "checkpoints" / LATEST).write_text(epoch1 + "\n")
+    text = (run / "metrics.jsonl").read_text()  # an hour in before the kill, say
+    (run / "metrics.jsonl").write_text(
+        text.replace(f'"elapsed_s": {first[0]}', '"elapsed_s": 3600.0')
+    )
+    Trainer(config(run, epochs=2, max_steps=None, resume=True)).fit()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    after = [r["elapsed_s"] for r in records if "val_top1" in r]
+    assert len(after) == 2 and after[0] == 3600.0 and 3600.0 < after[1] < 3600.0 + first[1]

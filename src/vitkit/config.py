@@ -125,6 +125,8 @@ class ViTConfig:
     rope_xy: bool = False  # per-axis channels (x, y), not (row, column) (timm grid_indexing="xy")
     rope_offset: float = 0.0  # added to every patch coordinate (timm rope_grid_offset; PE: 1)
     rope_ref_grid: tuple[int, int] | None = None  # indices rescaled to this grid (EVA-02)
+    rope_hf: bool = False  # DINOv3's angles as transformers' DINOv3ViT: 2 pi x coords in float32
+    # times 1 / period (float32-rounded); False: timm's, divided in the model's dtype
     # relative position bias (vitkit.relpos; timm beit.py, vision_transformer_relpos.py)
     rel_pos: RelPosKind = "none"  # a bias on the attention logits by query-key offset: "bias" a
     # learned table (BEiT, timm RelPosBias), "mlp" / "mlp_swin" an MLP of log offsets (RelPosMlp)
@@ -139,6 +141,8 @@ class ViTConfig:
     naflex_antialias: bool = True  # antialias when the learned table shrinks (timm's default)
     naflex_ar_preserving: bool = False  # resample to a max(h, w) square, keep the top-left h x w
     naflex_align_corners: bool = False  # align_corners of the learned table's resampling
+    naflex_resample_own: bool = False  # resample (in float32) at the table's own grid too, as
+    # transformers' SigLIP 2 on the CPU; False: the table as it is there (timm)
 
     def __post_init__(self) -> None:
         for name, value in check_vit(self).items():  # every field's type and range

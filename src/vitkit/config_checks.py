@@ -175,7 +175,13 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     return out
 
 
-_ROPE_DEFAULTS = {"rope_theta": 100.0, "rope_half": False, "rope_xy": False, "rope_offset": 0.0}
+_ROPE_DEFAULTS = {
+    "rope_theta": 100.0,
+    "rope_half": False,
+    "rope_xy": False,
+    "rope_offset": 0.0,
+    "rope_hf": False,
+}
 
 
 def rope_switches(cfg: Any) -> dict[str, Any]:
@@ -200,6 +206,7 @@ def check_rope(cfg: Any) -> None:
         "rope_half": choice("rope_half", cfg.rope_half, (True, False)),
         "rope_xy": choice("rope_xy", cfg.rope_xy, (True, False)),
         "rope_offset": real("rope_offset", cfg.rope_offset, -MAX_SIDE, MAX_SIDE),
+        "rope_hf": choice("rope_hf", cfg.rope_hf, (True, False)),
         "abs_pos_embed": choice("abs_pos_embed", cfg.abs_pos_embed, (True, False)),
         "k_bias": choice("k_bias", cfg.k_bias, (True, False)),
     }
@@ -221,6 +228,8 @@ def check_rope(cfg: Any) -> None:
         raise VitkitError("rope is applied by the paper's block only (no parallel, diff, hybrid)")
     if cfg.rope == "mixed" and cfg.rope_half:
         raise VitkitError("rope='mixed' pairs channels interleaved (rope_half=False)")
+    if cfg.rope_hf and cfg.rope != "dinov3":
+        raise VitkitError("rope_hf computes DINOv3's angles as transformers does (rope='dinov3')")
     if cfg.rope != "axial" and cfg.rope_ref_grid is not None:
         raise VitkitError("rope_ref_grid rescales the axial RoPE's indices only")
 
@@ -292,7 +301,8 @@ def check_naflex(cfg: Any) -> None:
         "naflex_pos": choice("naflex_pos", cfg.naflex_pos, ("learned", "factorized")),
         "naflex_interp": choice("naflex_interp", cfg.naflex_interp, ("bicubic", "bilinear")),
     }
-    for name in ("naflex_antialias", "naflex_ar_preserving", "naflex_align_corners"):
+    bools = ("naflex_antialias", "naflex_ar_preserving", "naflex_align_corners")
+    for name in (*bools, "naflex_resample_own"):
         values[name] = choice(name, getattr(cfg, name), (True, False))
     for name, value in values.items():
         object.__setattr__(cfg, name, value)

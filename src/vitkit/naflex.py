@@ -11,7 +11,8 @@ blocks are the paper's (``ViTConfig.naflex`` and the ``naflex_*`` fields switch 
   to a max(h, w) square and keeps its top-left h x w. ``naflex_pos="factorized"`` holds a row
   table and a column table (stored here as one [1, rows + columns, D] parameter, rows first),
   each resampled linearly, summed. As timm, a resampled table is computed in float32 and cast
-  back; the table itself is used as it is where the grid is its own.
+  back; the table itself is used as it is where the grid is its own (``naflex_resample_own``:
+  resampled there too, as transformers' SigLIP 2 does on the CPU).
 - **Packed patches.** :func:`pack` turns images of different sizes into timm's NaFlex batch:
   ``patches`` [B, N, P*P*C] (each patch flattened row, column, channel; an image's patches
   row-major, then zero padding up to ``max_seq_len``), ``patch_coord`` [B, N, 2] (row,
@@ -53,7 +54,7 @@ def pos_embed_for_grid(table: Tensor, cfg: ViTConfig, grid: tuple[int, int]) -> 
         pe_y = _interp1d(table[:, :gh], side_y)[:, :h]
         pe_x = _interp1d(table[:, gh:], side_x)[:, :w]
         return (pe_y.unsqueeze(2) + pe_x.unsqueeze(1)).flatten(1, 2)
-    if (h, w) == (gh, gw):
+    if (h, w) == (gh, gw) and not cfg.naflex_resample_own:
         return table
     size = (max(h, w), max(h, w)) if cfg.naflex_ar_preserving else (h, w)
     grid_table = table.reshape(1, gh, gw, -1).permute(0, 3, 1, 2).float()

@@ -14,7 +14,12 @@ from vitkit.errors import VitkitError
 
 
 def parse_value(text: str) -> Any:
-    """``6`` → 6, ``0.1`` → 0.1, ``true`` → True, ``none`` → None, ``32,48`` → [32, 48]."""
+    """``6`` → 6, ``0.1`` → 0.1, ``true`` → True, ``none`` → None, ``32,48`` → [32, 48];
+    brackets make a list of any length: ``[]`` → [] (the hybrid's root-only ResNet,
+    ``resnet_layers=[]``), ``[3]`` → [3], ``[3,4]`` → [3, 4]."""
+    if len(text) >= 2 and text[0] + text[-1] in ("[]", "()"):
+        inner = text[1:-1].strip()
+        return [parse_value(t.strip()) for t in inner.split(",")] if inner else []
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"

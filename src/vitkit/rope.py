@@ -8,7 +8,9 @@ The ViT family's 2-D forms, as timm's ``eva.py`` / ``layers/pos_embed_sincos.py`
 - ``"dinov3"`` (DINOv3, Simeoni et al. 2025; LingBot, Sapiens2): patch centres normalised to
   [-1, 1] per axis, ``(i + 0.5) / n * 2 - 1``, so the same image region keeps its coordinate at
   any input size; head_dim / 4 periods ``theta ** (4 k / head_dim)`` per axis; angle
-  ``2 pi coord / period`` (timm's ``RotaryEmbeddingDinoV3``).
+  ``2 pi coord / period`` (timm's ``RotaryEmbeddingDinoV3``). ``rope_hf``: transformers'
+  arithmetic, ``(2 pi coord)`` rounded to float32 times ``1 / period`` (float32), the same
+  angle to float32 rounding (``DINOv3ViTRopePositionEmbedding``).
 - ``"axial"`` (RoPE-ViT axial, Heo et al. 2024; EVA-02; Perception Encoder): integer patch
   indices (plus ``rope_offset``; EVA-02 rescales them to ``rope_ref_grid``), frequencies
   ``theta ** (-4 k / head_dim)`` per axis (timm's ``RotaryEmbeddingCat``, ``in_pixels=False``).
@@ -80,6 +82,7 @@ class RotaryEmbedding(nn.Module):
         self.xy = cfg.rope_xy
         self.offset = cfg.rope_offset
         self.ref_grid = cfg.rope_ref_grid
+        self.hf = cfg.rope_hf
         if self.kind == "mixed":
             self.freqs = nn.Parameter(
                 mixed_freqs(self.head_dim, cfg.depth, cfg.num_heads, cfg.rope_theta)
@@ -96,7 +99,11 @@ class RotaryEmbedding(nn.Module):
             angles = coords[:, :1] * f[0].unsqueeze(-2) + coords[:, 1:] * f[1].unsqueeze(-2)
             emb = torch.cat([_layout(angles.sin(), False), _layout(angles.cos(), False)], -1)
             return list(emb.to(self.freqs.dtype).unbind(0))
-        if self.kind == "dinov3":
+        if self.kind == "dinov3" and self.hf:  # transformers' DINOv3ViTRopePositionEmbedding
+            wide = torch.float64 if dtype == torch.float64 else F32
+            inv = 1 / self.theta ** torch.arange(0, 1, 4 / self.head_dim, dtype=F32)
+            angles = ((2 * math.pi * coords[:, :, None]).to(wide) * inv.to(wide)).flatten(1)
+        elif self.kind == "dinov3":
             exps = 2.0 * torch.arange(n, dtype=F32) / (self.head_dim // 2)
             wide = torch.float64 if dtype == torch.float64 else F32
             periods = (self.theta**exps).to(wide)

@@ -8,7 +8,9 @@ Formats (``FORMATS``):
   checkpoint) or a timm model folder (``config.json`` with ``architecture`` + weights);
 - ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
   ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``);
-  SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`.
+  SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`,
+  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`, SigLIP 2 NaFlex through :mod:`.hf_siglip2`,
+  BEiT through :mod:`.hf_beit`.
 
 Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
 allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
@@ -34,7 +36,17 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_eva_bare, timm_hub, timm_relpos
+from vitkit.checkpoints import (
+    hf_beit,
+    hf_dinov3,
+    hf_family,
+    hf_siglip,
+    hf_siglip2,
+    timm_eva,
+    timm_eva_bare,
+    timm_hub,
+    timm_relpos,
+)
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
@@ -103,7 +115,7 @@ def detect_format(path: str | Path) -> Format:
 
 
 def _format_of_keys(sd: dict[str, Tensor], p: Path) -> Format:
-    if any(k.startswith(("embeddings.", "vit.embeddings.")) for k in sd):
+    if any(k.startswith(("embeddings.", "vit.embeddings.", "beit.embeddings.")) for k in sd):
         return "hf"
     if "patch_embed.proj.weight" in sd or "pos_embed" in sd or timm_conv.is_timm_bit(sd):
         return "timm"
@@ -441,10 +453,21 @@ def _read_hf(p: Path) -> Checkpoint:
     if odd:  # a class vitkit does not read is never read as the nearest one it does
         raise VitkitError(
             f"{p / CONFIG}: architectures {odd[0]!r} is not a Hugging Face class vitkit reads "
-            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP and SigLIP classes)"
+            "(its ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP, SigLIP 2, DINOv3 ViT and BEiT classes)"
         )
     if hf_siglip.is_siglip(hf):  # SigLIP's image tower
-        return _read_hf_siglip(p, hf)
+        return _read_hf_with(p, hf, hf_siglip.siglip_to_vit_config, hf_siglip.siglip_to_state_dict)
+    if hf_dinov3.is_dinov3(hf):  # DINOv3 (RoPE)
+        dino = hf_dinov3.dinov3_to_vit_config, hf_dinov3.dinov3_to_state_dict, hf_dinov3.FIELDS
+        return _read_hf_with(p, hf, *dino)
+    if hf_beit.is_beit(hf):  # BEiT (relative position bias)
+        return _read_hf_with(
+            p, hf, hf_beit.beit_to_vit_config, hf_beit.beit_to_state_dict, hf_beit.FIELDS
+        )
+    if hf_siglip2.is_siglip2(hf):  # SigLIP 2 NaFlex
+        conv = hf_siglip2.siglip2_to_vit_config, hf_siglip2.siglip2_to_state_dict
+        pre = hf_siglip2.siglip2_preprocess, hf_siglip2.processor_assumption
+        return _read_hf_with(p, hf, *conv, hf_siglip2.FIELDS, *pre)
     if hf_family.is_family(hf):  # DeiT, Dinov2, ViTMAE, CLIP
         weights = _weights_in(p)
         cfg = _wrap(lambda: hf_family.family_config(hf, weights), p / CONFIG)
@@ -456,13 +479,18 @@ def _read_hf(p: Path) -> Checkpoint:
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None)
+    return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
+
+
+def _hf_names(hf: dict[str, Any], cfg: ViTConfig) -> tuple[str, ...]:
+    """The class names of ``id2label`` (none where they are transformers' LABEL_i)."""
     id2label = hf.get("id2label") or {}
     names: tuple[str, ...] = ()
     if cfg.num_classes and len(id2label) == cfg.num_classes:
         names = tuple(str(id2label.get(str(i), id2label.get(i, i))) for i in range(cfg.num_classes))
         if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
             names = ()
-    return Checkpoint(p, cfg, pre, sd, names, provenance=prov)
+    return names
 
 
 _HF_CLASSES = frozenset(
@@ -471,16 +499,19 @@ _HF_CLASSES = frozenset(
     "Dinov2WithRegistersModel Dinov2WithRegistersForImageClassification ViTMAEModel "
     "ViTMAEForPreTraining CLIPModel CLIPVisionModel CLIPVisionModelWithProjection SiglipModel "
     "SiglipVisionModel".split()
-)
+) | frozenset((*hf_dinov3.CLASSES, *hf_siglip2.CLASSES, *hf_beit.CLASSES))
 
 
-def _hf_provenance(hf: dict[str, Any], cfg: ViTConfig, has_pp: bool) -> Provenance:
+def _hf_provenance(
+    hf: dict[str, Any], cfg: ViTConfig, has_pp: bool, fields: Mapping[str, str] | None = None
+) -> Provenance:
     """A Hugging Face config's fields: in the file, or its class's default (the format's);
-    the rest from the weights."""
+    the rest from the weights. ``fields``: config field -> the class's key (None: fixed by
+    the class), where not ViT's."""
     prov = Provenance().set("weights", cfg.to_dict())
     inner = hf.get("vision_config")
     vision: dict[str, Any] = inner if isinstance(inner, dict) else hf
-    for field, key in {**hf_conv.HF_FIELDS, **_HF_MORE}.items():
+    for field, key in (fields or {**hf_conv.HF_FIELDS, **_HF_MORE}).items():
         prov.set("file" if key in vision else "format", [field])
     if has_pp:
         prov.set("file", _PRE, "preprocessor_config.json")
@@ -498,14 +529,30 @@ _HF_MORE = {  # config fields beyond hf.HF_FIELDS that a Hugging Face config.jso
 }
 
 
-def _read_hf_siglip(p: Path, hf: dict[str, Any]) -> Checkpoint:
-    """A Hugging Face SigLIP folder (:mod:`.hf_siglip`)."""
-    cfg = hf_siglip.siglip_to_vit_config(hf, str(p / CONFIG))
-    sd = hf_siglip.siglip_to_state_dict(_weights_in(p), cfg, str(p))
+def _read_hf_with(
+    p: Path,
+    hf: dict[str, Any],
+    to_config: Any,
+    to_state: Any,
+    fields: Any = None,
+    to_pre: Any = hf_conv.hf_preprocess,
+    assume: Any = None,
+) -> Checkpoint:
+    """A Hugging Face folder whose class has its own converter module (SigLIP, DINOv3,
+    SigLIP 2): ``to_config(hf, source)``, ``to_state(weights, cfg, source)``, ``fields`` for
+    provenance, ``to_pre(preprocessor_config, cfg)``, ``assume(preprocessor_config, cfg)``:
+    an :class:`Assumption` said when read, or None."""
+    cfg = to_config(hf, str(p / CONFIG))
+    sd = to_state(_weights_in(p), cfg, str(p))
+    if isinstance(sd, tuple):  # (a converter whose weights complete the config: BEiT's head)
+        cfg, sd = sd
     pp_file = p / "preprocessor_config.json"
     pp = _read_json(pp_file) if pp_file.is_file() else None
-    pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
-    return Checkpoint(p, cfg, pre, sd, provenance=_hf_provenance(hf, cfg, pp is not None))
+    pre = _wrap(lambda: to_pre(pp, cfg), pp_file)
+    prov = _hf_provenance(hf, cfg, pp is not None, fields)
+    if assume is not None and (a := assume(pp, cfg)) is not None:
+        prov.assume(a)
+    return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
 
 
 def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoint]:

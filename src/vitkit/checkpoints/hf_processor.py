@@ -35,6 +35,8 @@ _FAMILY: dict[str, tuple[bool, bool, int, tuple[float, ...], tuple[float, ...]]]
     "ChineseCLIP": (True, True, 3, _CLIP_MEAN, _CLIP_STD),
     "Bit": (True, True, 3, _CLIP_MEAN, _CLIP_STD),
     "DeiT": (False, True, 3, _IMAGENET_MEAN, _IMAGENET_STD),
+    "DINOv3ViT": (False, False, 2, _IMAGENET_MEAN, _IMAGENET_STD),
+    "Beit": (False, False, 3, (0.5,) * 3, (0.5,) * 3),
 }
 _READ = {
     "do_resize",

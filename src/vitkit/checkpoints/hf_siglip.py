@@ -85,9 +85,14 @@ def siglip_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViT
         raise VitkitError(f"{source}: malformed SigLIP vision config ({e})") from None
 
 
-def siglip_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig, source: str) -> dict[str, Tensor]:
+def siglip_to_state_dict(
+    sd: dict[str, Tensor],
+    cfg: ViTConfig,
+    source: str,
+    reads: str = "SiglipVisionModel and the image tower of SiglipModel",
+) -> dict[str, Tensor]:
     """SigLIP weights → vitkit state dict. Keys left over (but a whole SigLIP's text tower)
-    and missing keys are errors naming them."""
+    and missing keys are errors naming them (``reads``: the classes the error names)."""
     prefix = _TOWER if any(k.startswith(_TOWER) for k in sd) else ""
     src = {k: v for k, v in sd.items() if not k.startswith(_NOT_THE_IMAGE_TOWER)}
     used: set[str] = set()
@@ -129,8 +134,7 @@ def siglip_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig, source: str) -> 
     if leftover:
         raise VitkitError(
             f"{source}: SigLIP checkpoint keys not understood: {', '.join(leftover[:10])}"
-            f"{' ...' if len(leftover) > 10 else ''} (vitkit reads SiglipVisionModel and the "
-            "image tower of SiglipModel)"
+            f"{' ...' if len(leftover) > 10 else ''} (vitkit reads {reads})"
         )
     return {k: v.contiguous() for k, v in out.items()}
 

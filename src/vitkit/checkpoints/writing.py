@@ -18,7 +18,15 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import hf_family, hf_siglip, timm_eva, timm_relpos
+from vitkit.checkpoints import (
+    hf_beit,
+    hf_dinov3,
+    hf_family,
+    hf_siglip,
+    hf_siglip2,
+    timm_eva,
+    timm_relpos,
+)
 from vitkit.checkpoints import npz as npz_conv
 from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.io import (
@@ -120,6 +128,28 @@ def write_checkpoint(
             cfg, ckpt.preprocess, ckpt.class_names
         )
         return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf" and hf_dinov3.writes_dinov3(cfg):  # DINOv3's RoPE: DINOv3ViTModel
+        dino = {
+            CONFIG: hf_dinov3.vit_to_dinov3_config(cfg),
+            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, dino, hf_dinov3.state_dict_to_dinov3(sd, cfg))
+    if to == "hf" and cfg.naflex:  # SigLIP 2 NaFlex: Siglip2VisionModel
+        nsd = hf_siglip2.state_dict_to_siglip2(sd, cfg)  # (first: it refuses what it cannot hold)
+        nax = {
+            CONFIG: hf_siglip2.vit_to_siglip2_config(cfg),
+            "preprocessor_config.json": hf_siglip2.vit_to_siglip2_preprocess(ckpt.preprocess, cfg),
+        }
+        return _write_dir(dst, nax, nsd)
+    if to == "hf" and hf_beit.writes_beit(cfg):  # BEiT: BeitModel / ...ForImageClassification
+        arch, bsd = hf_beit.state_dict_to_beit(sd, cfg)
+        hub = hf_beit.vit_to_beit_config(cfg, arch)
+        hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))
+        beit = {
+            CONFIG: hub,
+            "preprocessor_config.json": hf_conv.vit_to_hf_preprocess(ckpt.preprocess),
+        }
+        return _write_dir(dst, beit, bsd)
     if to == "hf" and hf_siglip.writes_siglip(cfg):  # the MAP head: SiglipVisionModel
         siglip = hf_siglip.state_dict_to_siglip(sd, cfg)
         tower = {

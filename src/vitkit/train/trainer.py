@@ -271,7 +271,10 @@ class Trainer(TrainingRun):
                 )
         if main:
             atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=1))
+        # elapsed_s in the epoch records: training wall time, a resumed run going on from its
+        # last record's (accuracy against time: docs/experiments.md)
         start = time.perf_counter()
+        before = max((r.get("elapsed_s", 0.0) for r in self.metrics.records()), default=0.0)
         images_seen = 0
         train_time = 0.0
         while self.epoch < cfg.epochs and self.step < self.total_steps and not self.stopped_early:
@@ -332,6 +335,7 @@ class Trainer(TrainingRun):
                 self.epoch += 1
                 self.batch_in_epoch = 0
             record: dict[str, Any] = {"step": self.step, "epoch": self.epoch}
+            record["elapsed_s"] = round(before + time.perf_counter() - start, 3)
             if self.dist.enabled:
                 (skipped_all,) = D.all_reduce_sum([skipped], self.dist)
                 skipped = int(skipped_all)
