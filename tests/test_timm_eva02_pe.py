@@ -367,3 +367,27 @@ def test_onnx_export(tmp_path, name):
     _, folder = timm_folder(tmp_path, name, **small(name))
     model = ours(read_checkpoint(folder)).float()
     assert check_onnx(model, export_onnx(model, tmp_path / "m.onnx")) <= 1e-4
+
+
+def test_other_writers_refuse_what_only_timm_eva_holds(tmp_path):
+    """Hugging Face's DINOv3 and BEiT cannot hold grouped-query attention or attention-only
+    layer scale; NaFlex and relative-bias models never have them (refused as configs)."""
+    base = dict(
+        image_size=32, patch_size=16, width=64, depth=2, num_heads=4, mlp_dim=128, gelu="none",
+        num_classes=0, layer_scale_init=1.0, pool="token",
+    )  # fmt: skip
+    dino = dict(rope="dinov3", rope_half=True, abs_pos_embed=False, layer_norm_eps=1e-5)
+    for extra, says in [
+        ({**dino, "kv_heads": (2, 4)}, "DINOv3ViTModel cannot hold kv_heads"),
+        ({**dino, "layer_scale_mlp": False}, "DINOv3ViTModel cannot hold layer_scale_mlp=False"),
+        ({"k_bias": False, "layer_scale_mlp": False}, "BEiT cannot hold layer_scale_mlp=False"),
+    ]:
+        cfg = ViTConfig(**{**base, **extra})
+        model = VisionTransformer(cfg)
+        ckpt = Checkpoint(Path("m"), cfg, PreprocessConfig.for_model(cfg), model.state_dict())
+        with pytest.raises(VitkitError, match=says):
+            write_checkpoint(ckpt, tmp_path / "hf", "hf")
+    with pytest.raises(VitkitError, match="naflex .* does not combine with map_heads"):
+        ViTConfig(naflex=True, pool="map", map_heads=4, pos_embed_prefix=False)
+    with pytest.raises(VitkitError, match="relative position bias with kv_heads"):
+        ViTConfig(rel_pos="bias", depth=1, kv_heads=(6,), abs_pos_embed=False)

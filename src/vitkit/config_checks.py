@@ -255,6 +255,19 @@ def check_kv_heads(cfg: Any) -> None:
         raise VitkitError("kv_heads (grouped-query attention) is the paper's block's, with k_bias")
 
 
+def eva_only_switches(cfg: Any) -> list[str]:
+    """The switches set that only timm's Eva holds (Sapiens2's grouped-query attention and
+    attention-only layer scale, Perception Encoder's MAP head): the other writers refuse them."""
+    names = {
+        "kv_heads": cfg.kv_heads is not None,
+        "layer_scale_mlp=False": not cfg.layer_scale_mlp and cfg.layer_scale_init is not None,
+        "map_heads": cfg.map_heads is not None,
+        "map_mlp_dim": cfg.map_mlp_dim is not None,
+        "map_prefix": cfg.map_prefix,
+    }
+    return [k for k, v in names.items() if v]
+
+
 def rel_pos_switches(cfg: Any) -> dict[str, Any]:
     """The relative-position-bias switches that differ from the paper (BEiT, timm relpos);
     ``rel_pos_dim`` only where an MLP bias reads it (abs_pos_embed, k_bias: rope_switches)."""
@@ -285,6 +298,7 @@ def check_rel_pos(cfg: Any) -> None:
         )
     odd = [k for k, v in parallel_switches(cfg).items() if v]
     odd += ["pool='map'"] if cfg.pool == "map" else []
+    odd += eva_only_switches(cfg)
     odd += ["a ResNet stem"] if cfg.resnet_layers is not None else []
     if odd:
         raise VitkitError(
@@ -314,6 +328,7 @@ def check_naflex(cfg: Any) -> None:
         odd.append("pos_embed_prefix")
     odd += [] if cfg.abs_pos_embed else ["abs_pos_embed=False"]
     odd += [f"{k}={getattr(cfg, k)!r}" for k in ("rope", "rel_pos") if getattr(cfg, k) != "none"]
+    odd += eva_only_switches(cfg)  # (no NaFlex checkpoint has them)
     if cfg.pool == "token_gap" or cfg.representation_size:
         odd.append("pool='token_gap'" if cfg.pool == "token_gap" else "representation_size")
     if odd:

@@ -39,6 +39,7 @@ from vitkit.checkpoints.io import (
     save_checkpoint,
 )
 from vitkit.config import ResNetConfig, ViTConfig
+from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
 from vitkit.files import check_destination, fsync_dir, publish, set_file_mode
 
@@ -209,5 +210,4 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
 def _eva_only(cfg: ViTConfig) -> bool:
     """Switches only timm's Eva holds: grouped-query attention, attention-only layer scale,
     Perception Encoder's MAP head (its heads, MLP width, the prefix tokens attended)."""
-    map_head = cfg.map_heads or cfg.map_mlp_dim or cfg.map_prefix
-    return bool(cfg.kv_heads or not cfg.layer_scale_mlp or map_head)
+    return bool(eva_only_switches(cfg))
