@@ -1,15 +1,16 @@
-"""timm ``eva.py`` (``Eva``: EVA, EVA-02, Perception Encoder, DINOv3, RoPE-ViT) state dicts and
-folders ↔ vitkit: pure functions.
+"""timm ``eva.py`` (``Eva``: EVA, EVA-02, Perception Encoder, DINOv3, RoPE-ViT, Sapiens2)
+state dicts and folders ↔ vitkit: pure functions.
 
 timm's ``Eva`` is the ViT with rotary position embeddings (:mod:`vitkit.rope`). Its keys are
 vitkit's except four: layer scale is ``blocks.{i}.gamma_1`` / ``gamma_2`` (vitkit ``ls1.gamma``
 / ``ls2.gamma``), a SwiGLU MLP with ``swiglu_align_to`` or a sub-norm keeps its two input
 projections apart, ``mlp.fc1_g`` / ``mlp.fc1_x`` (vitkit packs them into ``mlp.fc1``, gate
 first, as timm's own ``GluMlp``), EVA's attention has ``attn.q_bias`` / ``attn.v_bias`` with
-the key's bias fixed at 0 (vitkit ``k_bias=False``, the same names), and EVA-02 B / L keep q, k
-and v unfused (``attn.q_proj`` / ``k_proj`` / ``v_proj``; vitkit's fused ``qkv``, written back
-fused). RoPE-ViT mixed's learned frequencies are ``rope.freqs`` in both, the attention-pool
-head (``attn_pool.*``, timm's ``AttentionPoolLatent`` over every token: ``map_prefix``) too.
+the key's bias fixed at 0 (vitkit ``k_bias=False``, the same names), and EVA-02 B / L and
+Sapiens2 keep q, k and v unfused (``attn.q_proj`` / ``k_proj`` / ``v_proj``; vitkit's fused
+``qkv``, written back fused, or unfused with grouped-query attention, as timm requires).
+RoPE-ViT mixed's learned frequencies are ``rope.freqs`` in both, the attention-pool head
+(``attn_pool.*``, timm's ``AttentionPoolLatent`` over every token: ``map_prefix``) too.
 
 What the weights do not show is the rotary embedding itself (kind, base, channel pairing,
 axis order, reference grid), the norms' epsilon, the block kind (EVA-02 enormous: post-norm)
@@ -21,8 +22,9 @@ timm's SBB RoPE ViTs (``vit_*_rope_reg*_gap_256``), EVA-02 (``eva02_*``: RoPE on
 reference grid, SwiGLU with sub-norm, q / v biases, the CLIP towers' attention sub-norm, the
 enormous tower's post-norm), the EVA-1 giants (``eva_giant_*``) and Perception Encoder
 (``vit_pe_core|lang|spatial_*``: RoPE in (x, y) order from 1 on the entry's own grid, norm_pre,
-an 8-head attention-pool head). Sapiens2 (grouped-query attention) is refused with what is
-missing.
+an 8-head attention-pool head) and Sapiens2 (DINOv3's RoPE, RMSNorm, grouped-query attention:
+``kv_heads``, attention-only layer scale): every timm 1.0.31 eva.py entry (:data:`REFUSED` is
+empty; a later timm's entry of another kind would be named there).
 """
 
 from __future__ import annotations
