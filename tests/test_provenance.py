@@ -126,16 +126,15 @@ def test_gap_vit_b_bare_says_its_heads(tmp_path):
     assert rel_diff(ref, model, 32) <= 1e-12
 
 
-def test_perception_encoder_is_refused_bare_and_as_a_hub_folder(tmp_path):
-    ref = timm_model("vit_pe_core_tiny_patch16_384", depth=1, img_size=32)
-    with pytest.raises(VitkitError, match="Perception Encoder"):
-        read_checkpoint(bare(ref, tmp_path))
-    folder = hub_folder(ref, tmp_path)
-    with pytest.raises(VitkitError) as err:
-        read_checkpoint(folder)
-    msg = str(err.value)
-    assert "vit_pe_core_tiny_patch16_384: Perception Encoder's RoPE" in msg
-    assert "\n" not in msg
+def test_perception_encoder_bare_says_its_rope_and_is_read_as_a_hub_folder(tmp_path):
+    """Bare, at its own size (timm's reference grid is the entry's grid): exact, the RoPE said
+    in one line; a hub folder naming the entry: exact, nothing said."""
+    ref = timm_model("vit_pe_core_tiny_patch16_384", depth=1, img_size=32, ref_feat_shape=2)
+    model, said = load64(bare(ref, tmp_path))
+    assert [s for s in said if "rope='axial' assumed (Perception Encoder" in s and "\n" not in s]
+    assert rel_diff(ref, model, 32) <= 1e-12
+    model, said = load64(hub_folder(ref, tmp_path))
+    assert not said and rel_diff(ref, model, 32) <= 1e-12
 
 
 def test_so400m_patch14_at_384_floors_its_grid_as_timm(tmp_path):
@@ -236,7 +235,7 @@ def test_a_hugging_face_class_vitkit_does_not_read_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("eva02_tiny_patch14_224", "EVA-02's separate q and v biases"),
+        ("vit_small_patch16_dinov3_qkvb", "q / v biases, gamma_1 layer scale"),
         ("vit_small_patch16_rope_ape_224", "rotary position embeddings"),
     ],
 )

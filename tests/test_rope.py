@@ -4,6 +4,7 @@ autocast, and the refusals kept."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -144,9 +145,12 @@ def test_bare_eva_state_dict_is_refused(tmp_path):
         write_checkpoint(as_ckpt(model), tmp_path / "o.safetensors", "timm")
 
 
-def test_other_eva_entries_are_refused(tmp_path):
-    _, folder = timm_folder(tmp_path, "eva02_tiny_patch14_224")
-    with pytest.raises(VitkitError, match="EVA-02's RoPE"):
+def test_an_unknown_eva_like_name_is_refused(tmp_path):
+    _, folder = timm_folder(tmp_path, "vit_small_patch16_rope_224")
+    config = json.loads((folder / "config.json").read_text())
+    config["architecture"] = "vit_small_patch16_rope_999"  # not a timm 1.0.31 entry
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VitkitError, match="not one of the timm ViTs vitkit reads"):
         read_checkpoint(folder)
 
 

@@ -41,8 +41,9 @@ def test_tables_equal_the_installed_timm():
 def test_names_read_refused_and_unknown():
     assert check_architecture("vit_base_patch16_224.augreg_in21k", "f") == "vit_base_patch16_224"
     assert check_architecture("vit_small_patch16_dinov3", "f") == "vit_small_patch16_dinov3"
-    with pytest.raises(VitkitError, match="eva02_tiny_patch14_224: EVA-02's RoPE"):
-        check_architecture("eva02_tiny_patch14_224", "f")
+    assert check_architecture("eva02_tiny_patch14_224.mim_in22k", "f") == "eva02_tiny_patch14_224"
+    assert check_architecture("vit_base_patch16_sapiens2.fb", "f") == "vit_base_patch16_sapiens2"
+    assert not OTHER_MODULES["eva"][1]  # every eva.py entry is read
     assert (
         check_architecture("beit_base_patch16_224.in22k_ft_in22k", "f") == "beit_base_patch16_224"
     )

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from vitkit.config_checks import (
+    check_fields,
     check_naflex,
     check_parallel_blocks,
-    check_preprocess,
     check_rel_pos,
     check_resnet,
     check_rope,
@@ -28,6 +28,7 @@ from vitkit.config_checks import (
 )
 from vitkit.errors import VitkitError
 from vitkit.families import FAMILIES
+from vitkit.preprocess_config import PreprocessConfig as PreprocessConfig
 
 Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap"]
 GeluApprox = Literal["tanh", "none", "quick"]
@@ -39,13 +40,6 @@ RopeKind = Literal["none", "dinov3", "axial", "mixed"]
 RelPosKind = Literal["none", "bias", "mlp", "mlp_swin"]
 NaFlexPos = Literal["learned", "factorized"]
 NaFlexInterp = Literal["bicubic", "bilinear"]
-
-
-def check_fields(cls: type, names: Any, what: str) -> None:
-    """Raise a VitkitError naming each of ``names`` that is not a field of dataclass ``cls``."""
-    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise VitkitError(f"unknown {what}: {', '.join(unknown)}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +60,9 @@ class ViTConfig:
     # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
     # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
     # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
+    map_heads: int | None = None  # the MAP head's heads (Perception Encoder: 8); None: num_heads
+    map_mlp_dim: int | None = None  # the MAP head's MLP width (PE gigantic: 4 D); None: mlp_dim
+    map_prefix: bool = False  # the MAP head attends over the prefix tokens too (PE, timm Eva)
     representation_size: int | None = None  # width of the tanh pre-logits layer; None = none
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
@@ -116,6 +113,9 @@ class ViTConfig:
     block: BlockKind = "pre"  # "post": z + LN(F(z)), post-norm residual (timm ResPostBlock)
     abs_pos_embed: bool = True  # Eq. 1's learned E_pos; False: none (DINOv3, RoPE-ViT, BEiT)
     k_bias: bool = True  # False: q and v biases only, the key's 0 (timm / BEiT q_bias, v_bias)
+    kv_heads: tuple[int, ...] | None = None  # key / value heads per block, shared by groups of
+    # query heads (grouped-query attention, Ainslie et al. 2023; Sapiens2); None: num_heads
+    layer_scale_mlp: bool = True  # False: layer scale on the attention branch only (Sapiens2)
     # Rotary position embeddings on the patch tokens' q / k (vitkit.rope; timm eva.py's family)
     rope: RopeKind = "none"  # "dinov3": centred coords in [-1, 1] (DINOv3); "axial": patch
     # indices (RoPE-ViT, EVA-02, PE); "mixed": learned per-block frequencies (RoPE-ViT mixed)
@@ -173,6 +173,12 @@ class ViTConfig:
             raise VitkitError('pool="token_gap" needs the class token')
         if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
+        if self.pool != "map" and (self.map_heads or self.map_mlp_dim or self.map_prefix):
+            raise VitkitError(
+                'map_heads, map_mlp_dim and map_prefix are the MAP head\'s (pool="map")'
+            )
+        if self.pool == "map" and self.width % (self.map_heads or self.num_heads):
+            raise VitkitError(f"width {self.width} is not divisible by map_heads {self.map_heads}")
         if self.pool == "map" and self.mlp == "swiglu":
             raise VitkitError('pool="map" has a GELU MLP; it does not combine with mlp="swiglu"')
         if self.pool == "map" and (self.later_switches.keys() - {"block", "patch_norm"}):
@@ -295,6 +301,8 @@ class ViTConfig:
             d["resnet_layers"] = list(self.resnet_layers)
         if self.rope_ref_grid is not None:
             d["rope_ref_grid"] = list(self.rope_ref_grid)
+        if self.kv_heads is not None:
+            d["kv_heads"] = list(self.kv_heads)
         return d
 
     @classmethod
@@ -527,50 +535,3 @@ class ResNetConfig:
 
 
 ModelConfig = ViTConfig | ResNetConfig
-
-
-@dataclass(frozen=True)
-class PreprocessConfig:
-    """How raw images become model input; stored in every checkpoint so that evaluation and
-    prediction rebuild exactly the transform the model was trained with."""
-
-    image_size: tuple[int, int] = (224, 224)  # (height, width) fed to the model
-    channels: int = 3  # 1: images are converted to grayscale; 3: to RGB
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # per channel, on [0, 1] pixels
-    std: tuple[float, ...] = (0.5, 0.5, 0.5)  # the paper's (x - 0.5) / 0.5 maps pixels to [-1, 1]
-    interpolation: str = "bilinear"  # resampling filter for resizing
-    crop_pct: float = 1.0  # eval: resize to size / crop_pct (as `resize` says), centre-crop size
-    # "shortest_edge": the shorter side to floor(size / crop_pct), aspect kept (timm's "center",
-    # Hugging Face's size.shortest_edge); "squash": both sides to floor(side / crop_pct), aspect
-    # not kept (timm's "squash", Hugging Face's size.height/width); "none": no resize, only the
-    # centre crop (zero-padded where the image is smaller)
-    resize: str = "shortest_edge"
-    rescale_factor: float = 1 / 255  # pixels 0..255 times this, then (x - mean) / std
-    crop_offset: str = "floor"  # centre crop's first row/column: floor((new - size) / 2), or
-    # "round" (Python's round, half to even: torchvision's CenterCrop, what timm uses)
-
-    def __post_init__(self) -> None:
-        for name, value in check_preprocess(self).items():  # every field's type and range
-            object.__setattr__(self, name, value)
-        if len(self.mean) != self.channels or len(self.std) != self.channels:
-            raise VitkitError(
-                f"mean and std need {self.channels} values, got {self.mean}, {self.std}"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.update(image_size=list(self.image_size), mean=list(self.mean), std=list(self.std))
-        return d
-
-    def replace(self, **changes: Any) -> PreprocessConfig:
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PreprocessConfig:
-        check_fields(cls, d, "preprocessing fields")
-        return cls(**d)
-
-    @classmethod
-    def for_model(cls, cfg: ModelConfig, crop_pct: float = 1.0) -> PreprocessConfig:
-        c = cfg.in_chans
-        return cls(cfg.image_size, c, (0.5,) * c, (0.5,) * c, "bilinear", crop_pct)

@@ -27,6 +27,13 @@ MAX_UNITS = 1024  # ResNet units per stage
 MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
 
 
+def check_fields(cls: type, names: Any, what: str) -> None:
+    """Raise a VitkitError naming each of ``names`` that is not a field of dataclass ``cls``."""
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise VitkitError(f"unknown {what}: {', '.join(unknown)}")
+
+
 def integer(name: str, value: Any, lo: int, hi: int) -> int:
     """``value`` as an int in ``[lo, hi]`` (numpy integers too; never a bool or a float)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -112,6 +119,10 @@ def check_vit(cfg: Any) -> dict[str, Any]:
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True
         ),
     }
+    out["map_prefix"] = choice("map_prefix", cfg.map_prefix, (True, False))
+    for name in ("map_heads", "map_mlp_dim"):
+        if getattr(cfg, name) is not None:
+            out[name] = integer(name, getattr(cfg, name), 1, MAX_MLP)
     if cfg.class_token is not None:
         out["class_token"] = choice("class_token", cfg.class_token, (True, False))
     if cfg.layer_scale_init is not None:
@@ -142,6 +153,8 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     out = {k: v for k, v in out.items() if v != default[k]}
     if cfg.pool in ("avgmax", "max", "map", "token_gap"):
         out["pool"] = cfg.pool
+    out.update({k: getattr(cfg, k) for k in ("map_heads", "map_mlp_dim") if getattr(cfg, k)})
+    out.update({"map_prefix": True} if cfg.map_prefix else {})
     if cfg.gelu == "quick":
         out["gelu"] = "quick"
     if cfg.has_class_token != (cfg.pool in ("token", "token_gap")):
@@ -175,6 +188,8 @@ def rope_switches(cfg: Any) -> dict[str, Any]:
     """The rotary-embedding switches that differ from the paper (vitkit.rope), and the two
     that RoPE and relative-bias models share (no E_pos, no key bias)."""
     out = {k: getattr(cfg, k) for k in ("abs_pos_embed", "k_bias") if not getattr(cfg, k)}
+    out.update({"layer_scale_mlp": False} if not cfg.layer_scale_mlp else {})
+    out.update({"kv_heads": cfg.kv_heads} if cfg.kv_heads is not None else {})
     if cfg.rope != "none":
         out["rope"] = cfg.rope
         out.update({k: getattr(cfg, k) for k, v in _ROPE_DEFAULTS.items() if getattr(cfg, k) != v})
@@ -201,6 +216,7 @@ def check_rope(cfg: Any) -> None:
         object.__setattr__(cfg, name, value)
     if not cfg.k_bias and not cfg.qkv_bias:
         raise VitkitError("k_bias=False (q and v biases only) needs qkv_bias=True")
+    check_kv_heads(cfg)
     if cfg.rope == "none":
         return
     if cfg.rel_pos != "none":
@@ -220,6 +236,36 @@ def check_rope(cfg: Any) -> None:
 
 # relative position bias (vitkit.relpos): the paper's values
 _REL_POS_DEFAULTS = {"rel_pos": "none", "rel_pos_shared": False, "rel_pos_dim": 128}
+
+
+def check_kv_heads(cfg: Any) -> None:
+    """Grouped-query attention's key / value heads per block, and attention-only layer scale."""
+    object.__setattr__(
+        cfg, "layer_scale_mlp", choice("layer_scale_mlp", cfg.layer_scale_mlp, (True, False))
+    )
+    if cfg.kv_heads is None:
+        return
+    kv = int_tuple("kv_heads", cfg.kv_heads, 1, cfg.num_heads, cfg.depth)
+    object.__setattr__(cfg, "kv_heads", kv)
+    if len(kv) != cfg.depth or any(cfg.num_heads % h for h in kv):
+        raise VitkitError(
+            f"kv_heads {kv}: one per block ({cfg.depth}), each dividing num_heads {cfg.num_heads}"
+        )
+    if not cfg.k_bias or cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn:
+        raise VitkitError("kv_heads (grouped-query attention) is the paper's block's, with k_bias")
+
+
+def eva_only_switches(cfg: Any) -> list[str]:
+    """The switches set that only timm's Eva holds (Sapiens2's grouped-query attention and
+    attention-only layer scale, Perception Encoder's MAP head): the other writers refuse them."""
+    names = {
+        "kv_heads": cfg.kv_heads is not None,
+        "layer_scale_mlp=False": not cfg.layer_scale_mlp and cfg.layer_scale_init is not None,
+        "map_heads": cfg.map_heads is not None,
+        "map_mlp_dim": cfg.map_mlp_dim is not None,
+        "map_prefix": cfg.map_prefix,
+    }
+    return [k for k, v in names.items() if v]
 
 
 def rel_pos_switches(cfg: Any) -> dict[str, Any]:
@@ -252,6 +298,7 @@ def check_rel_pos(cfg: Any) -> None:
         )
     odd = [k for k, v in parallel_switches(cfg).items() if v]
     odd += ["pool='map'"] if cfg.pool == "map" else []
+    odd += eva_only_switches(cfg)
     odd += ["a ResNet stem"] if cfg.resnet_layers is not None else []
     if odd:
         raise VitkitError(
@@ -281,6 +328,7 @@ def check_naflex(cfg: Any) -> None:
         odd.append("pos_embed_prefix")
     odd += [] if cfg.abs_pos_embed else ["abs_pos_embed=False"]
     odd += [f"{k}={getattr(cfg, k)!r}" for k in ("rope", "rel_pos") if getattr(cfg, k) != "none"]
+    odd += eva_only_switches(cfg)  # (no NaFlex checkpoint has them)
     if cfg.pool == "token_gap" or cfg.representation_size:
         odd.append("pool='token_gap'" if cfg.pool == "token_gap" else "representation_size")
     if odd:

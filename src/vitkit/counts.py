@@ -25,7 +25,7 @@ def count_params(cfg: ModelConfig) -> int:
         n += 2 * cfg.depth * cfg.num_heads * (d // cfg.num_heads // 2)
     qkv_bias = (3 if cfg.k_bias else 2) * d if cfg.qkv_bias else 0  # EVA, BEiT: q and v only
     n += _rel_pos_params(cfg)
-    layer_scale = 2 * d if cfg.layer_scale_init is not None else 0
+    layer_scale = (1 + cfg.layer_scale_mlp) * d if cfg.layer_scale_init is not None else 0
     qk_norm = 4 * (d // cfg.num_heads) if cfg.qk_norm else 0
     fc2_in = m // 2 if cfg.mlp == "swiglu" else m
     block = (
@@ -42,9 +42,12 @@ def count_params(cfg: ModelConfig) -> int:
         + qk_norm
     )
     n += cfg.depth * (block + _parallel_params(cfg, block))
+    for kv in cfg.kv_heads or ():  # grouped-query attention: smaller key / value projections
+        n -= 2 * (d - kv * (d // cfg.num_heads)) * (d + int(cfg.qkv_bias))
     n += 2 * d if cfg.final_norm else 0  # final norm (or fc_norm after pooling)
     if cfg.pool == "map":  # probe, q, kv, out projection, LayerNorm, MLP
-        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * m + m + d)
+        pm = cfg.map_mlp_dim or m
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (2 * d * pm + pm + d)
     n += 2 * d if cfg.norm_pre else 0
     n += _later_switch_params(cfg)
     if cfg.representation_size:
@@ -99,11 +102,12 @@ def count_flops(cfg: ModelConfig) -> int:
     macs = cfg.num_patches * ph * pw * cfg.patch_in_chans * d  # patch embedding
     macs += _resnet_macs(cfg)
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + t * d * m + t * m_out * d
+    macs -= sum(2 * t * d * (d - kv * (d // cfg.num_heads)) for kv in cfg.kv_heads or ())
     macs += cfg.depth * per_block * cfg.parallel  # parallel=N: N branches of each (the rest:
     # parallel_scaling and diff_attn have the paper's matmuls, rearranged)
     if cfg.pool == "map":  # one query over the N patch tokens: q, kv, scores, values, out, MLP
-        n = cfg.num_patches
-        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * m
+        n = cfg.seq_len if cfg.map_prefix else cfg.num_patches
+        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * (cfg.map_mlp_dim or m)
     if cfg.rel_pos.startswith("mlp"):  # the bias's MLP over every offset, per module
         (h, w), hidden = cfg.grid_size, cfg.rel_pos_dim
         per = (2 * h - 1) * (2 * w - 1) * (2 * hidden + hidden * cfg.num_heads)

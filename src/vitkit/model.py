@@ -45,7 +45,8 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 (LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
 ``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
 (DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
-both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`).
+both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`;
+``map_heads`` / ``map_mlp_dim`` / ``map_prefix``: Perception Encoder's, over every token).
 AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
 ``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
 attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`). ``naflex``
@@ -132,12 +133,14 @@ class Attention(nn.Module):
     computes the softmax itself and also returns the attention weights [B, heads, T, T].
     """
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, kv_heads: int | None = None) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
+        self.kv_heads = kv_heads or cfg.num_heads  # fewer: grouped-query attention (Sapiens2)
         qv_only = cfg.qkv_bias and not cfg.k_bias  # EVA / DINOv3 / BEiT: q_bias, v_bias (timm)
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and not qv_only)
+        qkv = cfg.width + 2 * self.kv_heads * self.head_dim
+        self.qkv = nn.Linear(cfg.width, qkv, bias=cfg.qkv_bias and not qv_only)
         self.q_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.v_bias = nn.Parameter(torch.zeros(cfg.width)) if qv_only else None
         self.rope_half, self.num_prefix = cfg.rope_half, cfg.num_prefix_tokens  # vitkit.rope
@@ -159,13 +162,22 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.qkv.weight, bias)
         else:
             qkv = self.qkv(x)
-        qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        if self.kv_heads == self.num_heads:
+            qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        else:  # grouped-query attention: kv_heads key / value heads
+            parts = qkv.split(
+                [self.num_heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2, -1
+            )
+            q, k, v = (x.reshape(b, t, -1, self.head_dim).transpose(1, 2) for x in parts)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # rotary position embedding of the patch tokens (vitkit.rope)
             q = rotate(q, rope, self.rope_half, self.num_prefix)
             k = rotate(k, rope, self.rope_half, self.num_prefix)
-        return q, k, v
+        if self.kv_heads == self.num_heads:
+            return q, k, v
+        groups = self.num_heads // self.kv_heads  # each key / value head serves this many
+        return q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
@@ -221,13 +233,14 @@ class LayerScale(nn.Module):
 class Mlp(nn.Module):
     """The MLP of Eq. 3: two dense layers with a GELU between them."""
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, mlp_dim: int | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim, bias=cfg.proj_bias)
+        mlp_dim = mlp_dim or cfg.mlp_dim  # (the MAP head's may differ: map_mlp_dim)
+        self.fc1 = nn.Linear(cfg.width, mlp_dim, bias=cfg.proj_bias)
         self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
         self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
         self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
-        hidden = cfg.mlp_dim // 2 if self.swiglu else cfg.mlp_dim
+        hidden = mlp_dim // 2 if self.swiglu else mlp_dim
         # BEiT-3's sub-LayerNorm on the hidden units, after the activation
         self.norm = make_norm(cfg, hidden) if cfg.scale_mlp_norm else nn.Identity()
         self.fc2 = nn.Linear(hidden, cfg.width, bias=cfg.proj_bias)
@@ -244,10 +257,10 @@ class Block(nn.Module):
     """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3. With ``block="post"`` the norm
     moves onto the branch's output, z + LN(F(z)) (timm's ``ResPostBlock``; not the paper's)."""
 
-    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0) -> None:
+    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0, index: int = 0) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg, cfg.width)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, cfg.kv_heads[index] if cfg.kv_heads else None)
         self.norm2 = make_norm(cfg, cfg.width)
         self.post_norm = cfg.block == "post"
         self.mlp = Mlp(cfg)
@@ -255,7 +268,8 @@ class Block(nn.Module):
         self.drop_path_rate = drop_path_rate
         scale = cfg.layer_scale_init
         self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
-        self.ls2 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
+        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
+        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
@@ -290,7 +304,7 @@ def make_block(cfg: ViTConfig, index: int, drop_path_rate: float) -> nn.Module:
     attn = (lambda: DiffAttention(cfg, index)) if cfg.diff_attn else (lambda: Attention(cfg))
     if cfg.parallel > 1:  # "Three things": N attention branches, then N MLP branches
         return ParallelThingsBlock(cfg, drop_path_rate, attn, lambda: Mlp(cfg), scale)
-    block = Block(cfg, drop_path_rate)
+    block = Block(cfg, drop_path_rate, index)
     if cfg.diff_attn:  # differential attention in place of Eq. 2's MSA
         block.add_module("attn", attn())
     return block
@@ -307,14 +321,14 @@ class MAPHead(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         d = cfg.width
-        self.num_heads = cfg.num_heads
-        self.head_dim = d // cfg.num_heads
+        self.num_heads = cfg.map_heads or cfg.num_heads  # (Perception Encoder: 8)
+        self.head_dim = d // self.num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, d))  # the probe (timm's name)
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.proj = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg)
+        self.mlp = Mlp(cfg, cfg.map_mlp_dim)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """Tokens [B, N, D] → pooled features [B, D]; ``mask``: additive [B, 1, 1, N] (NaFlex)."""
@@ -341,7 +355,7 @@ class Intermediates:
     features: the final-normalised tokens [B, T, D] (what ``forward_features`` returns).
     logits: the head's output [B, num_classes].
     pool_attention: with ``pool="map"``, the MAP probe's attention over the patch tokens
-    [B, heads, N]; None for the other poolings.
+    [B, heads, N] (``map_prefix``: over every token, [B, heads, T]); None for other poolings.
     """
 
     hidden_states: list[Tensor]
@@ -473,8 +487,8 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
-        if self.attn_pool is not None:
-            return self.fc_norm(self.attn_pool(patches))
+        if self.attn_pool is not None:  # (map_prefix: over every token, as timm's Eva)
+            return self.fc_norm(self.attn_pool(tokens if self.cfg.map_prefix else patches))
         if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)
             return torch.cat([tokens[:, 0], patches.mean(dim=1)], dim=-1)
         if self.cfg.pool == "max":  # timm's global_pool="max" / "avgmax"
@@ -529,9 +543,8 @@ class VisionTransformer(nn.Module):
         features = self.norm(x)
         if self.attn_pool is None:
             return Intermediates(hidden, attentions, features, self.forward_head(features))
-        pooled, pool_attention = self.attn_pool.forward_explicit(
-            features[:, self.cfg.num_prefix_tokens :]
-        )
+        prefix = 0 if self.cfg.map_prefix else self.cfg.num_prefix_tokens
+        pooled, pool_attention = self.attn_pool.forward_explicit(features[:, prefix:])
         logits = self._classify(self.fc_norm(pooled), features, pre_logits=False)
         return Intermediates(hidden, attentions, features, logits, pool_attention)
 

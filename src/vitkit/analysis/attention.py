@@ -157,14 +157,14 @@ def pooled_row(matrix: Tensor, cfg: ViTConfig, pool_attention: Tensor | None = N
         return matrix[..., :2, :].mean(dim=-2) if cfg.dist_token else matrix[..., 0, :]
     if cfg.pool != "map" or pool_attention is None:
         return matrix[..., p:, :].mean(dim=-2)
-    if pool_attention.ndim != 3 or pool_attention.shape[-1] != cfg.num_patches:
+    n = cfg.seq_len if cfg.map_prefix else cfg.num_patches  # (map_prefix: every token's row)
+    if pool_attention.ndim != 3 or pool_attention.shape[-1] != n:
         raise VitkitError(
-            f"the MAP attention is {tuple(pool_attention.shape)}; expected [B, heads, "
-            f"{cfg.num_patches}]"
+            f"the MAP attention is {tuple(pool_attention.shape)}; expected [B, heads, {n}]"
         )
     w = pool_attention.to(matrix.dtype).mean(dim=1)  # [B, N]
-    w = w.reshape(w.shape[0], *([1] * (matrix.ndim - 3)), cfg.num_patches, 1)
-    return (w * matrix[..., p:, :]).sum(dim=-2)
+    w = w.reshape(w.shape[0], *([1] * (matrix.ndim - 3)), n, 1)
+    return (w * matrix[..., t - n :, :]).sum(dim=-2)
 
 
 def patch_map(matrix: Tensor, cfg: ViTConfig, pool_attention: Tensor | None = None) -> Tensor:

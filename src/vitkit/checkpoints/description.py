@@ -23,6 +23,12 @@ def family_name(cfg: ViTConfig) -> str:
     if cfg.rope != "none":  # vitkit.rope: named by the rotary embedding's kind
         kinds = {"dinov3": "DINOv3", "axial": "RoPE-ViT (axial)", "mixed": "RoPE-ViT (mixed)"}
         family = kinds[cfg.rope] if cfg.rope_ref_grid is None else "timm RoPE ViT (SBB)"
+        if cfg.rope == "axial" and cfg.norm_pre and not cfg.patch_bias:
+            family = "Perception Encoder"  # RoPE from (1, 1) in (x, y) order, norm_pre
+        elif cfg.rope == "axial" and cfg.rope_ref_grid is not None and not cfg.k_bias:
+            family = "EVA-02"  # RoPE on a reference grid, q / v biases
+        elif cfg.rope == "dinov3" and cfg.norm == "rmsnorm":
+            family = "Sapiens2"  # DINOv3's RoPE with RMSNorm (and grouped-query attention)
         details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
         details += ["no qkv bias"] if not cfg.qkv_bias else [] if cfg.k_bias else ["q/v biases"]
     elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.relpos)
@@ -78,8 +84,8 @@ def _block_details(cfg: ViTConfig) -> list[str]:
 
 def _rel_pos_family(cfg: ViTConfig) -> str:
     """BEiT (q and v biases), a relative-position ViT (timm's relpos); ""."""
-    if not cfg.k_bias:
-        return "BEiT"
+    if not cfg.k_bias:  # (E_pos, no relative bias: EVA-1, EVA-02 enormous)
+        return "BEiT" if cfg.rel_pos != "none" or not cfg.abs_pos_embed else "EVA"
     if cfg.rel_pos != "none":
         return "relative-position ViT" + (" (post-norm)" if cfg.block == "post" else "")
     return "ViT without position embeddings" if not cfg.abs_pos_embed else ""

@@ -43,6 +43,7 @@ from vitkit.checkpoints import (
     hf_siglip,
     hf_siglip2,
     timm_eva,
+    timm_eva_bare,
     timm_hub,
     timm_relpos,
 )
@@ -383,6 +384,16 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
+        cfg, prov = _wrap(
+            lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
+        )
+        ckpt = Checkpoint(
+            p, cfg, PreprocessConfig.for_model(cfg), timm_eva.eva_to_state_dict(sd, cfg)
+        )
+        prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
+        ckpt.provenance = prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
+        return ckpt
     else:
         cfg, prov = timm_conv.timm_config_provenance(
             sd, num_heads=num_heads, grid=grid, source=str(p)

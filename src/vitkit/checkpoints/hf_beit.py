@@ -33,6 +33,7 @@ from torch import Tensor
 
 from vitkit.checkpoints.hf import ACTIVATIONS
 from vitkit.config import ViTConfig
+from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
 
 MODEL_TYPES = ("beit",)
@@ -252,6 +253,7 @@ def beit_write_refusal(cfg: ViTConfig) -> str | None:
         ", ".join(cfg.later_switches) or "later switches": set(cfg.later_switches),
         "parallel blocks": cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn,
         "a ResNet stem": cfg.is_hybrid,
+        ", ".join(eva_only_switches(cfg)) or "timm Eva's switches": eva_only_switches(cfg),
     }
     bad = [k for k, v in odd.items() if v]
     if bad:

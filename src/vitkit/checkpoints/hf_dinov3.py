@@ -31,6 +31,7 @@ from torch import Tensor
 
 from vitkit.checkpoints.hf import ACTIVATIONS
 from vitkit.config import ViTConfig
+from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
 
 MODEL_TYPES = ("dinov3_vit",)
@@ -220,6 +221,7 @@ def dinov3_write_refusal(cfg: ViTConfig) -> str | None:
             set(cfg.later_switches) - {"proj_bias"}
         ),
         "dropout": cfg.dropout,
+        ", ".join(eva_only_switches(cfg)) or "timm Eva's switches": eva_only_switches(cfg),
     }
     bad = [k for k, v in odd.items() if v]
     if bad:

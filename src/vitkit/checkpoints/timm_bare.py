@@ -11,9 +11,10 @@ the value is implied by the weights; where they disagree (a CLIP tower's GELU is
 quick; a SigLIP tower's exact or tanh; a GAP ViT-B has 12 or 16 heads; a no-class-token
 ``fc_norm`` layout may be the post-norm ``vit_base_patch16_rpn_224``), vitkit takes the
 commoner value and says so (:class:`vitkit.checkpoints.provenance.Assumption`). Layouts only
-another architecture has (Perception Encoder's, which adds rotary position embeddings the
-weights do not show) are refused. ``bench/coverage.py --mode bare`` checks every registered
-name against these rules.
+timm eva.py's EVA-02, EVA, Perception Encoder or Sapiens2 have are read as that family by
+:mod:`vitkit.checkpoints.timm_eva_bare`, the rotary embedding the weights do not show said;
+the other eva.py layouts are refused.
+``bench/coverage.py --mode bare`` checks every registered name against these rules.
 """
 
 from __future__ import annotations
@@ -68,26 +69,29 @@ def family(sd: dict[str, Tensor], cfg: ViTConfig) -> str:
     return ""
 
 
-# Keys only timm's other ViT modules have: (pattern, what it is, what vitkit lacks)
+# Keys only timm's other ViT modules have: (pattern, what it is and what vitkit lacks)
 _OTHER_KEYS: tuple[tuple[str, str], ...] = (  # (the first match names the architecture)
-    (r"^embeds\.", "timm naflexvit.py's NaFlex embedding (packed variable-size patches), which"),
-    (r"\.attn\.[qv]_bias$", "EVA-02's separate q and v biases (timm eva.py), whose RoPE"),
     (
-        r"\.gamma_[12]$|\.attn\.[qkv]_proj\.",
-        "timm eva.py's blocks (gamma_1 layer scale or split q/k/v: EVA, DINOv3, RoPE-ViT, "
-        "LingBot, Sapiens2), whose rotary position embeddings",
+        r"^embeds\.",
+        "timm naflexvit.py's NaFlex embedding (packed variable-size patches), whose settings "
+        "the keys do not show; a timm folder naming its entry is read",
+    ),
+    (
+        r"\.attn\.[qv]_bias$|\.gamma_[12]$|\.attn\.[qkv]_proj\.",
+        "timm eva.py's blocks (q / v biases, gamma_1 layer scale or split q / k / v: DINOv3, "
+        "RoPE-ViT, LingBot, EVA-02 or EVA with registers or layer scale), whose "
+        "rotary position embeddings the keys do not show; a timm folder whose config.json "
+        "names the eva.py entry is read",
     ),
 )
 
 
 def refuse_other_keys(sd: dict[str, Tensor], source: str) -> None:
-    """State dicts with keys only an architecture vitkit does not implement has."""
+    """State dicts with keys only an architecture vitkit does not read bare has."""
     for pattern, what in _OTHER_KEYS:
         key = next((k for k in sd if re.search(pattern, k)), None)
         if key is not None:
-            raise VitkitError(
-                f"{source}: {key}: these weights are {what} vitkit does not implement"
-            )
+            raise VitkitError(f"{source}: {key}: these weights are {what}")
 
 
 def refuse_other_architectures(cfg: ViTConfig, source: str) -> None:
@@ -97,8 +101,8 @@ def refuse_other_architectures(cfg: ViTConfig, source: str) -> None:
         raise VitkitError(
             f"{source}: these weights have the layout of Meta's Perception Encoder {which}, "
             "timm's eva.py vit_pe_*, whose 2-D rotary position embeddings the weights do not "
-            "show and vitkit does not implement; a timm folder whose config.json names a "
-            "vision_transformer architecture with this layout is read"
+            "show; a timm folder whose config.json names its vit_pe_* entry (or a "
+            "vision_transformer architecture with this layout) is read"
         )
 
 

@@ -6,8 +6,8 @@ entries of timm's ``vision_transformer.py``, ``deit.py`` and ``vision_transforme
 ``eva.py`` in :data:`EVA_NAMES` (:mod:`.timm_eva`), and those of ``beit.py`` and
 ``vision_transformer_relpos.py`` (:data:`RELPOS_MODULES`, :mod:`.timm_relpos`) and of
 ``naflexvit.py`` (:data:`NAFLEX_NAMES`, :mod:`.timm_naflex`); the entries of timm's other ViT
-modules (:data:`OTHER_MODULES`) compute something vitkit does not (the eva.py entries not yet
-read: EVA-02, Perception Encoder, ...), so a folder naming one is refused with
+modules (:data:`OTHER_MODULES`; since every eva.py entry is read, it holds none) compute
+something vitkit does not, so a folder naming one would be refused with
 what is missing, never read as the nearest ViT. A name in neither table (a later timm's, a
 user's own) is refused too. ``tests/test_timm_names.py`` checks both tables against the
 installed timm.
@@ -134,7 +134,8 @@ _EVA_ALL = frozenset(
     vit_tiny_patch16_dinov3_qkvb
 """.split()
 )
-# the eva.py entries read exactly (DINOv3, LingBot, RoPE-ViT, timm's SBB RoPE ViTs)
+# the eva.py entries read exactly (DINOv3, LingBot, RoPE-ViT, timm's SBB RoPE ViTs, EVA-02,
+# EVA-1 giants, Perception Encoder core / lang / spatial, Sapiens2): all of them
 EVA_NAMES: frozenset[str] = frozenset(n for n in _EVA_ALL if family_of(n) is not None)
 
 # timm's naflexvit.py: read exactly (vitkit.naflex; checkpoints/timm_naflex.py has each entry)
@@ -153,8 +154,7 @@ NAFLEX_NAMES: frozenset[str] = frozenset(
 # timm's other ViT modules: (what vitkit lacks, their names)
 OTHER_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     "eva": (
-        "EVA-02's / Perception Encoder's / Sapiens2's / EVA-1's blocks (timm eva.py) are not "
-        "read yet",
+        "not read (none: every timm 1.0.31 eva.py entry is read)",
         _EVA_ALL - EVA_NAMES,
     ),
 }

@@ -63,8 +63,8 @@ def relpos_family(sd: dict[str, Tensor]) -> str | None:
 
 def writes_relpos(cfg: ViTConfig) -> bool:
     """Whether ``cfg`` is written as one of these modules' models (not timm's ViT)."""
-    no_rope = cfg.rope == "none"  # (rotary models without E_pos are timm eva.py's)
-    return cfg.rel_pos != "none" or (no_rope and (not cfg.abs_pos_embed or not cfg.k_bias))
+    no_rope = cfg.rope == "none"  # (rotary models, and EVA-1's E_pos with q / v biases, are
+    return cfg.rel_pos != "none" or (no_rope and not cfg.abs_pos_embed)  # timm eva.py's)
 
 
 def _to_vitkit_key(k: str) -> str:

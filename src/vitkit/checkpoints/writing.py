@@ -38,7 +38,8 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
-from vitkit.config import ResNetConfig
+from vitkit.config import ResNetConfig, ViTConfig
+from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
 from vitkit.files import check_destination, fsync_dir, publish, set_file_mode
 
@@ -101,7 +102,7 @@ def write_checkpoint(
         tmp = dst.with_name(f".{dst.name}.tmp.npz")
         np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
         return _replace(tmp, dst)
-    eva = cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias
+    eva = cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias or _eva_only(cfg)
     if to == "timm" and eva and not timm_relpos.writes_relpos(cfg):
         # rotary embeddings: timm eva.py's Eva (refused without rope)
         tsd = timm_eva.state_dict_to_eva(sd, cfg)
@@ -204,3 +205,9 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
     for name, obj in jsons.items():
         _write_json(tmp / name, obj)
     return _install_dir(tmp, dst)
+
+
+def _eva_only(cfg: ViTConfig) -> bool:
+    """Switches only timm's Eva holds: grouped-query attention, attention-only layer scale,
+    Perception Encoder's MAP head (its heads, MLP width, the prefix tokens attended)."""
+    return bool(eva_only_switches(cfg))
