@@ -41,8 +41,10 @@ def test_count_equals_timm(name):
     assert cfg.image_size == tuple(reference.patch_embed.img_size)
 
 
-# timm eva.py's rows (DINOv3, LingBot, RoPE-ViT): every one, on the meta device (~15 s in all)
-ROPE_ROWS = [n for n in FAMILIES if family_of(n) in ("DINOv3", "LingBot", "RoPE-ViT")]
+# timm eva.py's rows (DINOv3, LingBot, RoPE-ViT, EVA-02, EVA, PE, Sapiens2): every one, on the
+# meta device (~30 s in all)
+EVA_FAMILIES = ("DINOv3", "LingBot", "RoPE-ViT", "EVA-02", "EVA", "PE", "Sapiens2")
+ROPE_ROWS = [n for n in FAMILIES if family_of(n) in EVA_FAMILIES]
 
 
 @pytest.mark.parametrize("name", ROPE_ROWS)
@@ -70,8 +72,8 @@ def test_rope_rows_are_every_eva_entry_vitkit_reads():
 
     assert set(ROPE_ROWS) == EVA_NAMES
     assert len([n for n in ROPE_ROWS if family_of(n) == "DINOv3"]) == 12  # S S+ B L H+ 7B, Ti
-    # EVA-02 and Perception Encoder are not named models yet (their switches are being built)
-    assert not [n for n in FAMILIES if n.startswith(("eva", "vit_pe_"))]
+    counts = {f: sum(family_of(n) == f for n in ROPE_ROWS) for f in EVA_FAMILIES[3:]}
+    assert counts == {"EVA-02": 12, "EVA": 4, "PE": 12, "Sapiens2": 5}
 
 
 def test_create_model_builds_a_named_rope_model():
@@ -98,7 +100,7 @@ def test_overrides_and_families():
     assert not cfg.pos_embed_prefix and cfg.gelu == "none"
     assert model_config("vit_base_patch16_clip_quickgelu_224").gelu == "quick"
     assert model_config("deit_tiny_distilled_patch16_224").dist_token
-    families = {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE", "DINOv3", "LingBot", "RoPE-ViT"}
+    families = {"DeiT", "DeiT-III", "DINOv2", "CLIP", "MAE", *EVA_FAMILIES}
     assert {family_of(n) for n in FAMILIES} == families
     with pytest.raises(VitkitError, match="unknown model 'deit3_tiny_patch16_224'"):
         model_config("deit3_tiny_patch16_224")

@@ -25,7 +25,17 @@ CLIP's eps 1e-5 and, where named, quick GELU.
   (``rope="axial"``, base 100, x before y) instead of E_pos, or ``mixed`` with learned
   per-block frequencies (base 10); ``_ape``: E_pos on the patches as well. timm's SBB RoPE ViTs
   (``*_rope_reg*_gap_256``): axial RoPE rescaled to a 16 x 16 grid, registers, mean pool.
-- Not here yet: EVA-02 and Perception Encoder (timm eva.py) — their switches are being built.
+- EVA-02 (Fang et al., 2023; timm eva.py): axial RoPE (base 10^4, interleaved pairs, rescaled to
+  a 16 x 16 grid) beside E_pos, SwiGLU (B / L with its sub-LayerNorm), q / v biases; the MIM /
+  ImageNet towers pool the mean patch with ``fc_norm``, the CLIP towers add the attention
+  sub-norm; the enormous CLIP tower is post-norm without RoPE. EVA-1 giants (Fang et al., 2022):
+  E_pos and q / v biases.
+- Perception Encoder (Bolya et al., 2025; timm eva.py): axial RoPE in (x, y) order from 1 on the
+  entry's own grid, LayerNorm before the encoder, no patch bias, eps 1e-5; core: the
+  attention-pool head (8 heads, over every token); lang / spatial: no final norm.
+- Sapiens2 (Khirodkar et al., 2026; timm eva.py): DINOv3's RoPE, RMSNorm, q / k norm, 8
+  registers, layer scale on the attention branch only, grouped-query attention (half the key /
+  value heads) in all but the first and last 8 blocks.
 
 This module imports nothing from vitkit (``config`` imports it).
 """
@@ -191,14 +201,159 @@ _EVA: dict[str, dict[str, Any]] = {
 }
 FAMILIES.update(_EVA)
 
+# EVA-02 / EVA-1 giants / Perception Encoder / Sapiens2 (the rest of timm eva.py)
+_EVA02 = {
+    "mlp": "swiglu",
+    "k_bias": False,  # q and v biases
+    "class_token": True,
+    "rope": "axial",
+    "rope_theta": 10000.0,
+    "rope_ref_grid": (16, 16),
+}
+_EVA02_IN = {**_EVA02, "pool": "gap", "fc_norm": True}  # MIM / ImageNet towers
+_EVA02_CLIP = {**_EVA02, "scale_attn_norm": True, "scale_mlp_norm": True}
+_EVA02_MLP = {"tiny": 1024, "small": 2048, "base": 4096, "large": 5460}  # 2 x SwiGLU hidden
+_EVA_GIANT = {"width": 1408, "depth": 40, "num_heads": 16, "mlp_dim": 6144, "k_bias": False}
+_PE = {
+    "layer_norm_eps": 1e-5,
+    "norm_pre": True,
+    "patch_bias": False,
+    "class_token": True,
+    "rope": "axial",
+    "rope_theta": 10000.0,
+    "rope_xy": True,
+    "rope_offset": 1.0,
+}
+_PE_G = {"width": 1536, "depth": 50, "num_heads": 16, "mlp_dim": 8960, "class_token": False}
+_PE_G_ROPE = {"rope_offset": 0.0}  # no class token: the grid counts from 0
+_PE_CORE = {"pool": "map", "map_heads": 8, "map_prefix": True}
+_PE_FEATURES = {"pool": "gap", "final_norm": False}  # lang / spatial: the tokens, no final norm
+
+
+def _eva02(size: str, image: int, classes: int, clip: bool = False, **more: Any) -> dict:
+    sub = {"scale_mlp_norm": True} if size in ("base", "large") and not clip else {}
+    switches = {**(_EVA02_CLIP if clip else _EVA02_IN), **sub, "mlp_dim": _EVA02_MLP[size]}
+    return _vit(size, 16 if clip and size == "base" else 14, image, classes, **switches, **more)
+
+
+def _pe(size: str, patch: int, image: int, classes: int, **switches: Any) -> dict[str, Any]:
+    grid = (image // patch, image // patch)
+    return _vit(size, patch, image, classes, **{**_PE, "rope_ref_grid": grid, **switches})
+
+
+def _gqa(depth: int, heads: int) -> tuple[int, ...]:
+    """Sapiens2's key / value heads per block: all in the first and last 8, half between."""
+    return (heads,) * 8 + (heads // 2,) * (depth - 16) + (heads,) * 8
+
+
+_SAPIENS2 = {
+    "image_size": (1024, 768),
+    "class_token": True,
+    "num_reg_tokens": 8,
+    "layer_scale_init": 1e-5,
+    "layer_scale_mlp": False,
+    "mlp": "swiglu",
+    "qk_norm": True,
+    "norm": "rmsnorm",
+    "abs_pos_embed": False,
+    "rope": "dinov3",
+    "rope_half": True,
+}
+
+
+def _sapiens2(size: str, width: int, depth: int, heads: int) -> dict[str, Any]:
+    gqa = {"kv_heads": _gqa(depth, heads)} if size != "base" else {}
+    shape = {"width": width, "depth": depth, "num_heads": heads, "mlp_dim": 8 * width}
+    return _vit("base", 16, 1024, 0, **{**_SAPIENS2, **shape, **gqa})
+
+
+FAMILIES.update(
+    {
+        **{
+            f"eva02_{size}_patch14_{image}": _eva02(size, image, 0 if image == 224 else 1000)
+            for size, images in (
+                ("tiny", (224, 336)),
+                ("small", (224, 336)),
+                ("base", (224, 448)),
+                ("large", (224, 448)),
+            )
+            for image in images
+        },
+        "eva02_base_patch16_clip_224": _eva02("base", 224, 512, clip=True),
+        "eva02_large_patch14_clip_224": _eva02("large", 224, 768, clip=True),
+        "eva02_large_patch14_clip_336": _eva02("large", 336, 768, clip=True),
+        "eva02_enormous_patch14_clip_224": _vit(
+            "huge",
+            14,
+            224,
+            1024,
+            width=1792,
+            depth=64,
+            num_heads=16,
+            mlp_dim=15360,
+            block="post",
+            k_bias=False,
+            class_token=True,
+        ),
+        **{
+            f"eva_giant_patch14_{image}": _vit(
+                "huge", 14, image, 1000, **_EVA_GIANT, pool="gap", fc_norm=True, class_token=True
+            )
+            for image in (224, 336, 560)
+        },
+        "eva_giant_patch14_clip_224": _vit("huge", 14, 224, 1024, **_EVA_GIANT, class_token=True),
+        "vit_pe_core_tiny_patch16_384": _pe("tiny", 16, 384, 512, **_PE_CORE),
+        "vit_pe_core_small_patch16_384": _pe("small", 16, 384, 512, **_PE_CORE),
+        "vit_pe_core_base_patch16_224": _pe("base", 16, 224, 1024, **_PE_CORE),
+        "vit_pe_core_large_patch14_336": _pe("large", 14, 336, 1024, **_PE_CORE),
+        "vit_pe_core_gigantic_patch14_448": _pe(
+            "huge", 14, 448, 1280, **_PE_G, **_PE_G_ROPE, pool="map", map_heads=8, map_mlp_dim=6144
+        ),
+        "vit_pe_lang_large_patch14_448": _pe(
+            "large", 14, 448, 0, **_PE_FEATURES, depth=23, layer_scale_init=1e-5
+        ),
+        "vit_pe_lang_gigantic_patch14_448": _pe(
+            "huge",
+            14,
+            448,
+            0,
+            **_PE_FEATURES,
+            **{**_PE_G, "depth": 47},
+            **_PE_G_ROPE,
+            layer_scale_init=1e-5,
+        ),
+        **{
+            f"vit_pe_spatial_{size}_patch16_512": _pe(size, 16, 512, 0, **_PE_FEATURES)
+            for size in ("tiny", "small", "base")
+        },
+        "vit_pe_spatial_large_patch14_448": _pe("large", 14, 448, 0, **_PE_FEATURES),
+        "vit_pe_spatial_gigantic_patch14_448": _pe(
+            "huge", 14, 448, 0, **_PE_FEATURES, **_PE_G, **_PE_G_ROPE, layer_scale_init=1e-5
+        ),
+        "vit_base_patch16_sapiens2": _sapiens2("base", 768, 12, 12),
+        "vit_large_patch16_sapiens2": _sapiens2("large", 1024, 24, 16),
+        "vit_huge_patch16_sapiens2": _sapiens2("huge", 1280, 32, 16),
+        "vit_giant_patch16_sapiens2": _sapiens2("giant", 1536, 40, 24),
+        "vit_5b_patch16_sapiens2": _sapiens2("5b", 2432, 56, 32),
+    }
+)
+
 
 def family_of(name: str) -> str:
     """The family a :data:`FAMILIES` name belongs to: "DeiT", "DeiT-III", "DINOv2", "CLIP",
-    "MAE", "DINOv3", "LingBot", "RoPE-ViT"."""
+    "MAE", "DINOv3", "LingBot", "RoPE-ViT", "EVA-02", "EVA", "PE", "Sapiens2"."""
     if name.endswith(("_dinov3", "_dinov3_qkvb")):
         return "DINOv3"
     if name.endswith("_lingbot"):
         return "LingBot"
+    if name.startswith("eva02_"):
+        return "EVA-02"
+    if name.startswith("eva_"):
+        return "EVA"
+    if name.startswith("vit_pe_"):
+        return "PE"
+    if name.endswith("_sapiens2"):
+        return "Sapiens2"
     if "_rope" in name:
         return "RoPE-ViT"
     if name.startswith("deit3_"):
