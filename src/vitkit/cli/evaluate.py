@@ -20,6 +20,7 @@ from vitkit.cli.options import (
     add_overwrite,
     add_runtime,
     loading,
+    non_negative_int,
     output_dir,
     positive_float,
     positive_int,
@@ -47,6 +48,14 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="replace an earlier evaluation in --out (default: refused; without --out a new "
         "RUN/eval_SPLIT-2, -3, ... is used); never writes into the checkpoint read",
+    )
+    p.add_argument(
+        "--tta-shift",
+        type=non_negative_int,
+        default=0,
+        metavar="PIXELS",
+        help="test-time augmentation: the mean of the image and its copies shifted PIXELS "
+        "each way (5 forward passes; 0: off)",
     )
     add_runtime(p, batch_size=256)
     add_engine_options(p)
@@ -142,6 +151,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         evaluate_checkpoint,
     )
     from vitkit.eval.compare import Recorder
+    from vitkit.eval.tta import ShiftTTA
     from vitkit.plotting import plot_confusion_matrix
 
     model, ckpt, engine_line = load_for_inference(args, path)
@@ -156,6 +166,12 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         precision, why = model.precision, f"{model.engine} engine"
         model = Recorder(model)
     model.to(args.device)
+    if args.tta_shift:
+        if isinstance(model, Recorder):
+            raise VitkitError(f"{engine_line}: --tta-shift runs the PyTorch model only")
+        if args.tta_shift > 8:
+            raise VitkitError(f"--tta-shift: at most 8 pixels, got {args.tta_shift}")
+        model = ShiftTTA(model, args.tta_shift)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
@@ -175,7 +191,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     print(f"{path} ({precision}: {why}):")
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
-    record = {**result.to_json_dict(), "precision": precision}
+    record = {**result.to_json_dict(), "precision": precision, "tta_shift": args.tta_shift}
     if isinstance(model, Recorder):
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)

@@ -69,6 +69,9 @@ class TrainConfig:
     grad_clip: float | None = 1.0  # global-norm gradient clipping; None: off
     label_smoothing: float = 0.0
     ema_decay: float | None = None  # Polyak averaging of the weights (paper fine-tuning: 0.9999)
+    # the final evaluation (test split) averages the image and its copies shifted this many
+    # pixels each way (vitkit.eval.tta: 5 forward passes, inside the run's time); 0: off
+    tta_shift: int = 0
     randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
@@ -127,6 +130,8 @@ class TrainConfig:
             raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
         if self.shuffle_buffer < 1:
             raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
+        if not isinstance(self.tta_shift, int) or not 0 <= self.tta_shift <= 8:
+            raise VitkitError(f"tta_shift must be 0 (off) to 8 pixels, got {self.tta_shift!r}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise VitkitError(f"ema_decay must lie in (0, 1), got {self.ema_decay}")
         if self.randaugment is not None:

@@ -39,6 +39,7 @@ from torch import Tensor
 from vitkit.checkpoints import atomic_write_text, load_checkpoint, save_checkpoint
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
+from vitkit.eval.tta import ShiftTTA
 from vitkit.hardware import is_out_of_memory, out_of_memory_message
 from vitkit.train import distributed as D
 from vitkit.train import report as run_report
@@ -203,8 +204,9 @@ class Trainer(TrainingRun):
 
     # ----- evaluation --------------------------------------------------------------------
 
-    def evaluate(self, dataset: Any) -> ClassificationResult:
-        """Evaluate on `dataset`; in a distributed run every rank evaluates its share."""
+    def evaluate(self, dataset: Any, tta: bool = False) -> ClassificationResult:
+        """Evaluate on `dataset`; in a distributed run every rank evaluates its share. ``tta``:
+        with the run's test-time augmentation (``tta_shift``), if it has one."""
         per_rank = max(256, self.micro_batch)
         if self.dist.enabled:  # small sets: an even share per rank rather than all on rank 0
             per_rank = min(per_rank, math.ceil(len(dataset) / self.dist.world_size))
@@ -221,6 +223,10 @@ class Trainer(TrainingRun):
                 progress=self.cfg.progress and self.dist.is_main,
             )
 
+        if tta and self.cfg.tta_shift:
+            if self.dist.enabled:
+                raise VitkitError("tta_shift: test-time augmentation runs in one process only")
+            return run(ShiftTTA(self.model, self.cfg.tta_shift), loader)
         if not self.dist.enabled:
             return run(self.model, loader)
 
@@ -458,7 +464,7 @@ class Trainer(TrainingRun):
     def final_metrics(self, eval_set: Any, split: str) -> dict[str, Any]:
         """Top-k, per-class accuracy (and the same for the EMA weights) on ``eval_set``, with
         its confusion matrix drawn (hook: the pre-trainer's pretext metrics)."""
-        res = self.evaluate(eval_set)
+        res = self.evaluate(eval_set, tta=True)
         metrics: dict[str, Any] = {f"{split}_{k}": v for k, v in res.metrics().items()}
         metrics["per_class_accuracy"] = [
             None if math.isnan(a) else a for a in res.per_class_accuracy
@@ -475,7 +481,7 @@ class Trainer(TrainingRun):
         if self.ema is not None:  # the Polyak-averaged weights, evaluated the same way
             raw = {k: v.clone() for k, v in self.model.state_dict().items()}
             self.model.load_state_dict(self.ema.averaged_model(self.model).state_dict())
-            ema_res = self.evaluate(eval_set)
+            ema_res = self.evaluate(eval_set, tta=True)
             metrics.update({f"ema_{split}_{k}": v for k, v in ema_res.metrics().items()})
             if self.dist.is_main:
                 save_checkpoint(
