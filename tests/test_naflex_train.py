@@ -103,6 +103,17 @@ def test_naflex_training_learns_and_predict_reads_the_checkpoint(folder, tmp_pat
     found = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
     right = sum(rec["top_k"][0]["label"] == f.parent.name for rec, f in zip(found, files))
     assert len(found) == 9 and right >= 7
+    # eval packs the test split as the run's own final evaluation did: the same numbers
+    ev = tmp_path / "ev"
+    assert main(["eval", "--from", str(out), "--max-seq-len", "16", "--out", str(ev)]) == 0
+    result = json.loads((ev / "eval.json").read_text())
+    assert result["max_seq_len"] == 16 and result["num_samples"] == 3 * 18
+    assert result["top1"] == report["test_top1"]
+    assert result["loss"] == pytest.approx(report["test_loss"], rel=1e-6)
+    capsys.readouterr()
+    bad = ["eval", "--from", str(out), "--max-seq-len", "16", "--tta-shift", "1"]
+    assert main([*bad, "--out", str(tmp_path / "bad")]) == 2
+    assert "does not take --max-seq-len" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -205,7 +216,7 @@ def test_naflex_refusals_below_the_cli():
 
 @pytest.mark.slow
 def test_readme_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
-    """The README's NaFlex train / predict / finetune commands, as written; substitutes: the
+    """The README's NaFlex train / predict / eval / finetune commands, as written; substitutes: the
     test's folder for the data, files for the images, a short run (--max-steps 2, batch 12,
     32 px for the report)."""
     import shlex
@@ -216,7 +227,7 @@ def test_readme_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
     short = ["--max-steps", "2", "--batch-size", "12", "--threads", "1", "--no-progress"]
     short += ["--image-size", "32"]  # the report's fixed-size analysis (finetune's recipe: 384)
     commands = [c for c in readme_commands() if "--max-seq-len" in c and "runs/naflex" in c]
-    assert [shlex.split(c)[1] for c in commands] == ["train", "predict", "finetune"]
+    assert [shlex.split(c)[1] for c in commands] == ["train", "predict", "eval", "finetune"]
     for command in commands:
         args = [str(folder) if a.startswith("path/to/") else a for a in shlex.split(command)[1:]]
         if args[0] == "predict":
@@ -224,7 +235,7 @@ def test_readme_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
             args = [
                 str(wide) if a == "wide.jpg" else str(tall) if a == "tall.jpg" else a for a in args
             ]
-        else:
+        elif args[0] != "eval":  # (eval as written: the run's checkpoint names its data)
             args += [*short, "--out-dir", "runs/naflex" if args[0] == "train" else "runs/ft"]
         assert main(args) == 0, capsys.readouterr().err
     assert (tmp_path / "runs" / "ft" / "report.json").is_file()

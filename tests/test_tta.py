@@ -92,3 +92,13 @@ def test_eval_tta_shift_from_the_command_line(tmp_path: Path, capsys):
     assert "--tta-shift: expected a whole number >= 0" in capsys.readouterr().err
     code = main(["eval", "--from", str(run), "--tta-shift", "9", "--out", str(tmp_path / "n")])
     assert code != 0 and "at most 8 pixels" in capsys.readouterr().err
+
+
+def test_eval_max_seq_len_on_a_fixed_size_model_is_one_line(tmp_path: Path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--data", "digits", "--model", "Ti/2", "--no-progress", "--max-steps", "2"]
+    tiny = [f"-o{k}={v}" for k, v in TINY.items()]
+    assert main([*args, *tiny, "--precision", "fp32", "--out-dir", str(run)]) == 0
+    capsys.readouterr()
+    code = main(["eval", "--from", str(run), "--max-seq-len", "16", "--out", str(tmp_path / "e")])
+    assert code == 2 and "packs images for a NaFlex model" in capsys.readouterr().err

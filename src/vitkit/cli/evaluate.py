@@ -50,6 +50,14 @@ def add_commands(sub: Any) -> None:
         "RUN/eval_SPLIT-2, -3, ... is used); never writes into the checkpoint read",
     )
     p.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a NaFlex model: every image at its aspect ratio, at most N patches, batches "
+        "packed with a valid mask (as train --naflex evaluates)",
+    )
+    p.add_argument(
         "--tta-shift",
         type=non_negative_int,
         default=0,
@@ -171,6 +179,8 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
             raise VitkitError(f"{engine_line}: --tta-shift runs the PyTorch model only")
         if args.tta_shift > 8:
             raise VitkitError(f"--tta-shift: at most 8 pixels, got {args.tta_shift}")
+        if args.max_seq_len is not None:
+            raise VitkitError("--tta-shift shifts whole images; it does not take --max-seq-len")
         model = ShiftTTA(model, args.tta_shift)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
@@ -187,11 +197,14 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         precision=precision,
         device=args.device,
         num_workers=args.num_workers,
+        max_seq_len=args.max_seq_len,
     )
     print(f"{path} ({precision}: {why}):")
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.to_json_dict(), "precision": precision, "tta_shift": args.tta_shift}
+    if args.max_seq_len is not None:
+        record["max_seq_len"] = args.max_seq_len
     if isinstance(model, Recorder):
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)

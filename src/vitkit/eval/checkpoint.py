@@ -121,6 +121,43 @@ def _prepare(ckpt: Checkpoint, device: str | None = None) -> Callable[[Tensor], 
     return prepare
 
 
+def _packed_loader(
+    ckpt: Checkpoint, dataset: Any, batch_size: int, num_workers: int, max_seq_len: int
+) -> tuple[Any, Callable[[Any], Any]]:
+    """A NaFlex checkpoint's evaluation batches (:mod:`vitkit.data.naflex_batches`) and the
+    step that normalises them."""
+    from vitkit.config import ViTConfig
+    from vitkit.data.naflex_batches import (
+        CollatePacked,
+        NaFlexTransform,
+        PackedImages,
+        native_dataset,
+        normalize_packed,
+    )
+
+    cfg, pre = ckpt.model_config, ckpt.preprocess
+    if not isinstance(cfg, ViTConfig) or not cfg.naflex:
+        raise VitkitError(
+            f"{ckpt.path}: --max-seq-len packs images for a NaFlex model; this one has fixed "
+            "position embeddings (evaluate it without --max-seq-len)"
+        )
+    transform = NaFlexTransform(cfg.patch_size, max_seq_len, pre.channels, pre.interpolation)
+    loader = make_loader(
+        native_dataset(dataset, transform),
+        batch_size,
+        shuffle=False,
+        drop_last=False,
+        seed=0,
+        num_workers=num_workers,
+        collate_fn=CollatePacked(cfg.patch_size, max_seq_len),
+    )
+
+    def prepare(images: PackedImages) -> dict[str, Tensor]:
+        return normalize_packed(images, pre.channels, pre.mean, pre.std, pre.rescale_factor)
+
+    return loader, prepare
+
+
 def _autocast_dtype(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
@@ -135,22 +172,29 @@ def evaluate_checkpoint(
     device: str = "cpu",
     num_workers: int = 0,
     progress: bool = True,
+    max_seq_len: int | None = None,
 ) -> ClassificationResult:
     """Top-k, per-class accuracy and the confusion matrix of ``model`` (loaded from ``ckpt``)
-    on ``dataset``, with the checkpoint's own preprocessing."""
+    on ``dataset``, with the checkpoint's own preprocessing. ``max_seq_len`` (a NaFlex model):
+    every image at its own aspect ratio, at most that many patches, batches packed with a
+    valid mask (the batches ``train --naflex`` validates and tests on)."""
     num_classes = ckpt.model_config.num_classes
     if not num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
     check_finite_weights(model, ckpt)
-    loader = make_loader(
-        dataset, batch_size, shuffle=False, drop_last=False, seed=0, num_workers=num_workers
-    )
+    prepare = _prepare(ckpt, device)
+    if max_seq_len is None:
+        loader = make_loader(
+            dataset, batch_size, shuffle=False, drop_last=False, seed=0, num_workers=num_workers
+        )
+    else:
+        loader, prepare = _packed_loader(ckpt, dataset, batch_size, num_workers, max_seq_len)
     return evaluate_classification(
         model,
         loader,
         num_classes,
         device=device,
-        prepare=_prepare(ckpt, device),
+        prepare=prepare,
         autocast_dtype=_autocast_dtype(precision),
         progress=progress,
     )
