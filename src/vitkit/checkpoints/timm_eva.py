@@ -425,7 +425,8 @@ def eva_hub_config_provenance(
         fields["fc_norm"] = True
     fields["class_token"] = shown["class_token"]
     if "num_heads" not in fields:
-        fields["num_heads"] = num_heads if num_heads is not None else _heads(shown["width"], fam)
+        known = num_heads if num_heads is not None else _heads(shown["width"], fam, arch)
+        fields["num_heads"] = known
     if fields.get("map_heads") == fields["num_heads"]:
         fields["map_heads"] = None  # (the blocks' heads, timm's default)
     if pool == "map":  # timm's Eva pools every token: the prefix ones where there are any
@@ -456,7 +457,15 @@ _HEADS.update({1408: 16, 1536: 16, 1792: 16})
 _SAPIENS2_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 24, 2432: 32}  # (H 16, g 24 heads)
 
 
-def _heads(width: int, family: str) -> int:
+def _heads(width: int, family: str, arch: str = "") -> int:
+    """The entry's own heads where the folder keeps its width (``vitkit.families`` has every
+    eva.py entry: LingBot-g has 24 heads at DINOv2-g's width, PE-G 16 at the same 1536), else
+    the family's heads by width."""
+    from vitkit.families import FAMILIES
+
+    row = FAMILIES.get(arch)
+    if row is not None and row.get("width") == width:
+        return int(row["num_heads"])
     table = _SAPIENS2_HEADS if family == "Sapiens2" else _HEADS
     if width in table:
         return table[width]
