@@ -92,6 +92,19 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
         raise VitkitError(f"{source}: malformed ViT config ({hf_field_names(str(e))})") from None
 
 
+# the encoder's shape as every Hugging Face ViT-family config.json names it (vitkit field ->
+# key), shared by the class readers' provenance tables (hf_beit, hf_dinov3, hf_siglip2)
+ENCODER_FIELDS = {
+    "patch_size": "patch_size",
+    "in_chans": "num_channels",
+    "width": "hidden_size",
+    "depth": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "mlp_dim": "intermediate_size",
+    "gelu": "hidden_act",
+    "layer_norm_eps": "layer_norm_eps",
+}
+
 # vitkit's name of a config field -> Hugging Face's (for errors that name the file's field)
 HF_FIELDS = {
     "width": "hidden_size",

@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
 from vitkit.config import ViTConfig
 from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
@@ -40,14 +40,7 @@ MODEL_TYPES = ("beit",)
 CLASSES = ("BeitModel", "BeitForImageClassification")
 FIELDS = {
     "image_size": "image_size",
-    "patch_size": "patch_size",
-    "in_chans": "num_channels",
-    "width": "hidden_size",
-    "depth": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "mlp_dim": "intermediate_size",
-    "gelu": "hidden_act",
-    "layer_norm_eps": "layer_norm_eps",
+    **ENCODER_FIELDS,
     "dropout": "hidden_dropout_prob",
     "attn_dropout": "attention_probs_dropout_prob",
     "drop_path": "drop_path_rate",

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
 from vitkit.config import ViTConfig
 from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
@@ -40,15 +40,8 @@ CLASSES = ("DINOv3ViTModel",)
 # DINOv3ViTConfig's defaults (the format's)
 FIELDS = {
     "image_size": "image_size",
-    "patch_size": "patch_size",
-    "in_chans": "num_channels",
-    "width": "hidden_size",
-    "depth": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "mlp_dim": "intermediate_size",
+    **ENCODER_FIELDS,
     "mlp": "use_gated_mlp",
-    "gelu": "hidden_act",
-    "layer_norm_eps": "layer_norm_eps",
     "rope_theta": "rope_theta",
     "qkv_bias": "query_bias",
     "k_bias": "key_bias",

@@ -29,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from vitkit.checkpoints import hf_siglip
-from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
 from vitkit.checkpoints.hf_processor import hf_preprocess, vit_to_hf_preprocess
 from vitkit.checkpoints.provenance import Assumption
 from vitkit.config import PreprocessConfig, ViTConfig
@@ -38,14 +38,7 @@ from vitkit.errors import VitkitError
 MODEL_TYPES = ("siglip2_vision_model", "siglip2")
 CLASSES = ("Siglip2VisionModel", "Siglip2Model")
 FIELDS = {
-    "patch_size": "patch_size",
-    "in_chans": "num_channels",
-    "width": "hidden_size",
-    "depth": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "mlp_dim": "intermediate_size",
-    "gelu": "hidden_act",
-    "layer_norm_eps": "layer_norm_eps",
+    **ENCODER_FIELDS,
     "naflex_grid": "num_patches",
     "pool": "vision_use_head",
     "attn_dropout": "attention_dropout",
