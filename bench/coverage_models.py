@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings, timm_config_provenance
+from vitkit.checkpoints.timm import timm_config_provenance
 from vitkit.errors import AssumptionWarning, VitkitError
 
 TIMM_MODULES = (
@@ -63,11 +63,31 @@ def heads_of(model: Any) -> int | None:
     return getattr(attn, "num_heads", None)
 
 
-def heads_hint_ok(name: str, width: int, heads: int | None) -> bool:
+def heads_hint_ok(name: str, heads: int | None, sd: dict[str, torch.Tensor]) -> bool:
     """Whether a hub folder of ``name`` at its native width, without ``num_heads`` in its
-    ``model_args`` (as timm's Hub folders are), gets timm's number of heads from vitkit."""
-    hint = _name_settings(name).get("num_heads", HEADS_BY_WIDTH.get(width))
-    return heads is None or hint == heads
+    ``model_args`` (as timm's Hub folders are), gets timm's number of heads from vitkit: the
+    reader of that folder kind run on the entry's own (meta-device) weights. A refusal is not
+    a wrong count."""
+    from vitkit.checkpoints.timm_eva import eva_hub_config_provenance
+    from vitkit.checkpoints.timm_hub import timm_hub_config_provenance
+    from vitkit.checkpoints.timm_names import EVA_NAMES, relpos_module
+    from vitkit.checkpoints.timm_relpos import relpos_config_provenance
+
+    if heads is None:
+        return True
+    hub = {"architecture": name}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if name in EVA_NAMES:
+                cfg, _ = eva_hub_config_provenance(hub, sd, name)
+            elif relpos_module(name):
+                cfg, _ = relpos_config_provenance(sd, hub, name)
+            else:
+                cfg, _ = timm_hub_config_provenance(hub, sd, name)
+    except VitkitError:
+        return True
+    return cfg.num_heads == heads
 
 
 def _patch_grid(model: Any) -> tuple[tuple[int, int], dict[str, Any]]:
@@ -113,7 +133,7 @@ def small_timm_args(timm: Any, name: str) -> dict[str, Any]:
     heads = heads_of(probe)
     stride, extra = _patch_grid(probe)
     args: dict[str, Any] = {
-        "_heads_hint_ok": heads_hint_ok(name, width, heads),
+        "_heads_hint_ok": heads_hint_ok(name, heads, probe.state_dict()),
         "_heads": heads,
         "_width": width,
         "_scaled": False,

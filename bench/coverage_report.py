@@ -180,7 +180,7 @@ def markdown(res: dict[str, Any]) -> str:
                     "### hub: heads a Hub folder without num_heads would get wrong",
                     "",
                     "These small copies record num_heads (their width is scaled); at the native "
-                    "width timm's Hub folders do not, and vitkit's width table / name hints give "
+                    "width timm's Hub folders do not, and vitkit's reader of such a folder gives "
                     "other heads: " + ", ".join(wrong),
                     "",
                 ]
