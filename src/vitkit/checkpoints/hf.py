@@ -75,12 +75,8 @@ def hf_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTConf
         return ViTConfig(
             image_size=hf.get("image_size", 224),
             patch_size=hf.get("patch_size", 16),
-            in_chans=hf.get("num_channels", 3),
             num_classes=0,
-            width=hf.get("hidden_size", 768),
-            depth=hf.get("num_hidden_layers", 12),
-            num_heads=hf.get("num_attention_heads", 12),
-            mlp_dim=hf.get("intermediate_size", 3072),
+            **encoder_shape(hf),
             pool="token",
             dropout=float(hf.get("hidden_dropout_prob", 0.0)),
             attn_dropout=float(hf.get("attention_probs_dropout_prob", 0.0)),
@@ -104,6 +100,29 @@ ENCODER_FIELDS = {
     "gelu": "hidden_act",
     "layer_norm_eps": "layer_norm_eps",
 }
+
+
+def encoder_shape(hf: dict[str, Any]) -> dict[str, Any]:
+    """The encoder's shape from a ViT-family ``config.json`` (ViT-Base where a key is absent,
+    the default of ViTConfig, SiglipVisionConfig, Siglip2VisionConfig and BeitConfig)."""
+    return {
+        "in_chans": hf.get("num_channels", 3),
+        "width": hf.get("hidden_size", 768),
+        "depth": hf.get("num_hidden_layers", 12),
+        "num_heads": hf.get("num_attention_heads", 12),
+        "mlp_dim": hf.get("intermediate_size", 3072),
+    }
+
+
+def refuse_leftover(source: str, what: str, leftover: list[str], reads: str) -> None:
+    """One line naming the first keys of a ``what`` checkpoint that no rule read."""
+    if leftover:
+        more = " ..." if len(leftover) > 10 else ""
+        raise VitkitError(
+            f"{source}: {what} checkpoint keys not understood: {', '.join(leftover[:10])}"
+            f"{more} (vitkit reads {reads})"
+        )
+
 
 # vitkit's name of a config field -> Hugging Face's (for errors that name the file's field)
 HF_FIELDS = {

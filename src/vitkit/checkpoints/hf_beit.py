@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS, encoder_shape, refuse_leftover
 from vitkit.config import ViTConfig
 from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
@@ -97,12 +97,8 @@ def beit_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViTCo
         return ViTConfig(
             image_size=tuple(size) if isinstance(size, list) else size,
             patch_size=(patch, patch),
-            in_chans=hf.get("num_channels", 3),
             num_classes=0,
-            width=hf.get("hidden_size", 768),
-            depth=hf.get("num_hidden_layers", 12),
-            num_heads=hf.get("num_attention_heads", 12),
-            mlp_dim=hf.get("intermediate_size", 3072),
+            **encoder_shape(hf),
             pool="gap" if mean else "token",
             class_token=True,
             fc_norm=mean,
@@ -203,13 +199,7 @@ def beit_to_state_dict(
     for i in range(cfg.depth):
         w = f"blocks.{i}.attn.qkv.weight"
         out[w] = torch.cat([out.pop(f"{w}.{n}") for n in "qkv"])
-    leftover = sorted(set(sd) - used)
-    if leftover:
-        raise VitkitError(
-            f"{source}: BEiT checkpoint keys not understood: {', '.join(leftover[:10])}"
-            f"{' ...' if len(leftover) > 10 else ''} (vitkit reads BeitModel and "
-            "BeitForImageClassification)"
-        )
+    refuse_leftover(source, "BEiT", sorted(set(sd) - used), "BeitModel and " + CLASSES[1])
     return cfg, {k: v.contiguous() for k, v in out.items()}
 
 

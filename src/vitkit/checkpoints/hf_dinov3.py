@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS, refuse_leftover
 from vitkit.config import ViTConfig
 from vitkit.config_checks import eva_only_switches
 from vitkit.errors import VitkitError
@@ -178,12 +178,7 @@ def dinov3_to_state_dict(sd: dict[str, Tensor], cfg: ViTConfig, source: str) -> 
             raise VitkitError(f"{source}: DINOv3 checkpoint is missing {missing[0]!r}")
         used.update(theirs)
         out[ours] = torch.cat([sd[t] for t in theirs]) if len(theirs) > 1 else sd[theirs[0]]
-    leftover = sorted(set(sd) - used)
-    if leftover:
-        raise VitkitError(
-            f"{source}: DINOv3 checkpoint keys not understood: {', '.join(leftover[:10])}"
-            f"{' ...' if len(leftover) > 10 else ''} (vitkit reads DINOv3ViTModel)"
-        )
+    refuse_leftover(source, "DINOv3", sorted(set(sd) - used), "DINOv3ViTModel")
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.hf import ACTIVATIONS
+from vitkit.checkpoints.hf import ACTIVATIONS, encoder_shape, refuse_leftover
 from vitkit.checkpoints.hf_processor import vit_to_hf_preprocess
 from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
@@ -70,12 +70,8 @@ def siglip_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> ViT
         return ViTConfig(
             image_size=hf.get("image_size", 224),
             patch_size=hf.get("patch_size", 16),
-            in_chans=hf.get("num_channels", 3),
             num_classes=0,
-            width=hf.get("hidden_size", 768),
-            depth=hf.get("num_hidden_layers", 12),
-            num_heads=hf.get("num_attention_heads", 12),
-            mlp_dim=hf.get("intermediate_size", 3072),
+            **encoder_shape(hf),
             pool="map" if hf.get("vision_use_head", True) else "gap",
             attn_dropout=float(hf.get("attention_dropout", 0.0)),
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-6)),
@@ -130,12 +126,7 @@ def siglip_to_state_dict(
         for ours, theirs in _HEAD.items():
             for leaf in ("weight", "bias"):
                 out[f"attn_pool.{ours}.{leaf}"] = take(f"head.{theirs}.{leaf}")
-    leftover = sorted(set(src) - used)
-    if leftover:
-        raise VitkitError(
-            f"{source}: SigLIP checkpoint keys not understood: {', '.join(leftover[:10])}"
-            f"{' ...' if len(leftover) > 10 else ''} (vitkit reads {reads})"
-        )
+    refuse_leftover(source, "SigLIP", sorted(set(src) - used), reads)
     return {k: v.contiguous() for k, v in out.items()}
 
 

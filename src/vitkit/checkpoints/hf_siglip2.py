@@ -29,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from vitkit.checkpoints import hf_siglip
-from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS
+from vitkit.checkpoints.hf import ACTIVATIONS, ENCODER_FIELDS, encoder_shape
 from vitkit.checkpoints.hf_processor import hf_preprocess, vit_to_hf_preprocess
 from vitkit.checkpoints.provenance import Assumption
 from vitkit.config import PreprocessConfig, ViTConfig
@@ -83,12 +83,8 @@ def siglip2_to_vit_config(hf: dict[str, Any], source: str = "config.json") -> Vi
         return ViTConfig(
             image_size=(side * p, side * p),
             patch_size=(p, p),
-            in_chans=hf.get("num_channels", 3),
             num_classes=0,
-            width=hf.get("hidden_size", 768),
-            depth=hf.get("num_hidden_layers", 12),
-            num_heads=hf.get("num_attention_heads", 12),
-            mlp_dim=hf.get("intermediate_size", 3072),
+            **encoder_shape(hf),
             pool="map" if hf.get("vision_use_head", True) else "gap",
             attn_dropout=float(hf.get("attention_dropout", 0.0)),
             layer_norm_eps=float(hf.get("layer_norm_eps", 1e-6)),
