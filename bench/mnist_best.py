@@ -146,7 +146,8 @@ def main() -> None:
     mean = statistics.mean(r["test_top1"] for r in best) if best else None
     passed = {
         "mean_test_top1>=0.9965": mean is not None and mean >= TARGET_TOP1 and len(best) >= 3,
-        "every_seed<=0.8x_mnist_long": bool(best and long_wall)
+        "every_seed<=0.8x_mnist_long": len(best) >= 3
+        and bool(long_wall)
         and all(
             r["wall_ratio_to_mnist_long"] is not None
             and r["wall_ratio_to_mnist_long"] <= TARGET_RATIO
@@ -194,6 +195,8 @@ def main() -> None:
         lines += ["", "Runs on different CPUs (no ratio across them): " + "; ".join(cpus)]
     if mean is not None:
         lines += ["", f"mnist-best mean test top-1 over {len(best)} seed(s): {100 * mean:.3f} %"]
+        if len(best) < 3:
+            lines += [f"({len(best)} of the 3 seeds run: the targets cannot be met yet)"]
     lines += [
         "",
         "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in passed.items()),
