@@ -120,8 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--jobs",
-        default="mnist-long,mnist-best:0,mnist-best:1,mnist-best:2",
-        help="RECIPE[:SEED],... run in this order (add 'mnist' for the default job's curve)",
+        default="mnist,mnist-long,mnist-best:0,mnist-best:1,mnist-best:2",
+        help="RECIPE[:SEED],... run in this order (mnist: the default job, for its curve)",
     )
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-mnist-best"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mnist_best"))
