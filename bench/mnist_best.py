@@ -60,7 +60,7 @@ def run_job(recipe: str, seed: int | None, out: Path, smoke: bool) -> dict:
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_WAIT_POLICY": "PASSIVE"}
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
-        load = []  # the 1-minute load average each minute: > ~2.5 means the run was shared
+        load = []  # the 1-minute load average each minute: well above 2, the run was shared
         while proc.poll() is None:
             load.append(os.getloadavg()[0])
             for _ in range(60):

@@ -177,6 +177,21 @@ def test_every_recipe_runs_a_tiny_training(name, pretrained, tmp_path):
     assert report["steps"] == 3 and 0.0 <= report["test_top1"] <= 1.0
 
 
+def test_list_recipes_shows_every_setting_a_recipe_changes(capsys):
+    """A recipe's settings outside the usual list (mnist-best's test-time augmentation,
+    augreg's EMA and Mixup, the paper's warmup steps) were left out of ``--list-recipes``."""
+    assert main(["train", "--list-recipes"]) == 0
+    out = capsys.readouterr().out
+    default = TrainConfig().to_dict()
+    for name, recipe in RECIPES.items():
+        block = out.split(f"\n{name}\n")[-1] if not out.startswith(name) else out
+        line = next(x for x in block.splitlines() if x.strip().startswith("settings: "))
+        for key, value in recipe.config.to_dict().items():
+            if value != default[key]:
+                assert f"{key}={value}" in line, (name, key)
+    assert "tta_shift=1" in out and "ema_decay=0.9999" in out and "warmup_steps=10000" in out
+
+
 def test_randaugment_applies_to_image_folders_too(tmp_path):
     import numpy as np
     from PIL import Image

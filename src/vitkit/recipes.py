@@ -56,7 +56,7 @@ MNIST = dataclasses.replace(
 # Time to accuracy (docs/experiments.md): the hybrid's ResNet root as the patch embedding (an
 # overlapping 7x7 conv + max-pool: stride 4, so 28 px digits give a 7x7 grid of 49 tokens, as
 # patch 4) under the default's ViT: half the FLOPs per image of mnist-long's width-96 model
-# (24.3 vs 50.1 MFLOPs), 1.2-1.7x its training images/s measured here.
+# (24.3 vs 50.1 MFLOPs), 1.2x its training images/s over whole runs on an AVX2 EPYC.
 MNIST_BEST = dataclasses.replace(
     MNIST_V1,
     model_overrides={
@@ -304,10 +304,9 @@ RECIPES: dict[str, Recipe] = {
             shift test-time augmentation (inside the run's time).
 
             Command: ``vitkit train --recipe mnist-best``.
-            Measured so far (one seed, shared AVX2 host; docs/experiments.md, "Time to
-            accuracy"): 99.49 % test top-1 without the augmentation, 99.64 % with it; 1.2-1.7x
-            mnist-long's training images/s. Not yet verified over 3 seeds
-            (``python bench/mnist_best.py``).""",
+            Measured so far (``python bench/mnist_best.py``, quiet 2-vCPU AVX2 EPYC; docs/
+            experiments.md, "Time to accuracy"): seed 0 99.64 % test top-1 in 67.7 min, 0.77x
+            mnist-long's 88.1 min (99.51 %). Seeds 1 and 2 not yet run.""",
             MNIST_BEST,
         ),
         Recipe(

@@ -242,13 +242,17 @@ def default_out_dir(args: argparse.Namespace, cfg: Any) -> Any:
 
 def list_recipes() -> int:
     from vitkit.recipes import RECIPES
+    from vitkit.train.trainer import TrainConfig
 
     keys = "data model model_overrides epochs batch_size optimizer lr weight_decay "
     keys += "warmup_epochs schedule grad_clip label_smoothing augment precision out_dir"
+    default = TrainConfig().to_dict()
     for r in RECIPES.values():
         print(f"{r.name}\n    " + "\n    ".join(line.strip() for line in r.doc.splitlines()))
-        settings = r.config.to_dict()
-        print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in keys.split()) + "\n")
+        settings = r.config.to_dict()  # the usual ones, then every other one the recipe sets
+        shown = keys.split() + [k for k in settings if settings[k] != default[k]]
+        shown = list(dict.fromkeys(shown))
+        print("    settings: " + ", ".join(f"{k}={settings[k]}" for k in shown) + "\n")
     return 0
 
 
