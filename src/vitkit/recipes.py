@@ -304,9 +304,10 @@ RECIPES: dict[str, Recipe] = {
             shift test-time augmentation (inside the run's time).
 
             Command: ``vitkit train --recipe mnist-best``.
-            Measured so far (``python bench/mnist_best.py``, quiet 2-vCPU AVX2 EPYC; docs/
-            experiments.md, "Time to accuracy"): seed 0 99.64 % test top-1 in 67.7 min, 0.77x
-            mnist-long's 88.1 min (99.51 %). Seeds 1 and 2 not yet run.""",
+            Measured (``python bench/mnist_best.py``, quiet 2-vCPU AVX2 EPYC; docs/
+            experiments.md, "Time to accuracy"): 99.58 % mean test top-1 over seeds 0-2
+            (99.64 / 99.58 / 99.52) in 64.8-67.7 min each, 0.74-0.77x mnist-long's 88.1 min
+            (99.51 %).""",
             MNIST_BEST,
         ),
         Recipe(
