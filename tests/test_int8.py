@@ -111,7 +111,8 @@ def test_int8_options_need_int8(ckpt, capsys):
 
 def test_static_int8_keeps_the_patch_embedding_and_head_in_fp32(ckpt):
     """Static QDQ int8 quantizes the blocks' matmuls, not the first and last layers: quantizing
-    the patch-embedding conv and the head cost a shapes-hard model 1.7 points of top-1."""
+    the patch-embedding conv and the head took a shapes-hard model from 85.5 % to 70.0 %
+    agreement with fp32."""
     onnx = pytest.importorskip("onnx")
     d, _ = ckpt
     out = d / "q-static-ops"
@@ -119,14 +120,11 @@ def test_static_int8_keeps_the_patch_embedding_and_head_in_fp32(ckpt):
     assert main(args) == 0
     g = onnx.load(str(out / "model.onnx")).graph
     made_by = {o: n.op_type for n in g.node for o in n.output}
-    fed = {n.op_type: [made_by.get(i) for i in n.input] for n in g.node if n.op_type != "MatMul"}
-    for op in ("Conv", "Gemm"):
-        if op in fed:
-            assert "DequantizeLinear" not in fed[op], f"{op} was quantized"
-    quantized_matmuls = [
-        n
-        for n in g.node
-        if n.op_type == "MatMul" and "DequantizeLinear" in [made_by.get(i) for i in n.input]
-    ]
-    assert quantized_matmuls  # the blocks are int8
-    assert "Conv" in fed  # the patch embedding is in the graph, in fp32
+
+    def quantized(n) -> bool:
+        return "DequantizeLinear" in [made_by.get(i) for i in n.input]
+
+    first_last = [n for n in g.node if n.op_type in ("Conv", "Gemm")]
+    assert any(n.op_type == "Conv" for n in first_last)  # the patch embedding is in the graph
+    assert not [n.name for n in first_last if quantized(n)]
+    assert [n for n in g.node if n.op_type == "MatMul" and quantized(n)]  # the blocks are int8

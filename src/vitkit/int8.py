@@ -7,8 +7,9 @@ Two engines quantize here, each with its own maintained tool (vitkit writes no i
   saved as OpenVINO IR (``model.xml`` + ``model.bin``).
 - ``onnxruntime`` (the default: the fastest and most accurate int8 measured on an AVX2 CPU,
   bench/results/cpu_inference.md): ONNX Runtime's ``quantize_dynamic`` (activation scales per
-  batch), or with ``--static`` its QDQ quantization of the MatMul/Gemm/Conv weights and inputs
-  (per-channel symmetric int8 weights, uint8 activations with calibrated scales). The file is
+  batch), or with ``--static`` its QDQ quantization of the MatMul weights and inputs (per-
+  channel symmetric int8 weights, uint8 activations with calibrated scales; the Conv patch
+  embedding, a hybrid's ResNet, and the Gemm head stay fp32). The file is
   ONNX, so OpenVINO runs it too.
 
 Calibration runs the fp32 model over ``--calib-images`` images of the checkpoint's own dataset
@@ -116,9 +117,10 @@ def quantize_onnxruntime(fp32: Path, out: Path, calib: Tensor | None) -> None:
         str(out),
         Reader(),
         quant_format=q.QuantFormat.QDQ,
-        # the blocks' matmuls only: the patch embedding (Conv) and the head (Gemm) stay fp32.
-        # Quantizing them too cost a weak shapes-hard model 1.7 points and 30 % agreement with
-        # fp32 (bench/results/int8_accuracy_shapes_hard.md); they are a few % of the FLOPs.
+        # the blocks' matmuls only: the patch embedding (Conv; a hybrid's whole ResNet) and the
+        # head (Gemm) stay fp32. Quantizing them too took a weak shapes-hard model from -0.55 to
+        # -1.69 points and from 85.5 % to 70.0 % agreement with fp32 (bench/results/
+        # int8_accuracy_shapes_hard.md). For a plain ViT they are a few % of the FLOPs.
         op_types_to_quantize=["MatMul"],
         per_channel=True,
         activation_type=q.QuantType.QUInt8,
