@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vitkit.hardware import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "e09383d"  # "Measured: default job 98.65 % in 7m54s from a fresh clone"
 
@@ -52,6 +54,7 @@ def run_job(src: Path, out: Path, threads: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", default=BASELINE, help="commit of the first version")
+    ap.add_argument("--label", default="first version", help="what the baseline commit is")
     ap.add_argument("--order", default="baseline,current")
     ap.add_argument("--threads", type=int, help="torch threads for both (default: torch's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mnist_default"))
@@ -74,7 +77,14 @@ def main() -> None:
     speedup = base["command_wall_s"] / cur["command_wall_s"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"baseline_commit": args.baseline, "order": args.order, "threads": args.threads}
+    meta = {
+        "baseline_commit": args.baseline,
+        "baseline_label": args.label,
+        "order": args.order,
+        "threads": args.threads,
+        "cpu": cpu_name(),
+        "command": "python " + " ".join(sys.argv),
+    }
     out.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "speedup": speedup, **results}, indent=1)
     )
@@ -88,12 +98,12 @@ def main() -> None:
         )
 
     lines = [
-        f"Default job (`vitkit train`), first version ({args.baseline}) vs now, run one after "
+        f"Default job (`vitkit train`), {args.label} ({args.baseline}) vs now, run one after "
         f"the other ({args.order}); whole command timed",
         "",
         "| version | model | batch | epochs | mode | wall time | test top-1 |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: |",
-        row(f"first ({args.baseline})", base),
+        row(f"{args.label} ({args.baseline})", base),
         row("now", cur),
         "",
         f"Speed-up: **{speedup:.2f}x**; test top-1 change: "

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import vitkit
@@ -146,6 +147,37 @@ def test_fused_and_explicit_attention_agree_with_gradients():
     for gf, ge in zip(grads(fused, w, wrt), grads(explicit, w, wrt), strict=True):
         assert gf.abs().max() > 0
         torch.testing.assert_close(gf, ge, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("batch", "tokens", "fused_calls"), [(16, 17, 0), (16, 129, 1), (15, 17, 1), (1, 50, 1)]
+)
+def test_cpu_attention_routes_short_sequences_over_many_rows_to_plain_matmuls(
+    monkeypatch, batch, tokens, fused_calls
+):
+    """Eager CPU attention: 16 x 4 heads of 17 tokens take the explicit softmax (faster there),
+    129 tokens or fewer than 64 rows the fused kernel; the two agree with gradients."""
+    cfg = tiny(width=32, num_heads=4, qkv_bias=True)
+    torch.manual_seed(0)
+    attn = Attention(cfg).double()
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    x = torch.randn(batch, tokens, 32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(batch, tokens, 32, dtype=torch.float64)
+    wrt = [x, *attn.parameters()]
+    out = attn(x)
+    assert len(calls) == fused_calls
+    q, k, v = attn._split_heads(x, None)
+    reference = attn._merge_heads(sdpa(q, k, v))  # the fused kernel itself
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-10)
+    for ga, gr in zip(grads(out, w, wrt), grads(reference, w, wrt), strict=True):
+        torch.testing.assert_close(ga, gr, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("pool", ["token", "gap"])

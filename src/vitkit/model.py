@@ -27,9 +27,9 @@ Where we deviate from the paper or the official code, and why:
   does), so that ``forward_features`` returns normalised tokens for analysis.
 - Query, key and value are one fused ``Linear(D, 3D)`` (faster); the converters split it into
   the official per-projection kernels.
-- ``Attention.forward`` uses PyTorch's fused ``scaled_dot_product_attention``, except for bf16
-  on CPU, where it computes the same softmax explicitly: PyTorch's CPU flash kernel is several
-  times slower there (measured: backward of [128, 4, 50, 32] 83 ms fused vs 13 ms explicit).
+- ``Attention.forward`` uses PyTorch's fused ``scaled_dot_product_attention``, except on CPU for
+  bf16 or short sequences (eager), where the same softmax with plain matmuls is faster (see
+  ``EXPLICIT_CPU_MAX_TOKENS``; bf16 backward of [128, 4, 50, 32]: 83 ms fused vs 13 ms).
 - The paper interpolates E_pos in 2-D once, to fine-tune at a higher resolution (Sec. 3.2);
   the model also does it on the fly for images of another size (any multiple of the patch),
   with the same function as ``vitkit convert --image-size``, so running there equals converting.
@@ -126,6 +126,15 @@ class PatchEmbed(nn.Module):
         return self.norm(x.flatten(2).transpose(1, 2))  # [B, N, D], patches in row-major order
 
 
+# Eager CPU attention computes softmax(q k^T) v with plain matmuls for short sequences over many
+# (batch x head) rows. fp32, 2 threads, AVX2 EPYC, fused / explicit time, inference | training:
+# [128, 4, 17, 16] 1.9 | 2.9x, [128, 4, 50, 16] 1.6 | 1.5x, [64, 3, 65, 64] 1.5 | 1.4x; but
+# [32, 3, 197, 64] 1.0 | 0.9x, [32, 12, 197, 64] 0.5 | 0.6x, and with few rows ([1, 4, 50, 16]
+# 0.5-0.8x, [4, 4, 17, 16] 0.4-1.6x) the one fused call wins.
+EXPLICIT_CPU_MAX_TOKENS = 128
+EXPLICIT_CPU_MIN_ROWS = 64
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (MSA of Eq. 2).
 
@@ -188,10 +197,18 @@ class Attention(nn.Module):
         """``rope``: a rotary table for q / k (vitkit.rope); ``bias``: an additive term on the
         logits [1, heads, T, T] (relative position, vitkit.relpos)."""
         q, k, v = self._split_heads(x, rope)
-        cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
-        # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward); the
-        # ONNX exporter cannot decompose the fused kernel with a float mask (torch 2.13)
-        if cpu_bf16 or (bias is not None and torch.compiler.is_exporting()):
+        cpu = q.device.type == "cpu"
+        # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward) and
+        # 1.4-2.9x slower in fp32 for short sequences over many rows (EXPLICIT_CPU_*); the ONNX
+        # exporter cannot decompose the fused kernel with a float mask (torch 2.13)
+        short = (  # (eager only: no guard on an exported graph's dynamic batch)
+            not torch.compiler.is_compiling()
+            and q.shape[-2] <= EXPLICIT_CPU_MAX_TOKENS
+            and q.shape[0] * q.shape[1] >= EXPLICIT_CPU_MIN_ROWS
+        )
+        if (cpu and (q.dtype == torch.bfloat16 or short)) or (
+            bias is not None and torch.compiler.is_exporting()
+        ):
             return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
         mask = None if bias is None else bias.to(q.dtype)
