@@ -205,6 +205,41 @@ def test_adamw_passes_lr_and_betas():
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
 
 
+def wide() -> nn.Module:
+    """1.05 M parameters: past vitkit's threshold for fused AdamW on the CPU."""
+    return nn.Sequential(nn.Linear(1024, 1024), nn.LayerNorm(1024))
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "impl"),
+    [
+        ("adamw", tiny, "foreach"),
+        ("sgd", tiny, "foreach"),
+        ("adamw", wide, "fused"),
+        ("sgd", wide, "foreach"),
+    ],
+)
+def test_cpu_optimizers_skip_the_one_tensor_at_a_time_default_with_the_same_steps(name, make, impl):
+    """PyTorch's CPU default runs one parameter at a time (slower); vitkit asks for for-each,
+    or fused AdamW for a model of 1 M parameters or more, whose steps are the same numbers."""
+    torch.manual_seed(0)
+    model, reference = make(), make()
+    reference.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, name, lr=1e-2, weight_decay=0.05)
+    assert all(g[impl] is True for g in opt.param_groups)
+    single = build_optimizer(reference, name, lr=1e-2, weight_decay=0.05, fused=False)
+    for g in single.param_groups:
+        g["foreach"] = False
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for m, o in ((model, opt), (reference, single)):
+            for p, g in zip(m.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            o.step()
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)
+
+
 def test_sgd_uses_momentum_0_9():
     model = tiny()
     lr = 0.01
