@@ -46,6 +46,7 @@ import vitkit  # noqa: E402
 from vitkit.checkpoints import hf as hf_conv  # noqa: E402
 from vitkit.checkpoints import timm as timm_conv  # noqa: E402
 from vitkit.counts import count_flops  # noqa: E402
+from vitkit.hardware import cpu_name  # noqa: E402
 from vitkit.recipes import MNIST  # noqa: E402
 
 
@@ -354,7 +355,7 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": args.device,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "tf32": bool(args.tf32),
         "matmul_ceiling_flops": ceilings,
         "command": " ".join(sys.argv),
@@ -365,7 +366,8 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
     )
     by = {(r["model"], r["impl"], r["precision"], r["mode"], r["task"]): r for r in rows}
     lines = [
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}; matmul "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device} "
+        f"({meta['device_name']}); matmul "
         + ", ".join(f"{p} {c / 1e9:.0f} GFLOP/s" for p, c in ceilings.items()),
         "",
         "| model | precision | mode | task | vitkit img/s | timm img/s | HF img/s "
