@@ -127,10 +127,11 @@ class PatchEmbed(nn.Module):
 
 
 # Eager CPU attention computes softmax(q k^T) v with plain matmuls for short sequences over many
-# (batch x head) rows. fp32, 2 threads, AVX2 EPYC, fused / explicit time, inference | training:
-# [128, 4, 17, 16] 1.9 | 2.9x, [128, 4, 50, 16] 1.6 | 1.5x, [64, 3, 65, 64] 1.5 | 1.4x; but
-# [32, 3, 197, 64] 1.0 | 0.9x, [32, 12, 197, 64] 0.5 | 0.6x, and with few rows ([1, 4, 50, 16]
-# 0.5-0.8x, [4, 4, 17, 16] 0.4-1.6x) the one fused call wins.
+# (batch x head) rows. fp32, 2 threads, AVX2 EPYC, fused / explicit time over several runs,
+# inference | training: [128, 4, 17, 16] 1.7-1.9 | 2.3-2.9x, [128, 4, 50, 16] 1.3-1.6 | 1.5-1.6x,
+# [64, 3, 65, 64] 1.1-1.5 | 1.2-1.4x; but [32, 3, 197, 64] 0.9-1.0 | 0.9x, [32, 12, 197, 64]
+# 0.5 | 0.6-0.7x, and with few rows ([1, 4, 50, 16] 0.3-0.8x) the one fused call wins; 64 rows is
+# about even (bench/results/cpu_attention.md).
 EXPLICIT_CPU_MAX_TOKENS = 128
 EXPLICIT_CPU_MIN_ROWS = 64
 
