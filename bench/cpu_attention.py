@@ -83,7 +83,7 @@ def attention_row(shape: tuple[int, int, int, int], rounds: int) -> dict:
     row: dict = {"shape": list(shape)}
     row.update({k: statistics.median(v) for k, v in runs.items()})
     b, h, t, _ = shape
-    row["routed_explicit"] = t <= vm.EXPLICIT_CPU_MAX_TOKENS and b * h >= vm.EXPLICIT_CPU_MIN_ROWS
+    row["routed_explicit"] = vm.plain_cpu_attention(b * h, t)
     return row
 
 

@@ -180,6 +180,18 @@ def test_cpu_attention_routes_short_sequences_over_many_rows_to_plain_matmuls(
         torch.testing.assert_close(ga, gr, rtol=0, atol=1e-10)
 
 
+def test_exported_attention_keeps_the_fused_call_for_any_batch():
+    """The CPU routing is eager only: an export at a batch it would route (32 x 4 heads of 17
+    tokens) keeps the fused kernel and its batch dynamic, down to batch 1."""
+    attn = Attention(tiny(width=32, num_heads=4)).eval()
+    x = torch.randn(32, 17, 32)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    ep = torch.export.export(attn, (x,), dynamic_shapes={"x": {0: batch}})
+    assert "scaled_dot_product_attention" in str(ep.graph)
+    one = torch.randn(1, 17, 32)
+    torch.testing.assert_close(ep.module()(one), attn(one))
+
+
 @pytest.mark.parametrize("pool", ["token", "gap"])
 def test_whole_model_fused_equals_explicit(pool):
     cfg = tiny(width=32, num_heads=4, depth=2, pool=pool, representation_size=16)

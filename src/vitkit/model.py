@@ -136,6 +136,11 @@ EXPLICIT_CPU_MAX_TOKENS = 128
 EXPLICIT_CPU_MIN_ROWS = 64
 
 
+def plain_cpu_attention(rows: int, tokens: int) -> bool:
+    """Whether eager CPU attention over ``rows`` (batch x heads) of ``tokens`` takes matmuls."""
+    return tokens <= EXPLICIT_CPU_MAX_TOKENS and rows >= EXPLICIT_CPU_MIN_ROWS
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (MSA of Eq. 2).
 
@@ -202,10 +207,9 @@ class Attention(nn.Module):
         # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward) and
         # 1.4-2.9x slower in fp32 for short sequences over many rows (EXPLICIT_CPU_*); the ONNX
         # exporter cannot decompose the fused kernel with a float mask (torch 2.13)
-        short = (  # (eager only: no guard on an exported graph's dynamic batch)
-            not torch.compiler.is_compiling()
-            and q.shape[-2] <= EXPLICIT_CPU_MAX_TOKENS
-            and q.shape[0] * q.shape[1] >= EXPLICIT_CPU_MIN_ROWS
+        # (eager only: no guard on an exported graph's dynamic batch)
+        short = not torch.compiler.is_compiling() and plain_cpu_attention(
+            q.shape[0] * q.shape[1], q.shape[-2]
         )
         if (cpu and (q.dtype == torch.bfloat16 or short)) or (
             bias is not None and torch.compiler.is_exporting()
