@@ -20,6 +20,7 @@ from vitkit.cli.options import (
     add_overwrite,
     add_runtime,
     loading,
+    non_negative_float,
     non_negative_int,
     output_dir,
     positive_float,
@@ -64,6 +65,20 @@ def add_commands(sub: Any) -> None:
         metavar="PIXELS",
         help="test-time augmentation: the mean of the image and its copies shifted PIXELS "
         "each way (5 forward passes; 0: off)",
+    )
+    p.add_argument(
+        "--tta-rotate",
+        type=non_negative_float,
+        default=0.0,
+        metavar="DEGREES",
+        help="test-time augmentation: also the copies rotated +-DEGREES (2 more passes; 0: off)",
+    )
+    p.add_argument(
+        "--tta-zoom",
+        type=non_negative_float,
+        default=0.0,
+        metavar="FRACTION",
+        help="test-time augmentation: also the copies scaled by 1 +- FRACTION (2 more passes)",
     )
     add_runtime(p, batch_size=256)
     add_engine_options(p)
@@ -159,7 +174,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         evaluate_checkpoint,
     )
     from vitkit.eval.compare import Recorder
-    from vitkit.eval.tta import ShiftTTA
+    from vitkit.eval.tta import JitterTTA, check_jitter
     from vitkit.plotting import plot_confusion_matrix
 
     model, ckpt, engine_line = load_for_inference(args, path)
@@ -174,14 +189,16 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         precision, why = model.precision, f"{model.engine} engine"
         model = Recorder(model)
     model.to(args.device)
-    if args.tta_shift:
+    jitter = (args.tta_shift, args.tta_rotate, args.tta_zoom)
+    if any(jitter):
         if isinstance(model, Recorder):
-            raise VitkitError(f"{engine_line}: --tta-shift runs the PyTorch model only")
-        if args.tta_shift > 8:
-            raise VitkitError(f"--tta-shift: at most 8 pixels, got {args.tta_shift}")
+            raise VitkitError(f"{engine_line}: --tta-* runs the PyTorch model only")
+        problem = check_jitter(*jitter, what="--tta")
+        if problem is not None:
+            raise VitkitError(problem.replace("_", "-", 1))
         if args.max_seq_len is not None:
-            raise VitkitError("--tta-shift shifts whole images; it does not take --max-seq-len")
-        model = ShiftTTA(model, args.tta_shift)
+            raise VitkitError("--tta-* moves whole images; it does not take --max-seq-len")
+        model = JitterTTA(model, *jitter)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
@@ -202,7 +219,8 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     print(f"{path} ({precision}: {why}):")
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
-    record = {**result.to_json_dict(), "precision": precision, "tta_shift": args.tta_shift}
+    record = {**result.to_json_dict(), "precision": precision}
+    record.update(tta_shift=args.tta_shift, tta_rotate=args.tta_rotate, tta_zoom=args.tta_zoom)
     if args.max_seq_len is not None:
         record["max_seq_len"] = args.max_seq_len
     if isinstance(model, Recorder):

@@ -174,6 +174,18 @@ def _add_optimisation(g: Any) -> None:
         "its copies shifted PIXELS each way (5 forward passes, timed with the run; 0: off)",
     )
     g.add_argument(
+        "--tta-rotate",
+        type=non_negative_float,
+        metavar="DEGREES",
+        help="test-time augmentation: also the copies rotated +-DEGREES (2 more passes; 0: off)",
+    )
+    g.add_argument(
+        "--tta-zoom",
+        type=non_negative_float,
+        metavar="FRACTION",
+        help="test-time augmentation: also the copies scaled by 1 +- FRACTION (2 more passes)",
+    )
+    g.add_argument(
         "--randaugment",
         type=non_negative_float,
         nargs=2,
@@ -250,7 +262,7 @@ _TRAIN_FIELDS = (
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
-    "cutmix_alpha compile threads early_stop tta_shift"
+    "cutmix_alpha compile threads early_stop tta_shift tta_rotate tta_zoom"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from vitkit.config import check_fields
 from vitkit.errors import VitkitError
+from vitkit.eval.tta import check_jitter
 from vitkit.posemb import Resample
 from vitkit.selfsup.config import objective_config
 from vitkit.train import distributed as D
@@ -72,6 +73,8 @@ class TrainConfig:
     # the final evaluation (test split) averages the image and its copies shifted this many
     # pixels each way (vitkit.eval.tta: 5 forward passes, inside the run's time); 0: off
     tta_shift: int = 0
+    tta_rotate: float = 0.0  # ... and its copies rotated +-this many degrees (2 more passes)
+    tta_zoom: float = 0.0  # ... and scaled by 1 +- this fraction (2 more passes)
     randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
@@ -130,8 +133,9 @@ class TrainConfig:
             raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
         if self.shuffle_buffer < 1:
             raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
-        if not isinstance(self.tta_shift, int) or not 0 <= self.tta_shift <= 8:
-            raise VitkitError(f"tta_shift must be 0 (off) to 8 pixels, got {self.tta_shift!r}")
+        problem = check_jitter(self.tta_shift, self.tta_rotate, self.tta_zoom)
+        if problem is not None:
+            raise VitkitError(problem)
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise VitkitError(f"ema_decay must lie in (0, 1), got {self.ema_decay}")
         if self.randaugment is not None:

@@ -39,7 +39,7 @@ from torch import Tensor
 from vitkit.checkpoints import atomic_write_text, load_checkpoint, save_checkpoint
 from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
-from vitkit.eval.tta import ShiftTTA
+from vitkit.eval.tta import JitterTTA
 from vitkit.hardware import is_out_of_memory, out_of_memory_message
 from vitkit.train import distributed as D
 from vitkit.train import report as run_report
@@ -206,7 +206,7 @@ class Trainer(TrainingRun):
 
     def evaluate(self, dataset: Any, tta: bool = False) -> ClassificationResult:
         """Evaluate on `dataset`; in a distributed run every rank evaluates its share. ``tta``:
-        with the run's test-time augmentation (``tta_shift``), if it has one."""
+        with the run's test-time augmentation (``tta_shift/rotate/zoom``), if it has one."""
         per_rank = max(256, self.micro_batch)
         if self.dist.enabled:  # small sets: an even share per rank rather than all on rank 0
             per_rank = min(per_rank, math.ceil(len(dataset) / self.dist.world_size))
@@ -223,10 +223,11 @@ class Trainer(TrainingRun):
                 progress=self.cfg.progress and self.dist.is_main,
             )
 
-        if tta and self.cfg.tta_shift:
+        jitter = (self.cfg.tta_shift, self.cfg.tta_rotate, self.cfg.tta_zoom)
+        if tta and any(jitter):
             if self.dist.enabled:
-                raise VitkitError("tta_shift: test-time augmentation runs in one process only")
-            return run(ShiftTTA(self.model, self.cfg.tta_shift), loader)
+                raise VitkitError("tta_*: test-time augmentation runs in one process only")
+            return run(JitterTTA(self.model, *jitter), loader)
         if not self.dist.enabled:
             return run(self.model, loader)
 
