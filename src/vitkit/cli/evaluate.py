@@ -69,14 +69,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--tta-rotate",
         type=non_negative_float,
-        default=0.0,
+        default=0,
         metavar="DEGREES",
         help="test-time augmentation: also the copies rotated +-DEGREES (2 more passes; 0: off)",
     )
     p.add_argument(
         "--tta-zoom",
         type=non_negative_float,
-        default=0.0,
+        default=0,
         metavar="FRACTION",
         help="test-time augmentation: also the copies scaled by 1 +- FRACTION (2 more passes)",
     )
@@ -189,7 +189,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         precision, why = model.precision, f"{model.engine} engine"
         model = Recorder(model)
     model.to(args.device)
-    jitter = (args.tta_shift, args.tta_rotate, args.tta_zoom)
+    jitter = (args.tta_shift, float(args.tta_rotate), float(args.tta_zoom))
     if any(jitter):
         if isinstance(model, Recorder):
             raise VitkitError(f"{engine_line}: --tta-* runs the PyTorch model only")
@@ -220,7 +220,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.to_json_dict(), "precision": precision}
-    record.update(tta_shift=args.tta_shift, tta_rotate=args.tta_rotate, tta_zoom=args.tta_zoom)
+    record.update(zip(("tta_shift", "tta_rotate", "tta_zoom"), jitter))
     if args.max_seq_len is not None:
         record["max_seq_len"] = args.max_seq_len
     if isinstance(model, Recorder):
