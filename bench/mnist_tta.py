@@ -19,24 +19,30 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from vitkit.checkpoints import load_model  # noqa: E402
 from vitkit.data.transforms import to_model_input  # noqa: E402
 from vitkit.eval.checkpoint import checkpoint_dataset  # noqa: E402
-from vitkit.eval.tta import affine_view, shifted_views  # noqa: E402
+from vitkit.eval.tta import jitter_views, shifted_views  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
 
 
+def moved(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """``x`` with its content moved ``dy`` px down and ``dx`` px right, edges repeated (as
+    ``shifted_views``, for the diagonal moves that the recipe's views do not have)."""
+    s = max(abs(dy), abs(dx))
+    h, w = x.shape[-2:]
+    padded = F.pad(x, (s, s, s, s), mode="replicate")
+    return padded[..., s - dy : s - dy + h, s - dx : s - dx + w]
+
+
 def views(x: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = dict(zip(("id", "right", "left", "down", "up"), shifted_views(x, 1)))
-    for dy in (1, -1):  # diagonal 1-pixel shifts: a 2-pixel pad, then the two shifts
-        for dx in (1, -1):
-            out[f"diag{dy},{dx}"] = shifted_views(shifted_views(x, 1)[1 if dx > 0 else 2], 1)[
-                3 if dy > 0 else 4
-            ]
+    out = dict(zip(("id", "right", "left", "down", "up"), jitter_views(x, shift=1)))
+    out.update({f"diag{dy},{dx}": moved(x, dy, dx) for dy in (1, -1) for dx in (1, -1)})
     out.update(zip(("right2", "left2", "down2", "up2"), shifted_views(x, 2)[1:]))
-    out.update({"rot+8": affine_view(x, 8.0), "rot-8": affine_view(x, -8.0)})
-    out.update({"zoom1.08": affine_view(x, scale=1.08), "zoom0.92": affine_view(x, scale=0.92)})
+    out.update(zip(("rot+8", "rot-8"), jitter_views(x, rotate=8.0)[1:]))
+    out.update(zip(("zoom1.08", "zoom0.92"), jitter_views(x, zoom=0.08)[1:]))
     return out
 
 

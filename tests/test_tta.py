@@ -14,7 +14,7 @@ from torch import nn
 
 from vitkit.cli import main
 from vitkit.errors import VitkitError
-from vitkit.eval.tta import JitterTTA, ShiftTTA, affine_view, jitter_views, shifted_views
+from vitkit.eval.tta import JitterTTA, affine_view, jitter_views, shifted_views
 from vitkit.train.trainer import TrainConfig, Trainer
 
 TINY = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
@@ -36,11 +36,11 @@ def test_the_output_is_the_log_of_the_mean_probability_of_the_five_views():
     model = nn.Sequential(nn.Flatten(), nn.Linear(36, 5))
     x = torch.randn(3, 1, 6, 6)
     want = torch.stack([model(v).softmax(-1) for v in shifted_views(x, 2)]).mean(0)
-    got = ShiftTTA(model, 2)(x)
+    got = JitterTTA(model, shift=2)(x)
     torch.testing.assert_close(got.softmax(-1), want, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got.exp().sum(-1), torch.ones(3), rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="shift"):
-        ShiftTTA(model, 0)
+    with pytest.raises(ValueError, match="needs a shift"):
+        JitterTTA(model, shift=0)
 
 
 def test_rotations_and_zooms_are_exact_where_bilinear_sampling_is():
@@ -54,6 +54,12 @@ def test_rotations_and_zooms_are_exact_where_bilinear_sampling_is():
     torch.testing.assert_close(
         affine_view(square, -90.0), square.rot90(-1, (-2, -1)), atol=1e-5, rtol=0
     )
+    # a non-square image is rotated in pixel space, not sheared: a point 2 px right of the
+    # centre of a 5 x 9 image lands 2 px above it after +90 degrees
+    wide = torch.zeros(1, 1, 5, 9)
+    wide[0, 0, 2, 6] = 1.0
+    turned = affine_view(wide, 90.0)[0, 0]
+    assert turned[0, 4] == pytest.approx(1.0, abs=1e-5) and turned.sum() == pytest.approx(1.0)
     # a zoom by s about the centre c maps a linear ramp j -> c + (j - c) / s (bilinear is exact)
     ramp = torch.arange(8.0).expand(1, 1, 4, 8)
     for s in (1.25, 2.0):
@@ -77,8 +83,8 @@ def test_jitter_tta_averages_nine_views():
     torch.testing.assert_close(
         JitterTTA(model, rotate=8.0)(x).exp(), rotated.mean(0), rtol=1e-6, atol=1e-7
     )
-    with pytest.raises(ValueError, match="needs a shift"):
-        JitterTTA(model)
+    with pytest.raises(ValueError, match="tta_rotate must be 0"):
+        JitterTTA(model, rotate=-8.0)
 
 
 def config(out: Path, **changes: object) -> TrainConfig:

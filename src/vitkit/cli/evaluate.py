@@ -193,9 +193,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     if any(jitter):
         if isinstance(model, Recorder):
             raise VitkitError(f"{engine_line}: --tta-* runs the PyTorch model only")
-        problem = check_jitter(*jitter, what="--tta")
+        problem = check_jitter(*jitter, options=True)
         if problem is not None:
-            raise VitkitError(problem.replace("_", "-", 1))
+            raise VitkitError(problem)
         if args.max_seq_len is not None:
             raise VitkitError("--tta-* moves whole images; it does not take --max-seq-len")
         model = JitterTTA(model, *jitter)

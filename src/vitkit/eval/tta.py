@@ -66,14 +66,16 @@ def jitter_views(x: Tensor, shift: int = 0, rotate: float = 0.0, zoom: float = 0
     return views
 
 
-def check_jitter(shift: int, rotate: float, zoom: float, what: str = "tta") -> str | None:
-    """The problem with a test-time jitter, or None: shift 0-8 px, rotate 0-45 deg, zoom 0-0.5."""
+def check_jitter(shift: int, rotate: float, zoom: float, options: bool = False) -> str | None:
+    """The problem with a test-time jitter, or None: shift 0-8 px, rotate 0-45 deg, zoom 0-0.5.
+    Named as config fields (``tta_shift``), or with ``options`` as command-line options."""
+    name = "--tta-{}".format if options else "tta_{}".format
     if not isinstance(shift, int) or not 0 <= shift <= 8:
-        return f"{what}_shift must be 0 (off) to 8 pixels, got {shift!r}"
+        return f"{name('shift')} must be 0 (off) to 8 pixels, got {shift!r}"
     if not 0.0 <= rotate <= 45.0:
-        return f"{what}_rotate must be 0 (off) to 45 degrees, got {rotate!r}"
+        return f"{name('rotate')} must be 0 (off) to 45 degrees, got {rotate!r}"
     if not 0.0 <= zoom <= 0.5:
-        return f"{what}_zoom must be 0 (off) to 0.5 (a fraction of the size), got {zoom!r}"
+        return f"{name('zoom')} must be 0 (off) to 0.5 (a fraction of the size), got {zoom!r}"
     return None
 
 
@@ -94,10 +96,3 @@ class JitterTTA(nn.Module):
         views = jitter_views(x, self.shift, self.rotate, self.zoom)
         probs = torch.stack([self.model(v).float().softmax(-1) for v in views]).mean(0)
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
-
-
-def ShiftTTA(model: nn.Module, shift: int) -> JitterTTA:  # noqa: N802 (the earlier class name)
-    """Shifts only: :class:`JitterTTA` with ``shift`` pixels (five views)."""
-    if shift < 1:
-        raise ValueError(f"shift must be >= 1 pixel, got {shift}")
-    return JitterTTA(model, shift=shift)
