@@ -108,6 +108,7 @@ def test_ema_randaugment_mixup_train_and_resume_bitwise(pretrained, tmp_path):
     extra = dict(
         ema_decay=0.9,
         randaugment=(2, 9.0),
+        elastic=(20.0, 3.0),
         mixup_alpha=0.4,
         cutmix_alpha=1.0,
         augment="digits",

@@ -193,6 +193,14 @@ def _add_optimisation(g: Any) -> None:
         help="RandAugment: operations per image and magnitude (0..30), e.g. 2 15",
     )
     g.add_argument(
+        "--elastic",
+        type=non_negative_float,
+        nargs=2,
+        metavar=("ALPHA", "SIGMA"),
+        help="elastic distortion inside the digits jitter (Simard et al. 2003): random "
+        "displacements smoothed by a Gaussian of SIGMA pixels, times ALPHA, e.g. 34 4",
+    )
+    g.add_argument(
         "--mixup", type=non_negative_float, dest="mixup_alpha", help="Mixup alpha (0: off)"
     )
     g.add_argument(
@@ -301,6 +309,8 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     if args.randaugment is not None:
         ops = float(args.randaugment[0])  # (2.5 reaches TrainConfig's check, not int()'s floor)
         changes["randaugment"] = (int(ops) if ops.is_integer() else ops, args.randaugment[1])
+    if args.elastic is not None:
+        changes["elastic"] = tuple(args.elastic)
     if getattr(args, "init_from", None):
         changes["init_from"] = args.init_from
     if args.keep_pre_logits:

@@ -183,17 +183,21 @@ def augment_batch(
     allow_flip: bool,
     generator: torch.Generator,
     part: tuple[int, int] | None = None,
+    elastic: tuple[float, float] | None = None,
 ) -> Tensor:
     """A training batch's random augmentation, drawing only from ``generator``: RandAugment
     (if asked) on any uint8 batch, then the ``geometric`` one ("digits": small affine jitter;
     "inception": random resized crop + flip where ``allow_flip``) as a float batch in [0, 255].
     ``part`` = (offset, total): this rank's rows of a global batch, whose parameters are drawn
-    for all its rows (so the result does not depend on the world size)."""
+    for all its rows (so the result does not depend on the world size). ``elastic`` = (alpha,
+    sigma): an elastic distortion inside the "digits" jitter (refused with any other)."""
     from vitkit.data import random_resized_crop_batch, random_translate_scale_batch
 
     if randaugment is not None:
         ops, magnitude = randaugment
         images = rand_augment(images, ops, magnitude, generator)
+    if elastic is not None and geometric != "digits":
+        raise ValueError(f"an elastic distortion needs the digits jitter, not {geometric!r}")
     if geometric == "none":
         return images
     x = images.float()
@@ -205,6 +209,7 @@ def augment_batch(
             rotate_deg=10.0,
             generator=generator,
             part=part,
+            elastic=elastic,
         )
     else:
         x = random_resized_crop_batch(

@@ -76,6 +76,8 @@ class TrainConfig:
     tta_rotate: float = 0.0  # ... and its copies rotated +-this many degrees (2 more passes)
     tta_zoom: float = 0.0  # ... and scaled by 1 +- this fraction (2 more passes)
     randaugment: tuple[int, float] | None = None  # (ops per image, magnitude 0..30), AugReg
+    # (alpha, sigma) pixels: an elastic distortion inside the digits jitter (Simard et al. 2003)
+    elastic: tuple[float, float] | None = None
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
     precision: Precision = "fp32"  # "bf16": autocast; "auto": bf16 where native (vitkit.hardware)
@@ -148,6 +150,8 @@ class TrainConfig:
             object.__setattr__(self, "randaugment", (int(ops), float(magnitude)))
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise VitkitError("mixup_alpha and cutmix_alpha must be >= 0")
+        if self.elastic is not None:
+            self._check_elastic()
         if self.objective not in ("classify", "mpp", "mae"):
             raise VitkitError(f"objective must be classify, mpp or mae, got {self.objective!r}")
         if self.objective == "classify" and self.objective_options:
@@ -174,6 +178,21 @@ class TrainConfig:
 
         if self.max_seq_len is not None:
             self._check_naflex()
+
+    def _check_elastic(self) -> None:
+        assert self.elastic is not None
+        alpha, sigma = (float(v) for v in self.elastic)
+        if not (0.0 <= alpha <= 100.0 and 0.5 <= sigma <= 16.0):
+            raise VitkitError(
+                f"elastic takes (alpha 0..100, sigma 0.5..16) in pixels, e.g. (34, 4); got "
+                f"({alpha:g}, {sigma:g})"
+            )
+        if self.augment != "digits":
+            raise VitkitError(
+                f"elastic distorts inside the digits jitter: it needs augment digits, not "
+                f"{self.augment!r}"
+            )
+        object.__setattr__(self, "elastic", (alpha, sigma))
 
     def _check_naflex(self) -> None:
         """What NaFlex batches (images of different sizes, padded) do not combine with."""
@@ -203,8 +222,9 @@ class TrainConfig:
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
-        if d.get("randaugment") is not None:
-            d["randaugment"] = tuple(d["randaugment"])
+        for name in ("randaugment", "elastic"):
+            if d.get(name) is not None:
+                d[name] = tuple(d[name])
         return cls(**d)
 
 

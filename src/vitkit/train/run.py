@@ -94,6 +94,11 @@ class TrainingRun:
 
         self.train_set = setup.load_train_split(cfg)
         self.info: DataInfo = self.train_set.info
+        if cfg.elastic is not None and not isinstance(self.train_set, ArrayDataset):
+            raise VitkitError(
+                f"--elastic distorts in-memory batches; '{cfg.data}' is read from files (its "
+                "augmentation is the loader's crop and flip)"
+            )
         self.val_set = setup.load_eval_split(cfg, "val")
         self.test_set = setup.load_eval_split(cfg, "test")
 
@@ -257,6 +262,7 @@ class TrainingRun:
             allow_flip=self.info.allow_flip,
             generator=self.aug_generator,
             part=part,
+            elastic=self.cfg.elastic,
         )
 
     def _autocast(self) -> Any:
