@@ -20,10 +20,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from mnist_tta import model_inputs  # noqa: E402  (bench/, beside this script)
 
-from vitkit.checkpoints import load_model  # noqa: E402
-from vitkit.data.transforms import to_model_input  # noqa: E402
-from vitkit.eval.checkpoint import checkpoint_dataset  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
 
 
@@ -37,21 +35,9 @@ def sign_test(fixed: int, broke: int) -> float:
 
 
 def correct(run: str, split: str) -> tuple[torch.Tensor, dict]:
-    model, ckpt = load_model(run)
-    ds = checkpoint_dataset(ckpt, "mnist", split, None)
-    pre = ckpt.preprocess
-    preds = []
+    model, ckpt, ds, batches = model_inputs(run, split)
     with torch.inference_mode():
-        for i in range(0, len(ds.labels), 500):
-            x = to_model_input(
-                ds.images[i : i + 500],
-                pre.image_size,
-                pre.channels,
-                pre.mean,
-                pre.std,
-                pre.rescale_factor,
-            )
-            preds.append(model(x).argmax(-1))
+        preds = [model(x).argmax(-1) for x in batches]
     return torch.cat(preds) == ds.labels, ckpt.meta.get("train_config", {})
 
 

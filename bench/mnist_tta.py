@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import Tensor  # noqa: E402
 
 from vitkit.checkpoints import load_model  # noqa: E402
 from vitkit.data.transforms import to_model_input  # noqa: E402
@@ -59,21 +62,31 @@ SETS = {
 }
 
 
-def study(run: str, split: str) -> dict:
+def model_inputs(run: str, split: str) -> tuple[torch.nn.Module, Any, Any, Iterator[Tensor]]:
+    """A run's final model, checkpoint and ``split`` of MNIST (the run's own val partition),
+    and that split's model inputs in batches of 500."""
     model, ckpt = load_model(run)
     ds = checkpoint_dataset(ckpt, "mnist", split, None)
     pre = ckpt.preprocess
+    batches = (
+        to_model_input(
+            ds.images[i : i + 500],
+            pre.image_size,
+            pre.channels,
+            pre.mean,
+            pre.std,
+            pre.rescale_factor,
+        )
+        for i in range(0, len(ds.labels), 500)
+    )
+    return model, ckpt, ds, batches
+
+
+def study(run: str, split: str) -> dict:
+    model, ckpt, ds, batches = model_inputs(run, split)
     probs: dict[str, list[torch.Tensor]] = {}
     with torch.inference_mode():
-        for i in range(0, len(ds.labels), 500):
-            x = to_model_input(
-                ds.images[i : i + 500],
-                pre.image_size,
-                pre.channels,
-                pre.mean,
-                pre.std,
-                pre.rescale_factor,
-            )
+        for x in batches:
             for k, v in views(x).items():
                 probs.setdefault(k, []).append(model(v).float().softmax(-1))
     p = {k: torch.cat(v) for k, v in probs.items()}
