@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 import torch
@@ -21,11 +22,14 @@ def _define_torchvision_ops() -> None:
     global _SHIM
     if _SHIM is not None:
         return
-    try:
-        torch.ops.torchvision.nms  # noqa: B018 - already registered by a working torchvision
+    if importlib.util.find_spec("torchvision") is None:
+        return  # timm imports without torchvision
+    try:  # a torchvision built for this torch registers its own operators: no shim then
+        importlib.import_module("torchvision")
         return
-    except (AttributeError, RuntimeError):
-        pass
+    except RuntimeError:  # "operator torchvision::nms does not exist": forget the half import
+        for module in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
+            del sys.modules[module]
     _SHIM = torch.library.Library("torchvision", "DEF")
     for op in ("nms", "qnms"):
         _SHIM.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
