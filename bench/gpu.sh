@@ -3,7 +3,7 @@
 # comparison per model, the MNIST default recipe's time to accuracy. Everything goes to $RES
 # (default runs/gpu); when $OUT is set (the device tool), $RES is packed into
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
-#   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist] ...   (default: all four)
+#   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist|report] ...   (default: all five)
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
 # suffix for the result files) for speed;
 # T_TESTS, T_SPEED (per model), T_MNIST: seconds each step may run (0: no limit).
@@ -49,6 +49,10 @@ speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-o
     pack
   done
 }
+report() {  # one report of what the steps left: $RES/gpu_speed.{json,md}
+  "$PY" bench/gpu_report.py "$RES" --out "$RES/gpu_speed" >/dev/null
+  echo "report: rc $? (gpu_speed.json/.md)"
+}
 mnist() {  # the README's main job on one GPU: seconds to the default recipe's accuracy
   local start=$SECONDS
   timeout "${T_MNIST:-0}" "$PY" -m vitkit train --device cuda --no-progress \
@@ -57,14 +61,15 @@ mnist() {  # the README's main job on one GPU: seconds to the default recipe's a
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(env tests speed mnist)
+[ ${#steps[@]} -gt 0 ] || steps=(env tests speed mnist report)
 for s in "${steps[@]}"; do
   case "$s" in
     env) env_ ;;
     tests) tests ;;
     speed) speed ;;
     mnist) mnist ;;
-    *) echo "gpu.sh: unknown step '$s' (env, tests, speed, mnist)" >&2; exit 2 ;;
+    report) report ;;
+    *) echo "gpu.sh: unknown step '$s' (env, tests, speed, mnist, report)" >&2; exit 2 ;;
   esac
   pack
 done

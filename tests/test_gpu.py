@@ -92,7 +92,8 @@ def device_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 def test_training_on_the_device_learns(device_run: Path) -> None:
     report = json.loads((device_run / "report.json").read_text())
-    assert report["test_top1"] > 0.7  # chance is 0.1; measured on the CPU: 0.78
+    # chance is 0.1; measured: CPU seeds 0-3 0.78, 0.70, 0.74, 0.75; H100 seed 0 0.70
+    assert report["test_top1"] > 0.6
     records = [json.loads(line) for line in (device_run / "metrics.jsonl").open()]
     losses = [r["train_loss"] for r in records if "train_loss" in r]
     assert losses[-1] < 0.5 * losses[0]
@@ -163,9 +164,11 @@ def test_training_paths_on_cuda_match_the_plain_run(
     device: str, extra: list[str], tmp_path: Path
 ) -> None:
     """Each training path on CUDA ends within noise of the plain run with the same seed (the
-    CPU versions of these are in test_trainer, test_cli and test_distributed)."""
+    CPU versions of these are in test_trainer, test_cli and test_distributed). Ten epochs: at
+    three (the first version) the plain run was at 0.32 on an H100 and 0.42 on the CPU, short of
+    the 0.6 asked, though every path matched it (0.25-0.32); at ten the CPU reaches 0.79."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    base = [sys.executable, "-m", "vitkit", "train", *DIGITS, "--epochs", "3", "--lr", "3e-3"]
+    base = [sys.executable, "-m", "vitkit", "train", *DIGITS, "--epochs", "10", "--lr", "3e-3"]
     base += ["--device", device, "--precision", "bf16"]
     runs = {}
     for name, more in (("plain", []), ("path", extra)):
@@ -185,8 +188,11 @@ def test_a_batch_that_does_not_fit_says_so_in_one_line(
     args += ["--batch-size", str(batch), "--val-size", "0", "--max-steps", "1", "--device", device]
     assert main([*args, "--out-dir", str(tmp_path / "oom")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"out of memory on cuda:0 at batch size {batch}" in err[0]
-    assert "--accum-steps 2" in err[0]
+    # the run's header line, then the one error line (on an H100: "... asking for 1.54 GiB
+    # more: lower --batch-size (e.g. 512) or keep it with --accum-steps 2 ..."), no traceback
+    assert err[0].startswith("training L/16") and "Traceback" not in "\n".join(err)
+    assert len(err) == 2 and f"out of memory on cuda:0 at batch size {batch}" in err[1]
+    assert "--accum-steps 2" in err[1]
 
 
 def test_the_out_of_memory_line_names_the_batch_the_memory_and_the_fix() -> None:
