@@ -199,6 +199,11 @@ def main() -> None:
     ap.add_argument("--tf32", action="store_true", help="CUDA: fp32 matmuls and convs in TF32")
     ap.add_argument("--compiled-impls", help="the impls also timed compiled (default: all)")
     ap.add_argument(
+        "--compile-mode",
+        help="torch.compile mode for every compiled impl (default: inductor's default), e.g. "
+        "max-autotune-no-cudagraphs, max-autotune, reduce-overhead",
+    )
+    ap.add_argument(
         "--no-compiled-b1",
         dest="compiled_b1",
         action="store_false",
@@ -229,7 +234,7 @@ def main() -> None:
                 for mode in args.modes.split(","):
                     if mode == "compiled" and impl not in compiled_impls:
                         continue
-                    fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device))
+                    fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device, args))
         if not args.compiled_b1:
             fns = {k: f for k, f in fns.items() if not (k[2] == "compiled" and k[3] == "infer_b1")}
         if args.onnx and device.type == "cpu" and "fp32" in precisions:
@@ -278,9 +283,11 @@ def main() -> None:
     write(rows, ceilings, args)
 
 
-def make_fns(impl, model, cfg, prec, mode, batch, device) -> dict:
+def make_fns(impl, model, cfg, prec, mode, batch, device, args) -> dict:
     # static shapes: each batch size gets its own graph, as a trainer at a fixed batch sees it
-    net = torch.compile(model, dynamic=False) if mode == "compiled" else model
+    net = (
+        torch.compile(model, dynamic=False, mode=args.compile_mode) if mode == "compiled" else model
+    )
     x1 = torch.randn(1, cfg.in_chans, *cfg.image_size, device=device)
     xb = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
     y = torch.randint(cfg.num_classes, (batch,), device=device)
