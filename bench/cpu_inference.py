@@ -64,6 +64,7 @@ PRECISION = {  # the ceiling each path is measured against
     "OpenVINO fp32": "fp32",
     "ORT int8 dynamic": "int8",
     "ORT int8 static": "int8",
+    "ORT int8 dynamic, fc2 fp32": "int8",
     "OpenVINO int8": "int8",
 }
 
@@ -147,6 +148,11 @@ def build_paths(name: str, batches: list[int], tmp: Path, args) -> tuple[dict, d
         for label, engine, quant in (
             ("ORT int8 dynamic", "onnxruntime", lambda o: int8.quantize_onnxruntime(fp32, o, None)),
             ("ORT int8 static", "onnxruntime", lambda o: int8.quantize_onnxruntime(fp32, o, calib)),
+            (
+                "ORT int8 dynamic, fc2 fp32",
+                "onnxruntime",  # export --int8 --keep-fp32 mlp.fc2
+                lambda o: int8.quantize_onnxruntime(fp32, o, None, ("mlp.fc2",)),
+            ),
             ("OpenVINO int8", "openvino", lambda o: int8.quantize_openvino(fp32, o, calib)),
         ):
             if not engines.available(engine):

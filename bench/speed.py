@@ -95,12 +95,15 @@ def logits_of(impl: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tenso
     return model(x).logits if impl == "hf" else model(x)
 
 
-def matmul_ceiling(dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
+def matmul_ceiling(
+    dtype: torch.dtype, device: torch.device, n: int | None = None, reps: int = 5
+) -> float:
     """FLOP/s of a large square matmul at ``dtype`` (the best of ``reps``), on random data.
 
     On CUDA the product is 8192^3 and ten run back to back per timing: a 2048^3 one lasts tens of
     microseconds there, so the host's clock and the synchronization would halve the ceiling."""
-    n, inner = (8192, 10) if device.type == "cuda" else (2048, 1)
+    cuda = device.type == "cuda"
+    n, inner = n or (8192 if cuda else 2048), 10 if cuda else 1
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     best = float("inf")

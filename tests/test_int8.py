@@ -128,3 +128,51 @@ def test_static_int8_keeps_the_patch_embedding_and_head_in_fp32(ckpt):
     assert any(n.op_type == "Conv" for n in first_last)  # the patch embedding is in the graph
     assert not [n.name for n in first_last if quantized(n)]
     assert [n for n in g.node if n.op_type == "MatMul" and quantized(n)]  # the blocks are int8
+
+
+def test_keep_fp32_leaves_the_named_modules_matmuls_in_fp32(ckpt):
+    """`--keep-fp32 mlp.fc2`: every block's fc2 stays a float MatMul, the rest is int8 (on a
+    shapes-hard ViT it took dynamic int8 from 98.92 % to 99.13 % agreement with fp32)."""
+    onnx = pytest.importorskip("onnx")
+    d, _ = ckpt
+
+    def float_matmuls(out) -> list[str]:
+        g = onnx.load(str(out / "model.onnx")).graph
+        weights = {i.name for i in g.initializer if i.data_type == onnx.TensorProto.FLOAT}
+        return [n.name for n in g.node if n.op_type == "MatMul" and weights & set(n.input)]
+
+    assert main(["export", str(d / "ck"), str(d / "q-all"), "--int8"]) == 0
+    assert float_matmuls(d / "q-all") == []
+    out = d / "q-keep"
+    assert main(["export", str(d / "ck"), str(out), "--int8", "--keep-fp32", "mlp.fc2"]) == 0
+    assert len(float_matmuls(out)) == 2  # depth 2: blocks.0.mlp.fc2 and blocks.1.mlp.fc2
+    assert json.loads((out / "engine.json").read_text())["keep_fp32"] == ["mlp.fc2"]
+
+    def plain_matmuls(out) -> set[str]:
+        g = onnx.load(str(out / "model.onnx")).graph
+        made_by = {o: n.op_type for n in g.node for o in n.output}
+        return {n.name for n in g.node if n.op_type == "MatMul" and "DequantizeLinear" not in
+                [made_by.get(i) for i in n.input]}  # fmt: skip
+
+    static = ["--int8", "--static", "--calib-images", "16"]
+    assert main(["export", str(d / "ck"), str(d / "q-static-all"), *static]) == 0
+    keep = ["--keep-fp32", "blocks.1.attn.qkv"]
+    assert main(["export", str(d / "ck"), str(d / "q-static-keep"), *static, *keep]) == 0
+    kept = plain_matmuls(d / "q-static-keep") - plain_matmuls(d / "q-static-all")
+    assert len(kept) == 1  # block 1's qkv, and only it
+
+
+def test_keep_fp32_refusals_are_one_line_and_leave_no_directory(ckpt, capsys):
+    d, _ = ckpt
+    out = d / "q-bad"
+    assert main(["export", str(d / "ck"), str(out), "--int8", "--keep-fp32", "mlp.fc3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--keep-fp32 mlp.fc3: no matmul of the model lies in such a module" in err
+    assert "mlp.fc1, mlp.fc2" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    args = ["export", str(d / "ck"), str(out), "--int8", "--engine", "openvino"]
+    assert main([*args, "--keep-fp32", "mlp.fc2"]) == 2
+    assert "--keep-fp32 is the onnxruntime engine's" in capsys.readouterr().err
+    assert main(["export", str(d / "ck"), str(out), "--keep-fp32", "mlp.fc2"]) == 2
+    assert "add --int8" in capsys.readouterr().err
+    assert not out.exists()

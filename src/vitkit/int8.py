@@ -18,10 +18,12 @@ Calibration runs the fp32 model over ``--calib-images`` images of the checkpoint
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -93,14 +95,53 @@ def _clean_onnx(src: Path, dst: Path) -> Path:
     return dst
 
 
-def quantize_onnxruntime(fp32: Path, out: Path, calib: Tensor | None) -> None:
-    """Static QDQ int8 (``calib`` given) or dynamic int8 (``calib`` None) with ONNX Runtime."""
+SCOPES = "pkg.torch.onnx.name_scopes"  # the exporter's module path of each node
+
+
+def nodes_of_modules(graph: Path, modules: tuple[str, ...]) -> list[str]:
+    """The names of the matmul nodes (MatMul, Gemm) of ``graph`` inside ``modules``: a module's
+    path or its ending ("mlp.fc2" names every block's fc2), read from the exporter's metadata."""
+    import onnx
+
+    found: dict[str, list[str]] = {m: [] for m in modules}
+    layers: set[str] = set()
+    for node in onnx.load(str(graph)).graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if node.op_type not in ("MatMul", "Gemm") or SCOPES not in meta:
+            continue
+        scopes = [str(s) for s in ast.literal_eval(meta[SCOPES]) if s]
+        layers.update(re.sub(r"^blocks\.\d+\.", "", s) for s in scopes[-2:-1])
+        for m in modules:
+            if any(s == m or s.endswith("." + m) for s in scopes):
+                found[m].append(node.name)
+    if not layers:
+        raise VitkitError(
+            f"--keep-fp32: the exported graph names no modules ({SCOPES}); it needs the ONNX "
+            "exporter of torch >= 2.6"
+        )
+    missing = [m for m, nodes in found.items() if not nodes]
+    if missing:
+        raise VitkitError(
+            f"--keep-fp32 {','.join(missing)}: no matmul of the model lies in such a module "
+            f"(its matmul layers: {', '.join(sorted(layers))})"
+        )
+    return sorted({n for nodes in found.values() for n in nodes})
+
+
+def quantize_onnxruntime(
+    fp32: Path, out: Path, calib: Tensor | None, keep_fp32: tuple[str, ...] = ()
+) -> None:
+    """Static QDQ int8 (``calib`` given) or dynamic int8 (``calib`` None) with ONNX Runtime;
+    the matmuls of the modules ``keep_fp32`` (:func:`nodes_of_modules`) stay fp32."""
     require("onnxruntime")
     from onnxruntime import quantization as q
 
     clean = _clean_onnx(fp32, fp32.with_name("clean.onnx"))
+    keep = nodes_of_modules(clean, keep_fp32) if keep_fp32 else []
     if calib is None:
-        q.quantize_dynamic(str(clean), str(out), weight_type=q.QuantType.QInt8)
+        q.quantize_dynamic(
+            str(clean), str(out), weight_type=q.QuantType.QInt8, nodes_to_exclude=keep
+        )
         return
 
     images = calib
@@ -125,6 +166,7 @@ def quantize_onnxruntime(fp32: Path, out: Path, calib: Tensor | None) -> None:
         per_channel=True,
         activation_type=q.QuantType.QUInt8,
         weight_type=q.QuantType.QInt8,
+        nodes_to_exclude=keep,
         calibrate_method=q.CalibrationMethod.MinMax,
         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
     )
@@ -165,6 +207,7 @@ def export_int8(
     engine: str = "openvino",
     calib: Tensor | None,
     calibration: dict[str, Any] | None = None,
+    keep_fp32: tuple[str, ...] = (),
     overwrite: bool = False,
 ) -> Path:
     """Write ``model`` (fp32, eval) quantized to int8 for ``engine`` into the directory ``out``:
@@ -181,6 +224,9 @@ def export_int8(
     require(engine)
     if engine == "openvino" and calib is None:
         raise VitkitError("the openvino engine quantizes with calibration images only")
+    if engine == "openvino" and keep_fp32:
+        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
+    created = not out.exists()  # removed again if the export fails: no empty directory left
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out))
     try:
@@ -191,7 +237,7 @@ def export_int8(
             quantize_openvino(fp32, tmp / "model.xml", calib)
             files = {"openvino": "model.xml"}
         else:
-            quantize_onnxruntime(fp32, tmp / "model.onnx", calib)
+            quantize_onnxruntime(fp32, tmp / "model.onnx", calib, keep_fp32)
             files = {"onnxruntime": "model.onnx", "openvino": "model.onnx"}
         info = {
             "format": FORMAT,
@@ -204,10 +250,15 @@ def export_int8(
             "meta": {k: v for k, v in ckpt.meta.items() if k in ("dataset", "train_config")},
             "source": str(ckpt.path),
             "calibration": calibration or {"method": "dynamic"},
+            "keep_fp32": list(keep_fp32),
         }
         (tmp / ENGINE_FILE).write_text(json.dumps(info, indent=1))
         for name in names:  # engine.json last: a directory without it is not a model yet
             publish(tmp / name, out / name)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -223,6 +274,7 @@ __all__ = [
     "directory_size",
     "export_int8",
     "int8_files",
+    "nodes_of_modules",
     "quantize_onnxruntime",
     "quantize_openvino",
 ]

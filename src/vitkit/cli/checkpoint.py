@@ -181,9 +181,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.export import check_onnx, export_onnx
     from vitkit.files import check_destination
 
-    if args.int8 or args.engine or args.static:
+    if args.int8 or args.engine or args.static or args.keep_fp32:
         if not args.int8:
-            raise VitkitError("--engine and --static choose how --int8 quantizes: add --int8")
+            raise VitkitError(
+                "--engine, --static and --keep-fp32 choose how --int8 quantizes: add --int8"
+            )
         _check_path(output_directory, args.out)
         return cmd_export_int8(args)
     _check_path(output_file, args.out)

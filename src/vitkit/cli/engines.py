@@ -36,6 +36,12 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
         "quantize_dynamic, activation scales per batch); openvino always calibrates",
     )
     g.add_argument(
+        "--keep-fp32",
+        metavar="MODULES",
+        help="onnxruntime: leave the matmuls of these modules in fp32, comma-separated paths or "
+        "endings (mlp.fc2: every block's fc2); slower, closer to fp32",
+    )
+    g.add_argument(
         "--calib-data", help="calibration dataset (default: the checkpoint's own dataset)"
     )
     g.add_argument(
@@ -71,6 +77,9 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     engine = args.engine or "onnxruntime"
     if args.static and engine != "onnxruntime":
         raise VitkitError("--static is onnxruntime's (openvino always calibrates)")
+    keep = tuple(m.strip() for m in (args.keep_fp32 or "").split(",") if m.strip())
+    if keep and engine != "onnxruntime":
+        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
     require(engine)
     model, ckpt = load_model(args.ckpt, **loading(args))
     from vitkit.files import check_destination
@@ -85,7 +94,7 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
         how = {"method": "static", "data": data, "split": "train", "images": len(calib)}
         print(f"calibrating on {len(calib)} images of {data} (train split)")
     out = export_int8(
-        model, ckpt, args.out, engine=engine, calib=calib, calibration=how,
+        model, ckpt, args.out, engine=engine, calib=calib, calibration=how, keep_fp32=keep,
         overwrite=args.overwrite,
     )  # fmt: skip
     size = directory_size(out, names) / 1e6
