@@ -28,6 +28,10 @@ PATHS = {  # name: (label, export options)
         ["--static"],
     ),
     "openvino": ("OpenVINO + NNCF int8 (128 calibration images)", ["--engine", "openvino"]),
+    "dynamic-fc2": (
+        "ONNX Runtime int8 dynamic, mlp.fc2 left fp32 (--keep-fp32 mlp.fc2)",
+        ["--keep-fp32", "mlp.fc2"],
+    ),
 }
 TARGET = {"max_loss_points": 0.3, "min_agreement_percent": 99.0}
 
