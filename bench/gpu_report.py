@@ -140,7 +140,7 @@ def markdown(rows: list[dict], runs: list[dict], checks: dict, side: dict) -> st
             f"| {f(r['vitkit_images_per_s'])} | {f(r['timm_images_per_s'])} "
             f"| {f(r['hf_images_per_s'])} | {f(r['vitkit_over_timm'], '{:.2f}')} "
             f"| {f(r['vitkit_over_hf'], '{:.2f}')} | {100 * r['mfu_measured_ceiling']:.0f} % "
-            f"| {f(r['mfu_datasheet'] and 100 * r['mfu_datasheet'])} % | {mib} |"
+            f"| {f(r['mfu_datasheet'] and 100 * r['mfu_datasheet'], '{:.0f} %')} | {mib} |"
         )
     lines += ["", "Issue 29's B/16 bf16 goals (compiled, batch 256):", ""]
     for k, c in checks.items():

@@ -98,6 +98,12 @@ def _clean_onnx(src: Path, dst: Path) -> Path:
 SCOPES = "pkg.torch.onnx.name_scopes"  # the exporter's module path of each node
 
 
+def check_keep_fp32(engine: str, keep_fp32: tuple[str, ...]) -> None:
+    """``--keep-fp32`` names ONNX nodes for ONNX Runtime's quantizer: no other engine takes it."""
+    if keep_fp32 and engine != "onnxruntime":
+        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
+
+
 def nodes_of_modules(graph: Path, modules: tuple[str, ...]) -> list[str]:
     """The names of the matmul nodes (MatMul, Gemm) of ``graph`` inside ``modules``: a module's
     path or its ending ("mlp.fc2" names every block's fc2), read from the exporter's metadata."""
@@ -224,8 +230,7 @@ def export_int8(
     require(engine)
     if engine == "openvino" and calib is None:
         raise VitkitError("the openvino engine quantizes with calibration images only")
-    if engine == "openvino" and keep_fp32:
-        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
+    check_keep_fp32(engine, keep_fp32)
     created = not out.exists()  # removed again if the export fails: no empty directory left
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out))
@@ -271,6 +276,7 @@ def directory_size(path: Path, names: tuple[str, ...]) -> int:
 __all__ = [
     "INT8_ENGINES",
     "calibration_images",
+    "check_keep_fp32",
     "directory_size",
     "export_int8",
     "int8_files",

@@ -72,14 +72,19 @@ def add_engine_options(p: argparse.ArgumentParser, *, fast: bool = False) -> Non
 def cmd_export_int8(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
     from vitkit.engines import require
-    from vitkit.int8 import calibration_images, directory_size, export_int8, int8_files
+    from vitkit.int8 import (
+        calibration_images,
+        check_keep_fp32,
+        directory_size,
+        export_int8,
+        int8_files,
+    )
 
     engine = args.engine or "onnxruntime"
     if args.static and engine != "onnxruntime":
         raise VitkitError("--static is onnxruntime's (openvino always calibrates)")
     keep = tuple(m.strip() for m in (args.keep_fp32 or "").split(",") if m.strip())
-    if keep and engine != "onnxruntime":
-        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
+    check_keep_fp32(engine, keep)  # before require(engine): refused whether or not installed
     require(engine)
     model, ckpt = load_model(args.ckpt, **loading(args))
     from vitkit.files import check_destination
