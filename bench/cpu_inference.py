@@ -3,7 +3,8 @@
 For each model (random weights, the same in every path; timm gets vitkit's weights through
 vitkit's converter) it times, at batch 1 (latency) and ``--batch`` (throughput):
 
-- timm fp32 eager; vitkit fp32 eager; vitkit bf16 autocast (only where bf16 is native: an
+- timm fp32 eager; vitkit fp32 eager (as ``vitkit eval`` / ``predict`` run it: Linear layers
+  on oneDNN, vitkit.onednn); vitkit bf16 autocast (only where bf16 is native: an
   emulated bf16 matmul runs at a few GFLOP/s and would take the run hours); vitkit
   ``torch.compile`` (fp32);
 - vitkit's ONNX export under ONNX Runtime fp32 and under OpenVINO fp32;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import random
@@ -54,6 +56,7 @@ from vitkit.checkpoints import timm as timm_conv  # noqa: E402
 from vitkit.counts import count_flops  # noqa: E402
 from vitkit.export import export_onnx  # noqa: E402
 from vitkit.hardware import cpu_name, native_bf16  # noqa: E402
+from vitkit.onednn import onednn_linears  # noqa: E402
 
 PRECISION = {  # the ceiling each path is measured against
     "timm fp32": "fp32",
@@ -66,6 +69,7 @@ PRECISION = {  # the ceiling each path is measured against
     "ORT int8 static": "int8",
     "ORT int8 dynamic, fc2 fp32": "int8",
     "OpenVINO int8": "int8",
+    "OpenVINO int8, fc2 fp32": "int8",
 }
 
 
@@ -126,7 +130,9 @@ def build_paths(name: str, batches: list[int], tmp: Path, args) -> tuple[dict, d
 
         return {b: fn(b) for b in batches}
 
-    paths = {"timm fp32": torch_fns(t), "vitkit fp32": torch_fns(ours)}
+    fast = copy.deepcopy(ours)
+    onednn_linears(fast)  # what vitkit eval / predict run: fp32 Linear layers on oneDNN
+    paths = {"timm fp32": torch_fns(t), "vitkit fp32": torch_fns(fast)}
     if native_bf16(torch.device("cpu")):
         paths["vitkit bf16"] = torch_fns(ours, bf16=True)
     if "compiled" in args.paths:
@@ -154,6 +160,11 @@ def build_paths(name: str, batches: list[int], tmp: Path, args) -> tuple[dict, d
                 lambda o: int8.quantize_onnxruntime(fp32, o, None, ("mlp.fc2",)),
             ),
             ("OpenVINO int8", "openvino", lambda o: int8.quantize_openvino(fp32, o, calib)),
+            (
+                "OpenVINO int8, fc2 fp32",
+                "openvino",  # export --int8 --engine openvino --keep-fp32 mlp.fc2
+                lambda o: int8.quantize_openvino(fp32, o, calib, ("mlp.fc2",)),
+            ),
         ):
             if not engines.available(engine):
                 continue

@@ -32,6 +32,10 @@ PATHS = {  # name: (label, export options)
         "ONNX Runtime int8 dynamic, mlp.fc2 left fp32 (--keep-fp32 mlp.fc2)",
         ["--keep-fp32", "mlp.fc2"],
     ),
+    "openvino-fc2": (
+        "OpenVINO + NNCF int8, mlp.fc2 left fp32 (--keep-fp32 mlp.fc2)",
+        ["--engine", "openvino", "--keep-fp32", "mlp.fc2"],
+    ),
 }
 TARGET = {"max_loss_points": 0.3, "min_agreement_percent": 99.0}
 

@@ -82,10 +82,11 @@ def test_fp32_through_an_engine_and_fast_say_which(ckpt, capsys, tmp_path):
     Image.new("L", (8, 8), 128).save(img)
     assert main(["predict", "--from", str(d / "ck"), str(img), "--engine", "torch"]) == 0
     torch_out = capsys.readouterr().out.splitlines()
-    assert torch_out[0] == "engine: torch, fp32 (as asked)"
+    assert torch_out[0].startswith("engine: torch, fp32 (as asked")
     assert main(["predict", "--from", str(d / "ck"), str(img), "--fast"]) == 0
     fast_out = capsys.readouterr().out.splitlines()
-    assert fast_out[0].startswith("engine: onnxruntime, fp32 (--fast")
+    fastest = "openvino" if available("openvino") else "onnxruntime"
+    assert fast_out[0].startswith(f"engine: {fastest}, fp32 (--fast")
     assert fast_out[1] == torch_out[1]  # the same labels and probabilities to 0.1 %
 
 
@@ -170,9 +171,36 @@ def test_keep_fp32_refusals_are_one_line_and_leave_no_directory(ckpt, capsys):
     assert "--keep-fp32 mlp.fc3: no matmul of the model lies in such a module" in err
     assert "mlp.fc1, mlp.fc2" in err and len(err.splitlines()) == 1
     assert not out.exists()
-    args = ["export", str(d / "ck"), str(out), "--int8", "--engine", "openvino"]
-    assert main([*args, "--keep-fp32", "mlp.fc2"]) == 2
-    assert "--keep-fp32 is the onnxruntime engine's" in capsys.readouterr().err
     assert main(["export", str(d / "ck"), str(out), "--keep-fp32", "mlp.fc2"]) == 2
     assert "add --int8" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+def test_keep_fp32_under_openvino_leaves_those_matmuls_unquantized(ckpt):
+    """NNCF's ignored scope: the named modules' MatMuls get no FakeQuantize on their inputs,
+    the other blocks' matmuls do."""
+    import openvino as ov
+
+    d, _ = ckpt
+
+    def quantized(out) -> dict[str, bool]:
+        model = ov.Core().read_model(str(out / "model.xml"))
+        return {
+            op.get_friendly_name(): any(
+                op.input_value(i).get_node().get_type_name() == "FakeQuantize"
+                for i in range(op.get_input_size())
+            )
+            for op in model.get_ops()
+            if op.get_type_name() == "MatMul"
+        }
+
+    args = ["--int8", "--engine", "openvino", "--calib-images", "16"]
+    assert main(["export", str(d / "ck"), str(d / "ov-all"), *args]) == 0
+    out = d / "ov-keep"
+    assert main(["export", str(d / "ck"), str(out), *args, "--keep-fp32", "mlp.fc2"]) == 0
+    everything, kept = quantized(d / "ov-all"), quantized(out)
+    now_fp32 = [n for n in kept if everything[n] and not kept[n]]
+    assert len(now_fp32) == 2  # depth 2: each block's fc2
+    assert sum(kept.values()) == sum(everything.values()) - 2 > 0
+    assert json.loads((out / "engine.json").read_text())["keep_fp32"] == ["mlp.fc2"]

@@ -98,12 +98,6 @@ def _clean_onnx(src: Path, dst: Path) -> Path:
 SCOPES = "pkg.torch.onnx.name_scopes"  # the exporter's module path of each node
 
 
-def check_keep_fp32(engine: str, keep_fp32: tuple[str, ...]) -> None:
-    """``--keep-fp32`` names ONNX nodes for ONNX Runtime's quantizer: no other engine takes it."""
-    if keep_fp32 and engine != "onnxruntime":
-        raise VitkitError("--keep-fp32 is the onnxruntime engine's (its quantizer names nodes)")
-
-
 def nodes_of_modules(graph: Path, modules: tuple[str, ...]) -> list[str]:
     """The names of the matmul nodes (MatMul, Gemm) of ``graph`` inside ``modules``: a module's
     path or its ending ("mlp.fc2" names every block's fc2), read from the exporter's metadata."""
@@ -178,8 +172,12 @@ def quantize_onnxruntime(
     )
 
 
-def quantize_openvino(fp32: Path, out_xml: Path, calib: Tensor) -> None:
-    """NNCF post-training int8 quantization of the fp32 ONNX graph, saved as OpenVINO IR."""
+def quantize_openvino(
+    fp32: Path, out_xml: Path, calib: Tensor, keep_fp32: tuple[str, ...] = ()
+) -> None:
+    """NNCF post-training int8 quantization of the fp32 ONNX graph, saved as OpenVINO IR; the
+    matmuls of the modules ``keep_fp32`` stay fp32 (NNCF's ignored scope: OpenVINO reads the
+    ONNX nodes under their own names)."""
     ov = require("openvino")
     try:
         import nncf
@@ -187,6 +185,7 @@ def quantize_openvino(fp32: Path, out_xml: Path, calib: Tensor) -> None:
         raise VitkitError(
             "int8 quantization for OpenVINO needs NNCF: pip install 'vitkit[openvino]'"
         ) from None
+    keep = nodes_of_modules(fp32, keep_fp32) if keep_fp32 else []
     model = ov.Core().read_model(str(fp32))
     dataset = nncf.Dataset(list(_batches(calib)))
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
@@ -195,6 +194,7 @@ def quantize_openvino(fp32: Path, out_xml: Path, calib: Tensor) -> None:
             dataset,
             model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(calib),
+            ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,
         )
     ov.save_model(quantized, str(out_xml), compress_to_fp16=False)
 
@@ -230,7 +230,6 @@ def export_int8(
     require(engine)
     if engine == "openvino" and calib is None:
         raise VitkitError("the openvino engine quantizes with calibration images only")
-    check_keep_fp32(engine, keep_fp32)
     created = not out.exists()  # removed again if the export fails: no empty directory left
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out))
@@ -239,7 +238,7 @@ def export_int8(
             fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
         if engine == "openvino":
             assert calib is not None
-            quantize_openvino(fp32, tmp / "model.xml", calib)
+            quantize_openvino(fp32, tmp / "model.xml", calib, keep_fp32)
             files = {"openvino": "model.xml"}
         else:
             quantize_onnxruntime(fp32, tmp / "model.onnx", calib, keep_fp32)
@@ -276,7 +275,6 @@ def directory_size(path: Path, names: tuple[str, ...]) -> int:
 __all__ = [
     "INT8_ENGINES",
     "calibration_images",
-    "check_keep_fp32",
     "directory_size",
     "export_int8",
     "int8_files",

@@ -12,7 +12,9 @@ from vitkit.errors import VitkitError
 
 # What --fast picks (bench/results/cpu_inference.md): an exact fp32 path for a checkpoint, the
 # fastest engine that runs the file for an int8 model. Never a lower precision than the model's.
-FAST_FP32 = ("onnxruntime", "torch")
+# OpenVINO fp32 was the fastest for Ti/16-B/16 at batch 1 and 32 on an AVX-512 host (1.1-1.3x
+# ONNX Runtime and vitkit's own oneDNN path) and at least ONNX Runtime's on an AVX2 one.
+FAST_FP32 = ("openvino", "onnxruntime", "torch")
 FAST_INT8 = ("onnxruntime", "openvino")
 
 
@@ -38,8 +40,8 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--keep-fp32",
         metavar="MODULES",
-        help="onnxruntime: leave the matmuls of these modules in fp32, comma-separated paths or "
-        "endings (mlp.fc2: every block's fc2); slower, closer to fp32",
+        help="leave the matmuls of these modules in fp32, comma-separated paths or endings "
+        "(mlp.fc2: every block's fc2); slower, closer to fp32",
     )
     g.add_argument(
         "--calib-data", help="calibration dataset (default: the checkpoint's own dataset)"
@@ -74,7 +76,6 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     from vitkit.engines import require
     from vitkit.int8 import (
         calibration_images,
-        check_keep_fp32,
         directory_size,
         export_int8,
         int8_files,
@@ -84,7 +85,6 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     if args.static and engine != "onnxruntime":
         raise VitkitError("--static is onnxruntime's (openvino always calibrates)")
     keep = tuple(m.strip() for m in (args.keep_fp32 or "").split(",") if m.strip())
-    check_keep_fp32(engine, keep)  # before require(engine): refused whether or not installed
     require(engine)
     model, ckpt = load_model(args.ckpt, **loading(args))
     from vitkit.files import check_destination
@@ -142,6 +142,11 @@ def load_for_inference(
 
         check_finite_weights(model, ckpt)
         model = fp32_engine_model(model, engine, threads)
+    else:
+        from vitkit.onednn import onednn_linears
+
+        if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
+            why += "; Linear layers on oneDNN"
     return model, ckpt, f"engine: {engine}, fp32 ({why})"
 
 
