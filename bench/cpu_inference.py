@@ -16,7 +16,8 @@ vitkit's converter) it times, at batch 1 (latency) and ``--batch`` (throughput):
 Each measurement is repeated ``--rounds`` times in an order shuffled every round (the host is
 noisy: ratios within one run are what to compare); the median is reported. Beside each figure:
 its fraction of the machine's measured matmul ceiling at that precision (fp32, bf16, int8 =
-ONNX Runtime's MatMulInteger u8 x s8; analytic FLOPs, vitkit.counts) and the peak memory of one
+ONNX Runtime's MatMulInteger u8 x s8; fp32 the higher of MKL's torch.mm and oneDNN's;
+analytic FLOPs, vitkit.counts) and the peak memory of one
 call (glibc malloc, bench/speed.py's PeakMemory: PyTorch and ONNX Runtime allocate through it,
 OpenVINO partly not).
 
@@ -56,7 +57,7 @@ from vitkit.checkpoints import timm as timm_conv  # noqa: E402
 from vitkit.counts import count_flops  # noqa: E402
 from vitkit.export import export_onnx  # noqa: E402
 from vitkit.hardware import cpu_name, native_bf16  # noqa: E402
-from vitkit.onednn import onednn_linears  # noqa: E402
+from vitkit.onednn import onednn_available, onednn_linears  # noqa: E402
 
 PRECISION = {  # the ceiling each path is measured against
     "timm fp32": "fp32",
@@ -103,6 +104,19 @@ def int8_ceiling(n: int = 2048, reps: int = 5) -> float:
         t = time.perf_counter()
         s.run(None, feed)
         best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def onednn_fp32_ceiling(n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of an n x n x n fp32 product through oneDNN (vitkit.onednn's call): on an AMD CPU
+    about twice MKL's ``torch.mm``, so the machine's fp32 ceiling is the higher of the two."""
+    a, w = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            t = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")
+            best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
 
 
@@ -209,7 +223,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     batches = [1, args.batch]
     cpu = torch.device("cpu")
-    ceilings = {"fp32": matmul_ceiling(torch.float32, cpu), "int8": int8_ceiling()}
+    ceilings = {"fp32 MKL": matmul_ceiling(torch.float32, cpu)}
+    if onednn_available():
+        ceilings["fp32 oneDNN"] = onednn_fp32_ceiling()
+    ceilings["fp32"] = max(ceilings.values())  # what 'of ceiling' divides fp32 paths by
+    ceilings["int8"] = int8_ceiling()
     if native_bf16(cpu):
         ceilings["bf16"] = matmul_ceiling(torch.bfloat16, cpu)
     else:

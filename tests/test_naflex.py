@@ -204,3 +204,32 @@ def test_predict_keeps_aspect_ratios(tmp_path, capsys):
     plain = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), paper.state_dict())
     with pytest.raises(VitkitError, match="--max-seq-len needs a NaFlex model"):
         predict_files(paper, plain, files, max_seq_len=12)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_padded_batch_under_bf16_autocast_stays_finite(device):
+    """The padding mask is fp32's most negative number, which bf16 rounds to -inf: a padding
+    query masked from every key then took softmax(-inf, ...) = NaN and every token after it (the
+    README's NaFlex training diverged at step 1 on a CPU with native bf16). The mask is added
+    at the attention's precision now, clamped to its range."""
+    import vitkit
+
+    torch.manual_seed(0)
+    kw = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
+    ours = vitkit.create_model("Ti/16", naflex=True, pos_embed_prefix=False, **kw)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = ours.to(device).train()
+    batch = {k: v.to(device) for k, v in pack([x.float() for x in _images()], (16, 16)).items()}
+    assert not batch["patch_valid"].all()  # padding in the batch
+    with torch.autocast(device, torch.bfloat16):
+        logits = ours(batch)
+    assert torch.isfinite(logits).all()
+    logits.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+    with torch.no_grad():
+        want = ours.eval()(batch)
+        with torch.autocast(device, torch.bfloat16):
+            got = ours(batch).float()
+    assert (got - want).abs().max() < 0.1 * want.abs().max()  # bf16, close to fp32

@@ -1,9 +1,10 @@
-"""The two small layers every kind of encoder block shares: the config's norm and stochastic
-depth. Here rather than in model.py so that vitkit.parallel_blocks, which model.py imports,
-uses the same ones."""
+"""The small pieces every kind of encoder block shares: the config's norm, stochastic depth and
+an additive attention bias at the logits' precision. Here rather than in model.py so that
+vitkit.parallel_blocks, which model.py imports, uses the same ones."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from vitkit.config import ViTConfig
@@ -24,3 +25,13 @@ def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
     keep = 1.0 - rate
     mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
     return x * mask / keep
+
+
+def logit_bias(bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """An additive attention bias (a relative position bias, NaFlex's padding mask) at the
+    logits' ``dtype``, clamped to its range. A padding mask holds fp32's most negative number,
+    which bf16 rounds to -inf: a padding query masked from every key then got softmax(-inf,
+    ...) = NaN, and every token after it through the values (0 * NaN)."""
+    if bias.dtype == dtype:
+        return bias
+    return bias.clamp(min=torch.finfo(dtype).min).to(dtype)

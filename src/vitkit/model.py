@@ -68,7 +68,7 @@ from vitkit import naflex
 from vitkit.config import ModelConfig, ResNetConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
 from vitkit.init import init_weights
-from vitkit.layers import drop_path, make_norm
+from vitkit.layers import drop_path, logit_bias, make_norm
 from vitkit.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.posemb import Resample, resample_pos_embed
 from vitkit.relpos import attention_biases, make_rel_pos
@@ -216,7 +216,7 @@ class Attention(nn.Module):
         ):
             return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
-        mask = None if bias is None else bias.to(q.dtype)
+        mask = None if bias is None else logit_bias(bias, q.dtype)
         return self._merge_heads(F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p))
 
     def forward_explicit(
@@ -229,7 +229,7 @@ class Attention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         logits = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
-        weights = torch.softmax(logits if bias is None else logits + bias.to(q.dtype), dim=-1)
+        weights = torch.softmax(logits if bias is None else logits + logit_bias(bias, q.dtype), -1)
         dropped = F.dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights
 
