@@ -170,6 +170,9 @@ def source_comparison(
     from vitkit.eval.compare import Recorder, agreement, comparison, format_comparison
 
     fp32, src = load_model(source, **loading(args))
+    from vitkit.onednn import onednn_linears
+
+    onednn_linears(fp32)  # the source as the torch engine runs it
     rec = Recorder(fp32)
     ref = evaluate_checkpoint(rec, src, dataset, batch_size=args.batch_size, progress=False)
     agree = agreement(recorded.predictions(), rec.predictions())
