@@ -9,10 +9,9 @@ Two engines quantize here, each with its own maintained tool (vitkit writes no i
   AVX2 CPU, bench/results/cpu_inference_avx2.md; on a CPU with AVX512-VNNI OpenVINO's int8 is
   1.1-1.6x faster, bench/results/cpu_inference.md): ONNX Runtime's ``quantize_dynamic``
   (activation scales per batch), or with ``--static`` its QDQ quantization of the MatMul
-  weights and inputs (per-
-  channel symmetric int8 weights, uint8 activations with calibrated scales; the Conv patch
-  embedding, a hybrid's ResNet, and the Gemm head stay fp32). The file is
-  ONNX, so OpenVINO runs it too.
+  weights and inputs (per-channel symmetric int8 weights, uint8 activations with calibrated
+  scales; the Conv patch embedding, a hybrid's ResNet, and the Gemm head stay fp32). The file
+  is ONNX, so OpenVINO runs it too.
 
 Calibration runs the fp32 model over ``--calib-images`` images of the checkpoint's own dataset
 (its training split, in the checkpoint's eval preprocessing), drawn with a fixed seed.

@@ -1,12 +1,12 @@
 """fp32 Linear layers on oneDNN for CPU inference: PyTorch at ONNX Runtime's fp32 speed.
 
 Why: PyTorch's CPU wheels multiply fp32 matrices with Intel MKL (``torch.__config__.show()``:
-``BLAS_INFO=mkl``). On an AMD EPYC with AVX-512 (docs/experiments.md, "fp32 on oneDNN") MKL
-reached 208 GFLOP/s on a 2048^3 matmul and 183 on a B/16 MLP Linear, while oneDNN, PyTorch's
-other CPU library (the one behind its bf16 matmuls and ``torch.compile``'s packed linears), ran
-the same Linear at 356: ONNX Runtime's and OpenVINO's fp32 engines were twice as fast as
-PyTorch for this reason. oneDNN's result is fp32 like MKL's, summed in another order (3e-6 on
-outputs of magnitude 3, measured; the size of MKL's own differences between batch sizes).
+``BLAS_INFO=mkl``). On an AMD EPYC with AVX-512 MKL reached 208 GFLOP/s on a 2048^3 matmul and
+183 on a B/16 MLP Linear, while oneDNN, PyTorch's other CPU library (the one behind its bf16
+matmuls), ran the same Linear at 356: ONNX Runtime's and OpenVINO's fp32 engines were twice as
+fast as PyTorch for this reason (docs/experiments.md, "CPU inference on an AVX512-VNNI host").
+oneDNN's result is fp32 like MKL's, summed in another order (3e-6 on outputs of magnitude 3,
+measured; the size of MKL's own differences between batch sizes).
 
 :func:`onednn_linears` makes every ``nn.Linear`` of a model an :class:`OneDNNLinear` (the same
 parameters, the same state dict, still an ``nn.Linear``), which calls oneDNN exactly where it is
@@ -42,13 +42,6 @@ def onednn_available() -> bool:
         return False
 
 
-def _autocast_on() -> bool:
-    try:
-        return bool(torch.is_autocast_enabled("cpu"))
-    except TypeError:  # torch < 2.4 spells it per device
-        return bool(torch.is_autocast_cpu_enabled())
-
-
 def _plain_inference(x: Tensor, w: Tensor) -> bool:
     """Whether ``x @ w.T`` is fp32 CPU inference that oneDNN may compute (nothing to record
     for autograd, no autocast, not traced by the compiler, an exporter or TorchScript)."""
@@ -58,7 +51,7 @@ def _plain_inference(x: Tensor, w: Tensor) -> bool:
         or x.device.type != "cpu"
         or w.device.type != "cpu"
         or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-        or _autocast_on()
+        or torch.is_autocast_enabled("cpu")
         or torch.compiler.is_compiling()
         or torch.jit.is_tracing()
         or x.dim() < 2
@@ -100,9 +93,10 @@ class OneDNNMlp(Mlp):
 
 
 def onednn_linears(model: nn.Module) -> int:
-    """Make every ``nn.Linear`` of ``model`` (in place) an :class:`OneDNNLinear`: the same
-    module with the same parameters, computing fp32 CPU inference on oneDNN. Returns how many
-    it changed (0 where oneDNN is not available)."""
+    """Make every ``nn.Linear`` of ``model`` (in place) an :class:`OneDNNLinear` and every
+    ``Mlp`` an :class:`OneDNNMlp`: the same modules with the same parameters, computing fp32
+    CPU inference on oneDNN. Returns how many Linear layers it changed (0 where oneDNN is not
+    available)."""
     if not onednn_available():
         return 0
     n = 0

@@ -12,8 +12,8 @@ from vitkit.errors import VitkitError
 
 # What --fast picks (bench/results/cpu_inference.md): an exact fp32 path for a checkpoint, the
 # fastest engine that runs the file for an int8 model. Never a lower precision than the model's.
-# OpenVINO fp32 was the fastest for Ti/16-B/16 at batch 1 and 32 on an AVX-512 host (1.1-1.3x
-# ONNX Runtime and vitkit's own oneDNN path) and at least ONNX Runtime's on an AVX2 one.
+# OpenVINO fp32 was the fastest for Ti/16-B/16 at batch 1 and 32 on an AVX-512 host (1.15-1.26x
+# ONNX Runtime, more over vitkit's own oneDNN path) and 0.9-1.3x ONNX Runtime on an AVX2 one.
 FAST_FP32 = ("openvino", "onnxruntime", "torch")
 FAST_INT8 = ("onnxruntime", "openvino")
 
@@ -75,12 +75,7 @@ def add_engine_options(p: argparse.ArgumentParser, *, fast: bool = False) -> Non
 def cmd_export_int8(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
     from vitkit.engines import require
-    from vitkit.int8 import (
-        calibration_images,
-        directory_size,
-        export_int8,
-        int8_files,
-    )
+    from vitkit.int8 import calibration_images, directory_size, export_int8, int8_files
 
     engine = args.engine or "onnxruntime"
     if args.static and engine != "onnxruntime":
