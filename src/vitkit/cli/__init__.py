@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from vitkit.allocator import keep_freed_memory
 from vitkit.cli import checkpoint, data, evaluate, explain, study, train
 from vitkit.cli.options import Parser
 from vitkit.errors import VitkitError
@@ -61,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning: on small shared machines spinning threads
     # stall each other for seconds. Must be set before PyTorch starts its thread pool.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Freed activations stay in the heap for the next call instead of being unmapped and
+    # faulted in again (vitkit.allocator: B/16 batch-32 inference 4-30 % faster). Before PyTorch.
+    keep_freed_memory()
     saved_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         code = _main(argv)
