@@ -117,13 +117,12 @@ def main() -> None:
     from vitkit.hardware import cpu_name
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "VITKIT_"))}
-    base_env["VITKIT_MALLOC"] = "0"  # only the child of the vitkit setting configures malloc
     results: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
     for r in range(args.rounds):
         for setting, env in SETTINGS.items():
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", setting, "--calls", str(args.calls)],
-                env={**base_env, **env, **({"VITKIT_MALLOC": "1"} if "vitkit" in setting else {})},
+                env={**base_env, **env},  # only the vitkit setting's child calls mallopt
                 capture_output=True,
                 text=True,
                 check=True,

@@ -17,7 +17,6 @@ pytestmark = pytest.mark.skipif(
 # Resident memory (MiB) with a touched 64 MiB block, and after freeing it. Under glibc's
 # defaults the block is mmapped and its pages go back at once; kept in the heap they stay.
 PROBE = """
-import sys
 {setup}
 import numpy as np
 def rss():
@@ -58,7 +57,7 @@ def test_default_malloc_returns_a_freed_64mib_block():
     assert released_mib("") > 48
 
 
-def test_cli_keeps_a_freed_64mib_block_for_reuse(capsys):
+def test_cli_keeps_a_freed_64mib_block_for_reuse():
     assert released_mib(CLI) < 8
 
 

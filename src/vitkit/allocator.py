@@ -4,14 +4,14 @@ glibc serves an allocation above its mmap threshold with a fresh ``mmap`` and re
 ``munmap`` when freed. The threshold adapts upwards to the largest freed block but stops at
 32 MB, so a ViT-B/16 forward at batch 32 (activations of 40-150 MB) maps, faults in and unmaps
 its largest tensors on every call. Raising the threshold keeps those blocks in the heap for the
-next call: measured on a 2-vCPU AMD EPYC, B/16 batch-32 inference ran 4-30 % faster (bf16
-most), and the slow PyTorch calls right after an OpenVINO call disappeared
-(docs/experiments.md, "CPU inference on an AVX512-VNNI host"). The cost: the process keeps its
-peak memory instead of returning freed blocks to the system.
+next call: measured on a 2-vCPU AMD EPYC (bench/malloc.py), B/16 batch-32 inference ran
+1.10x (fp32) to 1.23x (bf16) faster, and the slow PyTorch calls right after an OpenVINO call
+disappeared (docs/experiments.md, "CPU inference on an AVX512-VNNI host"). The cost: the
+process keeps its peak memory instead of returning freed blocks to the system.
 
 ``keep_freed_memory()`` is called once at the start of the ``vitkit`` command, before PyTorch
-loads. It does nothing off glibc, when the user set ``MALLOC_MMAP_THRESHOLD_`` themselves (theirs
-wins), or with ``VITKIT_MALLOC=0``.
+loads. It does nothing off glibc, when the user set ``MALLOC_MMAP_THRESHOLD_`` or
+``MALLOC_TRIM_THRESHOLD_`` themselves (theirs win), or with ``VITKIT_MALLOC=0``.
 """
 
 from __future__ import annotations
