@@ -213,3 +213,5 @@ def test_the_out_of_memory_line_names_the_batch_the_memory_and_the_fix() -> None
     odd = out_of_memory_message(RuntimeError("no size here"), "cuda:1", 3, 3, 1)
     assert odd == "out of memory on cuda:1 at batch size 3 (1 images per micro-batch): lower " \
         "--batch-size (e.g. 1)"  # fmt: skip
+    # the trainer's device is often a bare "cuda" (an H100 wrote "on cuda at"): the card is named
+    assert out_of_memory_message(err, "cuda", 512, 1, 512).startswith("out of memory on cuda:0 ")

@@ -70,6 +70,13 @@ def out_of_memory_message(
     asked = found.group(1) if found else None
     if in_bytes:
         asked = f"{int(in_bytes.group(1)) / 2**30:.1f} GiB"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # name the card, as PyTorch's text does
+        gpu = re.search(r"GPU (\d+) has", str(err))
+        index = int(gpu.group(1)) if gpu else None
+        if index is None and torch.cuda.is_available():
+            index = torch.cuda.current_device()
+        device = torch.device("cuda", index) if index is not None else device
     fix = "use a smaller model"
     if batch_size > 1:
         fix = f"lower --batch-size (e.g. {batch_size // 2})"
