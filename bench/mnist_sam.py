@@ -1,7 +1,8 @@
 """Issue 28's late-SAM probe: mnist-best whose last LATE epochs take sharpness-aware steps
 (Foret et al. 2021, "Sharpness-Aware Minimization"; SAM applied only late in training, as
-Zhou et al. found enough for most of its effect): the gradient at the weights moved by
-RHO * g / ||g||, on the same augmented images, then the recipe's clipping and AdamW step.
+Zhou et al. 2025, arXiv:2410.10373, found enough for most of its effect): the gradient at the
+weights moved by RHO * g / ||g||, on the same augmented images, then the recipe's clipping and
+AdamW step.
 A SAM step costs two forward-backward passes, so 19 epochs with the last 4 under SAM cost about
 23 plain epochs (the recipe has 22). Not a vitkit training option: this script replaces the
 trainer's step for the run it starts.
