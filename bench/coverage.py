@@ -62,9 +62,9 @@ from references import import_reference  # noqa: E402
 
 import vitkit  # noqa: E402
 from vitkit.checkpoints import read_checkpoint  # noqa: E402
-from vitkit.checkpoints.io import load_state_dict_strict  # noqa: E402
+from vitkit.checkpoints.native.safetensors_io import load_state_dict_strict  # noqa: E402
 from vitkit.errors import AssumptionWarning, VitkitError  # noqa: E402
-from vitkit.model import build_model  # noqa: E402
+from vitkit.models.vit import build_model  # noqa: E402
 
 MODES = ("hub", "bare")
 OUTCOMES = ("exact", "warned", "silent", "refused", "crashed", "harness")

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vitkit.checkpoints.timm import timm_config_provenance
+from vitkit.checkpoints.timm.vision_transformer import timm_config_provenance
 from vitkit.errors import AssumptionWarning, VitkitError
 
 TIMM_MODULES = (
@@ -68,10 +68,10 @@ def heads_hint_ok(name: str, heads: int | None, sd: dict[str, torch.Tensor]) -> 
     ``model_args`` (as timm's Hub folders are), gets timm's number of heads from vitkit: the
     reader of that folder kind run on the entry's own (meta-device) weights. A refusal is not
     a wrong count."""
-    from vitkit.checkpoints.timm_eva import eva_hub_config_provenance
-    from vitkit.checkpoints.timm_hub import timm_hub_config_provenance
-    from vitkit.checkpoints.timm_names import EVA_NAMES, relpos_module
-    from vitkit.checkpoints.timm_relpos import relpos_config_provenance
+    from vitkit.checkpoints.timm.beit_relpos import relpos_config_provenance
+    from vitkit.checkpoints.timm.eva import eva_hub_config_provenance
+    from vitkit.checkpoints.timm.hub_folder import timm_hub_config_provenance
+    from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 
     if heads is None:
         return True

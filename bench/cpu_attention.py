@@ -28,11 +28,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import vitkit.model as vm  # noqa: E402
-from vitkit.config import model_config  # noqa: E402
+import vitkit.models.vit as vm  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
-from vitkit.recipes import get_recipe  # noqa: E402
+from vitkit.registry.model_config import model_config  # noqa: E402
 from vitkit.train.optim import build_optimizer  # noqa: E402
+from vitkit.train.recipes import get_recipe  # noqa: E402
 
 SHAPES = [  # [batch, heads, tokens, head dim]
     (128, 4, 17, 16),  # the default MNIST model's training batch (patch 7)

@@ -4,11 +4,11 @@ For each model (random weights, the same in every path; timm gets vitkit's weigh
 vitkit's converter) it times, at batch 1 (latency) and ``--batch`` (throughput):
 
 - timm fp32 eager; vitkit fp32 eager (as ``vitkit eval`` / ``predict`` run it: Linear layers
-  on oneDNN, vitkit.onednn); vitkit bf16 autocast (only where bf16 is native: an
+  on oneDNN, vitkit.engines.onednn); vitkit bf16 autocast (only where bf16 is native: an
   emulated bf16 matmul runs at a few GFLOP/s and would take the run hours); vitkit
   ``torch.compile`` (fp32);
 - vitkit's ONNX export under ONNX Runtime fp32 and under OpenVINO fp32;
-- the int8 models ``vitkit export --int8`` writes (vitkit.int8): ONNX Runtime dynamic
+- the int8 models ``vitkit export --int8`` writes (vitkit.engines.int8): ONNX Runtime dynamic
   (``quantize_dynamic``), ONNX Runtime static QDQ and OpenVINO + NNCF, calibrated on random
   images (the weights are random too; accuracy is measured on a trained model with
   ``vitkit eval``, not here).
@@ -17,7 +17,7 @@ Each measurement is repeated ``--rounds`` times in an order shuffled every round
 noisy: ratios within one run are what to compare); the median is reported. Beside each figure:
 its fraction of the machine's measured matmul ceiling at that precision (fp32, bf16, int8 =
 ONNX Runtime's MatMulInteger u8 x s8; fp32 the higher of MKL's torch.mm and oneDNN's;
-analytic FLOPs, vitkit.counts) and the peak memory of one
+analytic FLOPs, vitkit.registry.counts) and the peak memory of one
 call (glibc malloc, bench/speed.py's PeakMemory: PyTorch and ONNX Runtime allocate through it,
 OpenVINO partly not).
 
@@ -52,12 +52,13 @@ from references import import_reference  # noqa: E402
 from speed import PeakMemory, matmul_ceiling, model_cfg  # noqa: E402
 
 import vitkit  # noqa: E402
-from vitkit import engines, int8  # noqa: E402
-from vitkit.checkpoints import timm as timm_conv  # noqa: E402
-from vitkit.counts import count_flops  # noqa: E402
-from vitkit.export import export_onnx  # noqa: E402
+from vitkit.checkpoints.timm import vision_transformer as timm_conv  # noqa: E402
+from vitkit.engines import backends as engines  # noqa: E402
+from vitkit.engines import int8  # noqa: E402
+from vitkit.engines.onednn import onednn_available, onednn_linears  # noqa: E402
+from vitkit.engines.onnx_export import export_onnx  # noqa: E402
 from vitkit.hardware import cpu_name, native_bf16  # noqa: E402
-from vitkit.onednn import onednn_available, onednn_linears  # noqa: E402
+from vitkit.registry.counts import count_flops  # noqa: E402
 
 PRECISION = {  # the ceiling each path is measured against
     "timm fp32": "fp32",
@@ -108,8 +109,8 @@ def int8_ceiling(n: int = 2048, reps: int = 5) -> float:
 
 
 def onednn_fp32_ceiling(n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of an n x n x n fp32 product through oneDNN (vitkit.onednn's call): on an AMD CPU
-    about twice MKL's ``torch.mm``, so the machine's fp32 ceiling is the higher of the two."""
+    """FLOP/s of an n x n x n fp32 product through oneDNN (vitkit.engines.onednn's call): on an AMD
+    CPU about twice MKL's ``torch.mm``, so the machine's fp32 ceiling is the higher of the two."""
     a, w = torch.randn(n, n), torch.randn(n, n)
     best = float("inf")
     with torch.inference_mode():

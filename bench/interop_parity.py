@@ -26,7 +26,7 @@ from references import import_reference  # noqa: E402
 
 import vitkit  # noqa: E402
 from vitkit.checkpoints import read_checkpoint, write_checkpoint  # noqa: E402
-from vitkit.checkpoints import timm as timm_conv  # noqa: E402
+from vitkit.checkpoints.timm import vision_transformer as timm_conv  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "vit_jax"
 
@@ -102,7 +102,7 @@ def main() -> None:
     ):
         m = randomise(vitkit.create_model("B/16", **kw), 4)
         from vitkit.checkpoints import Checkpoint
-        from vitkit.config import PreprocessConfig
+        from vitkit.registry.model_config import PreprocessConfig
 
         ck = Checkpoint(tmp, m.cfg, PreprocessConfig.for_model(m.cfg), dict(m.state_dict()))
         write_checkpoint(ck, tmp / dst, to)

@@ -1,4 +1,5 @@
-"""glibc malloc settings and CPU speed: glibc's defaults vs vitkit.allocator vs the variables.
+"""glibc malloc settings and CPU speed: glibc's defaults vs vitkit.engines.allocator vs the
+variables.
 
 Each setting runs in its own fresh process (malloc is configured before PyTorch loads), the
 settings interleaved round by round so that machine noise hits all alike; the figure of a
@@ -22,14 +23,14 @@ from pathlib import Path
 
 SETTINGS = {
     "glibc defaults": {},
-    "vitkit (mallopt at start)": {},  # the child calls vitkit.allocator.keep_freed_memory()
+    "vitkit (mallopt at start)": {},  # the child calls vitkit.engines.allocator.keep_freed_memory()
     "MALLOC_MMAP_THRESHOLD_=1 GiB (env)": {"MALLOC_MMAP_THRESHOLD_": "1073741824"},
 }
 
 
 def child(setting: str, calls: int) -> None:
     if setting.startswith("vitkit"):
-        from vitkit.allocator import keep_freed_memory
+        from vitkit.engines.allocator import keep_freed_memory
 
         assert keep_freed_memory()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -44,12 +45,12 @@ def child(setting: str, calls: int) -> None:
     from speed import model_cfg
 
     import vitkit
-    from vitkit.checkpoints import timm as timm_conv
-    from vitkit.config import model_config
+    from vitkit.checkpoints.timm import vision_transformer as timm_conv
+    from vitkit.engines.onednn import onednn_linears
     from vitkit.hardware import native_bf16
-    from vitkit.onednn import onednn_linears
-    from vitkit.recipes import get_recipe
+    from vitkit.registry.model_config import model_config
     from vitkit.train.optim import build_optimizer
+    from vitkit.train.recipes import get_recipe
 
     bf16 = native_bf16(torch.device("cpu"))
     cfg = model_cfg("B/16")

@@ -27,9 +27,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-import vitkit.model  # noqa: E402
+import vitkit.models.vit  # noqa: E402
 import vitkit.train.run  # noqa: E402
-from vitkit.allocator import keep_freed_memory  # noqa: E402
+from vitkit.engines.allocator import keep_freed_memory  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 CHANNELS = (32, 64)
@@ -49,7 +49,7 @@ class ConvStem(nn.Sequential):
                 nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
 
 
-_build = vitkit.model.build_model
+_build = vitkit.models.vit.build_model
 
 
 def build_model(cfg: Any) -> nn.Module:
@@ -96,7 +96,7 @@ def ensemble(pairs: list[str]) -> None:
 
 def install() -> None:
     """Every model vitkit builds from here on is built by :func:`build_model`."""
-    vitkit.model.build_model = build_model  # the checkpoint loader imports it at call time
+    vitkit.models.vit.build_model = build_model  # the checkpoint loader imports it at call time
     vitkit.train.run.build_model = build_model  # the trainer imported it by name
 
 

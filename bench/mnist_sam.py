@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from vitkit.allocator import keep_freed_memory  # noqa: E402
+from vitkit.engines.allocator import keep_freed_memory  # noqa: E402
 from vitkit.train.trainer import Trainer  # noqa: E402
 
 _plain_step = Trainer.train_step

@@ -26,7 +26,7 @@ from torch import Tensor  # noqa: E402
 
 from vitkit.checkpoints import load_model  # noqa: E402
 from vitkit.data.transforms import to_model_input  # noqa: E402
-from vitkit.eval.checkpoint import checkpoint_dataset  # noqa: E402
+from vitkit.eval.checkpoint_eval import checkpoint_dataset  # noqa: E402
 from vitkit.eval.tta import jitter_views, shifted_views  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
 

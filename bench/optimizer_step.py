@@ -22,11 +22,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from vitkit.config import model_config  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
-from vitkit.model import VisionTransformer  # noqa: E402
-from vitkit.recipes import get_recipe  # noqa: E402
+from vitkit.models.vit import VisionTransformer  # noqa: E402
+from vitkit.registry.model_config import model_config  # noqa: E402
 from vitkit.train.optim import param_groups  # noqa: E402
+from vitkit.train.recipes import get_recipe  # noqa: E402
 
 IMPLS = {
     "single-tensor": {"foreach": False},

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitkit.config import model_config
 from vitkit.hardware import native_bf16
-from vitkit.model import VisionTransformer
-from vitkit.recipes import RECIPES
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import model_config
+from vitkit.train.recipes import RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(4352, 64, 192), (4352, 64, 128), (4352, 128, 64), (1024, 512, 512)]

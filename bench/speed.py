@@ -11,9 +11,9 @@ converted with vitkit's own converters), precision (fp32, bf16 autocast) and mod
 Every measurement is repeated ``--rounds`` times, interleaved across libraries and settings in an
 order shuffled every round, so machine noise hits all alike; medians are reported, with vitkit/timm
 and vitkit/HF ratios (> 1: vitkit is faster; the median of ratios taken round by round). MFU is
-analytic FLOPs (``vitkit.counts.count_flops``: the matmuls, which hook-based counters miss inside
-fused attention; training = 3x forward) over time, against the matmul ceiling measured on this
-machine at the same precision. Peak memory is what the call held at once beyond what was held
+analytic FLOPs (``vitkit.registry.counts.count_flops``: the matmuls, which hook-based counters miss
+inside fused attention; training = 3x forward) over time, against the matmul ceiling measured on
+this machine at the same precision. Peak memory is what the call held at once beyond what was held
 before it: on CUDA the allocator's peak; on the CPU the bytes malloc had handed out (glibc
 ``mallinfo2``), sampled every millisecond by a thread.
 
@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the torchvision-op shim for importing
 from references import import_reference  # noqa: E402
 
 import vitkit  # noqa: E402
-from vitkit.checkpoints import hf as hf_conv  # noqa: E402
-from vitkit.checkpoints import timm as timm_conv  # noqa: E402
-from vitkit.counts import count_flops  # noqa: E402
+from vitkit.checkpoints.hf import vit_model as hf_conv  # noqa: E402
+from vitkit.checkpoints.timm import vision_transformer as timm_conv  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
-from vitkit.recipes import MNIST  # noqa: E402
+from vitkit.registry.counts import count_flops  # noqa: E402
+from vitkit.train.recipes import MNIST  # noqa: E402
 
 
 def model_cfg(name: str) -> vitkit.ViTConfig:
@@ -334,7 +334,7 @@ def onnx_fns(model: torch.nn.Module, cfg, batch: int) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    from vitkit.export import export_onnx
+    from vitkit.engines.onnx_export import export_onnx
 
     path = Path(tempfile.mkdtemp(prefix="vitkit-speed-")) / "model.onnx"
     export_onnx(model, path)

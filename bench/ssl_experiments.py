@@ -32,8 +32,8 @@ import torch
 from vitkit.checkpoints import read_checkpoint
 from vitkit.data import load_dataset, to_model_input
 from vitkit.eval.fewshot import fewshot_evaluate
-from vitkit.model import VisionTransformer
-from vitkit.recipes import MNIST_FEW_LABELS
+from vitkit.models.vit import VisionTransformer
+from vitkit.train.recipes import MNIST_FEW_LABELS
 from vitkit.train.trainer import Trainer
 
 # (fraction of the labels, batch size, epochs): 450 and 230 optimizer steps (about 100 s each

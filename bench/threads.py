@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = r"""
 import json, sys, time, torch
 import torch.nn.functional as F
-from vitkit.config import model_config
-from vitkit.model import VisionTransformer
-from vitkit.recipes import MNIST
+from vitkit.registry.model_config import model_config
+from vitkit.models.vit import VisionTransformer
+from vitkit.train.recipes import MNIST
 from vitkit.train.optim import build_optimizer
 threads, steps, batch = map(int, sys.argv[1:4])
 bf16 = sys.argv[4] == "bf16"

@@ -23,11 +23,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vitkit.config import model_config  # noqa: E402
-from vitkit.counts import count_flops  # noqa: E402
-from vitkit.model import VisionTransformer  # noqa: E402
-from vitkit.recipes import get_recipe  # noqa: E402
+from vitkit.models.vit import VisionTransformer  # noqa: E402
+from vitkit.registry.counts import count_flops  # noqa: E402
+from vitkit.registry.model_config import model_config  # noqa: E402
 from vitkit.train.optim import build_optimizer  # noqa: E402
+from vitkit.train.recipes import get_recipe  # noqa: E402
 
 
 def step_time(model: VisionTransformer, opt: torch.optim.Optimizer, x, y, bf16: bool, n: int):

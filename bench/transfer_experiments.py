@@ -26,8 +26,8 @@ import torch
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
 from vitkit.data import load_dataset, to_model_input
 from vitkit.eval.fewshot import extract_features, fewshot_evaluate
-from vitkit.model import VisionTransformer
-from vitkit.recipes import DIGITS_FINETUNE, MNIST
+from vitkit.models.vit import VisionTransformer
+from vitkit.train.recipes import DIGITS_FINETUNE, MNIST
 from vitkit.train.trainer import TrainConfig, Trainer
 
 

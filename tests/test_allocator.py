@@ -1,4 +1,4 @@
-"""vitkit.allocator: the CLI keeps freed large blocks in the heap (glibc), the user's own
+"""vitkit.engines.allocator: the CLI keeps freed large blocks in the heap (glibc), the user's own
 settings and VITKIT_MALLOC=0 leave malloc alone."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_off_switch_and_users_own_setting_leave_malloc_alone():
 
 
 def test_keep_freed_memory_reports_what_it_did(monkeypatch):
-    from vitkit.allocator import keep_freed_memory
+    from vitkit.engines.allocator import keep_freed_memory
 
     monkeypatch.setenv("VITKIT_MALLOC", "0")
     assert keep_freed_memory() is False

@@ -43,10 +43,10 @@ from vitkit.analysis import (
 )
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig
 from vitkit.data import make_shapes
 from vitkit.errors import VitkitError
-from vitkit.model import create_model
+from vitkit.models.vit import create_model
+from vitkit.registry.model_config import PreprocessConfig
 
 
 def tiny(pool: str = "token", image_size=(16, 24), patch=4, in_chans=3, **kw):
@@ -524,7 +524,7 @@ def test_explain_command(shapes_run: Path, tmp_path: Path, capsys) -> None:
 
 def test_analysis_batches_bound_attention_memory() -> None:
     from vitkit.analysis.attention import ATTENTION_BYTES, safe_batch_size
-    from vitkit.config import model_config
+    from vitkit.registry.model_config import model_config
 
     big = model_config("L/16", image_size=384)  # 24 layers x 16 heads x 577^2 tokens
     b = safe_batch_size(big, 32)
@@ -544,7 +544,7 @@ def test_help_of_the_analysis_commands(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_hybrid_models_measure_in_input_pixels_and_have_no_filter_picture(tmp_path: Path) -> None:
     from vitkit.analysis import token_pixels
-    from vitkit.config import ViTConfig
+    from vitkit.registry.model_config import ViTConfig
 
     cfg = ViTConfig(
         image_size=(32, 48), patch_size=1, width=32, depth=2, num_heads=2, mlp_dim=64,

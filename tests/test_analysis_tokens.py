@@ -23,10 +23,10 @@ from vitkit.analysis import (
 )
 from vitkit.checkpoints import Checkpoint, write_checkpoint
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.data import make_shapes
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer, create_model
+from vitkit.models.vit import VisionTransformer, create_model
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 BASE = dict(image_size=32, patch_size=8, num_classes=6, width=32, depth=2, num_heads=2, mlp_dim=64)
 FAMILY = {

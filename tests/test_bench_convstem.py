@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import vitkit.model
+import vitkit.models.vit
 import vitkit.train.run
 from vitkit.checkpoints import load_checkpoint
 from vitkit.errors import VitkitError
@@ -34,7 +34,7 @@ def test_the_probe_trains_the_conv_stem_and_only_its_model_loads_it(
     assert "test accuracy" in done.stdout
     with pytest.raises(VitkitError, match="unexpected keys: patch_embed.stem.0.weight"):
         load_checkpoint(run / "checkpoints")  # vitkit's own hybrid (7x7 root) does not fit it
-    for module in (vitkit.model, vitkit.train.run):  # undone after the test
+    for module in (vitkit.models.vit, vitkit.train.run):  # undone after the test
         monkeypatch.setattr(module, "build_model", module.build_model)
     spec = importlib.util.spec_from_file_location("mnist_convstem", BENCH)
     assert spec is not None and spec.loader is not None
@@ -46,7 +46,7 @@ def test_the_probe_trains_the_conv_stem_and_only_its_model_loads_it(
     assert sd["patch_embed.stem.0.weight"].shape == (32, 1, 3, 3)  # 3x3 stride-2, 1 -> 32
     assert sd["patch_embed.stem.3.weight"].shape == (64, 32, 3, 3)  # 32 -> 64
     assert "patch_embed.stem.1.running_var" in sd  # BatchNorm, not the root's GroupNorm
-    model = vitkit.model.build_model(ckpt.model_config)
+    model = vitkit.models.vit.build_model(ckpt.model_config)
     model.load_state_dict(sd)
     x = torch.zeros(2, 1, *ckpt.model_config.image_size)
     assert model.eval()(x).shape == (2, 10)

@@ -12,12 +12,16 @@ import torch
 from references import import_reference
 from safetensors.torch import save_file
 
-from vitkit.bit import ResNetV2
 from vitkit.checkpoints import load_model, read_checkpoint, save_checkpoint
 from vitkit.checkpoints.formats import describe
-from vitkit.checkpoints.timm import timm_bit_config, timm_bit_to_state_dict
+from vitkit.checkpoints.timm.vision_transformer import timm_bit_config, timm_bit_to_state_dict
 from vitkit.cli import main
-from vitkit.config import (
+from vitkit.data import load_dataset
+from vitkit.errors import VitkitError
+from vitkit.models.bit import ResNetV2
+from vitkit.models.vit import create_model
+from vitkit.registry.counts import count_flops, count_params
+from vitkit.registry.model_config import (
     HYBRIDS,
     RESNET_DEPTHS,
     STANDARD_RESNETS,
@@ -26,10 +30,6 @@ from vitkit.config import (
     config_from_dict,
     model_config,
 )
-from vitkit.counts import count_flops, count_params
-from vitkit.data import load_dataset
-from vitkit.errors import VitkitError
-from vitkit.model import create_model
 from vitkit.studies.common import parse_model_specs
 
 # At 224 px with a 1000-class head. Equal to timm 1.0.31's models of the same name

@@ -29,9 +29,9 @@ from vitkit.checkpoints import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from vitkit.checkpoints.io import flatten_state, unflatten_state
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.checkpoints.native.safetensors_io import flatten_state, unflatten_state
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 TINY = dict(image_size=16, in_chans=1, num_classes=3, width=32, depth=2, num_heads=2, mlp_dim=64)
 # Every option that changes the stored config or the parameter set, away from its default.
@@ -574,7 +574,7 @@ SUPERVISOR = textwrap.dedent(
     torch.set_num_threads(1)  # before anything runs, so that forking is safe
 
     from vitkit.checkpoints import atomic_write_text, save_checkpoint
-    from vitkit.model import create_model
+    from vitkit.models.vit import create_model
 
     ctl = Path(sys.argv[1])
     test_pid, supervisor = os.getppid(), os.getpid()

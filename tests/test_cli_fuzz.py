@@ -161,7 +161,7 @@ def checkpoint_and_image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     """A tiny real checkpoint (of digits) and an 8x8 image it reads."""
     import vitkit
     from vitkit.checkpoints import save_checkpoint
-    from vitkit.config import PreprocessConfig
+    from vitkit.registry.model_config import PreprocessConfig
 
     root = tmp_path_factory.mktemp("real")
     model = vitkit.create_model(

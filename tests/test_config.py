@@ -10,9 +10,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.config import SIZES, STANDARD_MODELS, ViTConfig, model_config, parse_name
-from vitkit.counts import count_flops
 from vitkit.errors import VitkitError
+from vitkit.registry.counts import count_flops
+from vitkit.registry.model_config import SIZES, STANDARD_MODELS, ViTConfig, model_config, parse_name
 
 # Table 1 of Dosovitskiy et al. (B, L, H) and Steiner et al. (Ti, S):
 # (hidden size D, layers, MLP size, heads). Written out here, not read from vitkit.
@@ -285,8 +285,8 @@ def test_count_flops_hand_derived_b16():
 def test_key_values_take_bracketed_lists_including_the_empty_one():
     """``-o resnet_layers=[]`` is the hybrid's root-only ResNet; it used to reach the config as
     the string '[]' and be refused, so no command line could build that hybrid."""
-    from vitkit.config import model_config
-    from vitkit.overrides import parse_key_values
+    from vitkit.registry.model_config import model_config
+    from vitkit.registry.overrides import parse_key_values
 
     got = parse_key_values(["resnet_layers=[]", "image_size=(28, 28)", "b=[3]", "c=[3,4]"])
     assert got == {"resnet_layers": [], "image_size": [28, 28], "b": [3], "c": [3, 4]}

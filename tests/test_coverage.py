@@ -249,7 +249,7 @@ HINTED = (
 def test_name_hints_agree_with_timm(name):
     import torch
 
-    from vitkit.checkpoints.timm import HEADS_BY_WIDTH, _name_settings
+    from vitkit.checkpoints.timm.vision_transformer import HEADS_BY_WIDTH, _name_settings
 
     timm = import_reference("timm")
     with torch.device("meta"):

@@ -1,4 +1,4 @@
-"""Every command that writes follows one rule (vitkit.files.check_destination): nothing is
+"""Every command that writes follows one rule (vitkit.output_files.check_destination): nothing is
 written into a checkpoint being read, an existing file is replaced only with --overwrite, and
 every file written has the mode the umask gives (issue 26, items 1-3)."""
 
@@ -154,7 +154,7 @@ def test_export_refuses_nan_weights_and_the_check_fails_on_nan(
 ) -> None:
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
-    from vitkit.export import check_onnx, export_onnx
+    from vitkit.engines.onnx_export import check_onnx, export_onnx
 
     model = vitkit.create_model(
         "Ti/4", image_size=16, num_classes=3, width=32, depth=1, num_heads=2, mlp_dim=64

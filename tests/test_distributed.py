@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 
 from vitkit.checkpoints import LATEST, load_model
-from vitkit.checkpoints.distributed import is_distributed_checkpoint
+from vitkit.checkpoints.native.sharded import is_distributed_checkpoint
 from vitkit.cli import main
-from vitkit.model import create_model
+from vitkit.models.vit import create_model
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.trainer import TrainConfig, Trainer
 

@@ -17,7 +17,7 @@ from vitkit.cli import main
 from vitkit.data.transforms import _sample, elastic_field, random_translate_scale_batch
 from vitkit.errors import VitkitError
 from vitkit.train.augment import augment_batch
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 
 def test_field_is_uniform_noise_through_scipys_gaussian_filter() -> None:

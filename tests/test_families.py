@@ -1,4 +1,4 @@
-"""The family's named models (vitkit.families): every row's parameter count equals the same
+"""The family's named models (vitkit.registry.families): every row's parameter count equals the same
 timm model's (built on the meta device: no memory, no time), the names resolve wherever a model
 name is taken, and ``vitkit models`` lists them."""
 
@@ -12,10 +12,10 @@ from references import import_reference
 
 from vitkit.checkpoints.description import family_name
 from vitkit.cli import main
-from vitkit.config import ViTConfig, model_config
-from vitkit.counts import count_params
 from vitkit.errors import VitkitError
-from vitkit.families import FAMILIES, family_of
+from vitkit.registry.counts import count_params
+from vitkit.registry.families import FAMILIES, family_of
+from vitkit.registry.model_config import ViTConfig, model_config
 
 # one of each family and switch (every row was checked once; these keep it checked, fast)
 CHECKED = (
@@ -49,7 +49,7 @@ ROPE_ROWS = [n for n in FAMILIES if family_of(n) in EVA_FAMILIES]
 
 @pytest.mark.parametrize("name", ROPE_ROWS)
 def test_rope_row_equals_timm_and_the_folder_reader(name):
-    from vitkit.checkpoints.timm_eva import eva_hub_config_provenance
+    from vitkit.checkpoints.timm.eva import eva_hub_config_provenance
 
     timm = import_reference("timm")
     with torch.device("meta"):
@@ -67,7 +67,7 @@ def test_rope_row_equals_timm_and_the_folder_reader(name):
 
 
 def test_rope_rows_are_every_eva_entry_vitkit_reads():
-    from vitkit.checkpoints.timm_names import EVA_NAMES
+    from vitkit.checkpoints.timm.names import EVA_NAMES
 
     assert set(ROPE_ROWS) == EVA_NAMES
     assert len([n for n in ROPE_ROWS if family_of(n) == "DINOv3"]) == 12  # S S+ B L H+ 7B, Ti
@@ -86,7 +86,7 @@ def test_create_model_builds_a_named_rope_model():
 
 
 def test_built_model_has_the_counted_parameters():
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
 
     with torch.device("meta"):
         model = build_model(model_config("vit_small_patch14_reg4_dinov2"))
@@ -163,8 +163,8 @@ def test_family_name_of_timm_gap_and_non_square():
 
 def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):
     from vitkit.checkpoints import Checkpoint, write_checkpoint
-    from vitkit.config import PreprocessConfig
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import PreprocessConfig
 
     cfg = model_config("deit3_small_patch16_224", image_size=32, depth=1, num_classes=3)
     sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}  # no zero head
@@ -186,8 +186,8 @@ def test_inspect_names_a_dinov3_timm_folder(tmp_path, capsys):
 
 def _timm_folder(tmp_path: Path, cfg: ViTConfig) -> Path:
     from vitkit.checkpoints import Checkpoint, write_checkpoint
-    from vitkit.config import PreprocessConfig
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import PreprocessConfig
 
     sd = {k: v + 0.01 for k, v in build_model(cfg).state_dict().items()}
     ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)

@@ -13,8 +13,8 @@ import torch
 import vitkit
 from vitkit.checkpoints import Checkpoint, load_checkpoint, read_checkpoint, write_checkpoint
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig, model_config
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
+from vitkit.registry.model_config import PreprocessConfig, model_config
 
 pytest.importorskip("onnxscript")
 ort = pytest.importorskip("onnxruntime")

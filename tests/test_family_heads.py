@@ -15,10 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
-from vitkit.checkpoints import timm as timm_conv
-from vitkit.config import PreprocessConfig, ViTConfig
-from vitkit.counts import count_flops, count_params
+from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.errors import VitkitError
+from vitkit.registry.counts import count_flops, count_params
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 BASE = dict(image_size=32, patch_size=8, num_classes=5, width=32, depth=2, num_heads=4, mlp_dim=64)
 

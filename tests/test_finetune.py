@@ -20,8 +20,8 @@ from vitkit.checkpoints import (
 )
 from vitkit.cli import main
 from vitkit.errors import VitkitError
-from vitkit.recipes import RECIPES, smoke
 from vitkit.train.pretrain import Pretrainer
+from vitkit.train.recipes import RECIPES, smoke
 from vitkit.train.trainer import TrainConfig, Trainer
 
 TINY = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "representation_size": 16}

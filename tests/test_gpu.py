@@ -21,7 +21,7 @@ import torch
 from vitkit.checkpoints import LATEST, load_model
 from vitkit.cli import main
 from vitkit.hardware import out_of_memory_message
-from vitkit.model import create_model
+from vitkit.models.vit import create_model
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CUDA = pytest.param(

@@ -13,7 +13,7 @@ import torch
 
 from vitkit.errors import VitkitError
 from vitkit.hardware import native_bf16, resolve_precision
-from vitkit.recipes import RECIPES
+from vitkit.train.recipes import RECIPES
 from vitkit.train.trainer import TrainConfig, Trainer
 
 CPU = torch.device("cpu")

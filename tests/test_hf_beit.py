@@ -163,7 +163,7 @@ def test_what_beit_cannot_hold_or_does_not_say_is_refused(tmp_path):
         vitkit.load(folder)(torch.randn(1, 3, 40, 40))
     # a pooling BEiT has no: refused by name
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig
+    from vitkit.registry.model_config import PreprocessConfig
 
     model = vitkit.create_model(
         "Ti/8",

@@ -199,7 +199,7 @@ def test_what_dinov3_cannot_hold_or_does_not_say_is_refused(tmp_path):
         layer_scale_init=1.0,
     )
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig
+    from vitkit.registry.model_config import PreprocessConfig
 
     cfg = model.cfg
     ckpt = Checkpoint(tmp_path / "src", cfg, PreprocessConfig.for_model(cfg), model.state_dict())
@@ -213,7 +213,7 @@ def test_what_dinov3_cannot_hold_or_does_not_say_is_refused(tmp_path):
 
 
 def test_rope_hf_is_dinov3s_only():
-    from vitkit.config import ViTConfig
+    from vitkit.registry.model_config import ViTConfig
 
     with pytest.raises(VitkitError, match="rope_hf computes DINOv3's angles"):
         ViTConfig(width=32, num_heads=2, rope="axial", abs_pos_embed=False, rope_hf=True)

@@ -15,9 +15,9 @@ from references import import_reference
 from vitkit.checkpoints import load_model, read_checkpoint, write_checkpoint
 from vitkit.checkpoints.description import format_description
 from vitkit.checkpoints.formats import describe
-from vitkit.counts import count_params
 from vitkit.errors import VitkitError
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
+from vitkit.registry.counts import count_params
 
 TOL = 1e-4  # float32
 TOL64 = 1e-12  # float64: the same operations in the same order
@@ -253,7 +253,7 @@ def test_family_checkpoints_that_do_not_fit_are_refused_naming_the_key(tmp_path)
 
 def test_what_no_family_class_can_hold_is_refused_by_name(tmp_path):
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig, ViTConfig
+    from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
     def write(**kw):
         base = dict(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64)
@@ -307,7 +307,7 @@ def test_timms_clip_tower_writes_as_hugging_faces(tmp_path, caplog):
     base = dict(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128)
     model = perturbed(vitkit.create_model("Ti/8", **base, **clip, num_classes=0))
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig
+    from vitkit.registry.model_config import PreprocessConfig
 
     cfg = model.cfg
     ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
@@ -337,7 +337,7 @@ ROUND_TRIPS = {
 @pytest.mark.parametrize("name", ROUND_TRIPS)
 def test_vitkit_to_hugging_face_to_vitkit_is_bitwise(tmp_path, name):
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig, ViTConfig
+    from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
     base = dict(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128)
     base.update(gelu="none", num_classes=5)

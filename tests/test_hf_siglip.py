@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
-from vitkit.config import PreprocessConfig
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig
 
 SMALL = dict(
     hidden_size=32,

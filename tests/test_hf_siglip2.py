@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import vitkit
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
 from vitkit.errors import AssumptionWarning, VitkitError
-from vitkit.naflex import attention_mask, embed, pack
+from vitkit.models.naflex_packing import attention_mask, embed, pack
 
 SMALL = dict(
     hidden_size=32,
@@ -123,7 +123,7 @@ def test_the_resampling_switches_matter(tmp_path):
     ref.save_pretrained(tmp_path / "hf")
     folder = tmp_path / "hf"
     packed, hf_inputs = batch(seed=2)
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
 
     def load64(**kw):  # (float64 parameters first: loading keeps the weights' precision)
         ckpt = read_checkpoint(folder, overrides=kw)

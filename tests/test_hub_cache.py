@@ -18,8 +18,8 @@ from references import import_reference
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig
 
 
 def tiny(seed: int = 0, **kw) -> torch.nn.Module:
@@ -151,7 +151,7 @@ def test_snapshot_without_weights_or_with_a_missing_blob(cache: Path, tmp_path: 
 def test_cache_location_follows_huggingface_hub(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vitkit.checkpoints.hub_cache import hub_cache_dir
+    from vitkit.checkpoints.hf.hub_cache import hub_cache_dir
 
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)

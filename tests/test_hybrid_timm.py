@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, load_model, read_checkpoint, write_checkpoint
-from vitkit.config import PreprocessConfig
 from vitkit.errors import VitkitError
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
+from vitkit.registry.model_config import PreprocessConfig
 
 # (stages, timm name): root only (R+Ti/16's layout) and R50 (vit_base_r50_s16_384's layout)
 HYBRIDS = [((), "vit_tiny_r_s16_p8_224"), ((3, 4, 9), "vit_base_r50_s16_384")]

@@ -16,8 +16,8 @@ import vitkit
 from vitkit.analysis import explain, input_config, mean_attention_distance, patch_map
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig
 
 TOL = 1e-4  # running at a size vs converting to it (measured: 0, the same float32 table)
 

@@ -12,9 +12,9 @@ import torch
 import vitkit
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
-from vitkit.engines import available, load_engine_dir, require
+from vitkit.engines.backends import available, load_engine_dir, require
+from vitkit.engines.int8 import calibration_images
 from vitkit.errors import VitkitError
-from vitkit.int8 import calibration_images
 
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")

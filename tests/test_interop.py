@@ -28,10 +28,10 @@ from vitkit.checkpoints import (
     resample_pos_embed,
     write_checkpoint,
 )
-from vitkit.checkpoints import npz as npz_conv
-from vitkit.checkpoints import timm as timm_conv
-from vitkit.config import PreprocessConfig
+from vitkit.checkpoints.google import npz as npz_conv
+from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vit_jax"
 TOL = 1e-5

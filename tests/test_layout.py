@@ -14,7 +14,7 @@ MAX_LINES = 600  # the hard line; aim for ~500
 
 # Layers, lowest first: a module may import its own layer and those below, never above.
 # (The library is everything that is neither training nor the command line.)
-TRAIN = {"train", "recipes", "studies"}
+TRAIN = {"train", "studies"}
 CLI = {"cli", "__main__"}
 
 
@@ -131,3 +131,26 @@ def test_the_rules_can_fail(tmp_path: Path) -> None:
     rel = bad.relative_to(tmp_path)
     assert _layer("vitkit.train.trainer") > _layer(_module_name(SRC / rel))
     assert [t for _, t in _imports(bad)] == ["vitkit.train.trainer"]
+
+
+def _repeated_basenames(paths: list[Path]) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for p in paths:
+        if p.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(p.name, []).append(str(p.relative_to(SRC)))
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_every_module_basename_is_unique() -> None:
+    """A name in a traceback or a grep points at one file (docs/design.md, "Layout")."""
+    repeated = _repeated_basenames(list(MODULES.values()))
+    assert not repeated, f"basenames used twice: {repeated}"
+    # and the check sees a repeat
+    fake = [PACKAGE / "train" / "config.py", PACKAGE / "selfsup" / "config.py"]
+    assert _repeated_basenames(fake) == {"config.py": [str(p.relative_to(SRC)) for p in fake]}
+
+
+def test_the_package_root_holds_packages_not_modules() -> None:
+    """The root keeps the public face and a few utilities; everything else is in a package."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, f"{len(top)} modules at the package root: {top}"

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitkit
-from vitkit.config import SIZES, STANDARD_MODELS, ViTConfig, model_config, parse_name
 from vitkit.errors import VitkitError
-from vitkit.model import Attention
+from vitkit.models.vit import Attention
+from vitkit.registry.model_config import SIZES, STANDARD_MODELS, ViTConfig, model_config, parse_name
 
 # Parameter counts at 224 px with a 1000-class head, from vit_jax's models_test.py.
 PINNED_PARAMS = {
@@ -103,7 +103,7 @@ def test_parameter_count_formula_tiny():
     [((2,), 0.5, 32, 1), ((1, 1, 2), 0.5, 64, 1), ((), 1.0, (16, 24), 2), ((3, 4, 9), 1.0, 224, 1)],
 )
 def test_hybrid_parameter_count_and_grid(layers, wf, image, patch):
-    from vitkit.counts import count_params
+    from vitkit.registry.counts import count_params
 
     cfg = vitkit.ViTConfig(
         image_size=image, patch_size=patch, width=64, depth=1, num_heads=2, mlp_dim=64,

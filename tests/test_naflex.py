@@ -1,6 +1,6 @@
-"""NaFlex (vitkit.naflex, checkpoints/timm_naflex.py): timm's NaFlexVit read exactly, float64,
-on fixed-size images and on images of three aspect ratios packed in one batch; the converter
-both ways (bitwise round trip); the paper's ViT unchanged."""
+"""NaFlex (vitkit.models.naflex_packing, checkpoints/timm/naflexvit.py): timm's NaFlexVit read
+exactly, float64, on fixed-size images and on images of three aspect ratios packed in one batch; the
+converter both ways (bitwise round trip); the paper's ViT unchanged."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from references import import_reference
 
 from vitkit.checkpoints import read_checkpoint
-from vitkit.checkpoints.io import load_state_dict_strict
-from vitkit.checkpoints.timm import state_dict_to_timm, timm_to_state_dict
-from vitkit.checkpoints.timm_naflex import ENTRIES, naflex_model_args
-from vitkit.config import ViTConfig
+from vitkit.checkpoints.native.safetensors_io import load_state_dict_strict
+from vitkit.checkpoints.timm.naflexvit import ENTRIES, naflex_model_args
+from vitkit.checkpoints.timm.vision_transformer import state_dict_to_timm, timm_to_state_dict
 from vitkit.errors import VitkitError
-from vitkit.model import build_model
-from vitkit.naflex import pack
+from vitkit.models.naflex_packing import pack
+from vitkit.models.vit import build_model
+from vitkit.registry.model_config import ViTConfig
 
 TINY = {"embed_dim": 32, "depth": 2, "num_classes": 5, "pos_embed_grid_size": (3, 4)}
 SIZES = [(32, 64), (48, 48), (80, 16)]  # 2x4, 3x3, 5x1 patches of 16: three aspect ratios
@@ -151,7 +151,7 @@ def test_fit_size_is_timms():
     timm = import_reference("timm")
     from timm.data.naflex_transforms import get_image_size_for_seq
 
-    from vitkit.naflex import fit_size
+    from vitkit.models.naflex_packing import fit_size
 
     for size in [(480, 640), (100, 1000), (37, 23), (2000, 16), (16, 16)]:
         for n in (1, 7, 64, 256):
@@ -196,8 +196,8 @@ def test_predict_keeps_aspect_ratios(tmp_path, capsys):
     from pathlib import Path
 
     from vitkit.checkpoints import Checkpoint
-    from vitkit.config import PreprocessConfig
     from vitkit.eval.predict import predict_files
+    from vitkit.registry.model_config import PreprocessConfig
 
     cfg = ViTConfig(image_size=(32, 32), num_classes=3, width=32, depth=1, num_heads=2)
     paper = build_model(cfg)

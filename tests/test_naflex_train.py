@@ -146,8 +146,8 @@ def test_naflex_refuses_mixing_augmentations(folder, tmp_path, capsys):
 
 def test_finetune_naflex_from_a_checkpoint_without_it(folder, tmp_path, capsys):
     from vitkit.checkpoints import Checkpoint, write_checkpoint
-    from vitkit.config import PreprocessConfig, model_config
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import PreprocessConfig, model_config
 
     cfg = model_config("Ti/4", image_size=16, width=32, depth=1, num_heads=2, mlp_dim=64)
     sd = build_model(cfg).state_dict()
@@ -165,8 +165,8 @@ def test_naflex_finetunes_a_naflex_checkpoint_at_another_size(folder, tmp_path, 
     """A NaFlex checkpoint (E_pos on its own 4x4 grid) fine-tuned with --naflex: E_pos is kept
     as it was (not resampled to the new image size), the run trains."""
     from vitkit.checkpoints import Checkpoint, load_checkpoint, write_checkpoint
-    from vitkit.config import PreprocessConfig, ViTConfig
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
     cfg = ViTConfig(
         image_size=32,
@@ -194,10 +194,10 @@ def test_naflex_finetunes_a_naflex_checkpoint_at_another_size(folder, tmp_path, 
 
 
 def test_naflex_refusals_below_the_cli():
-    from vitkit.config import model_config
     from vitkit.data.naflex_batches import NaFlexTransform, native_dataset
-    from vitkit.train.config import TrainConfig
-    from vitkit.train.naflex import check_naflex_run
+    from vitkit.registry.model_config import model_config
+    from vitkit.train.naflex_runs import check_naflex_run
+    from vitkit.train.train_config import TrainConfig
 
     with pytest.raises(VitkitError, match="max_seq_len must be at least 1 patch, got 0"):
         TrainConfig(max_seq_len=0)
@@ -246,8 +246,8 @@ def test_analysis_reads_naflex_position_embeddings_on_their_own_grid(pos):
     """Figure 7's position similarity of a NaFlex model: E_pos on its 3x5 grid, not the
     image's 14x14 (it stopped with "shape '[14, 14, -1]' is invalid")."""
     from vitkit.analysis import position_embedding_similarity
-    from vitkit.config import model_config
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import model_config
 
     cfg = model_config(
         "Ti/16", depth=1, naflex=True, pos_embed_prefix=False, naflex_grid=(3, 5), naflex_pos=pos

@@ -14,9 +14,9 @@ from references import import_reference
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
-from vitkit.checkpoints.npz import read_npz
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.checkpoints.google.npz import read_npz
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 CFG = ViTConfig(
     image_size=32, patch_size=8, num_classes=5, width=32, depth=2, num_heads=4, mlp_dim=64,

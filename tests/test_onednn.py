@@ -1,5 +1,5 @@
-"""fp32 Linear layers on oneDNN (vitkit.onednn): the same numbers as nn.Linear, oneDNN exactly in
-fp32 CPU inference, nn.Linear itself under autograd, autocast and export."""
+"""fp32 Linear layers on oneDNN (vitkit.engines.onednn): the same numbers as nn.Linear, oneDNN
+exactly in fp32 CPU inference, nn.Linear itself under autograd, autocast and export."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import vitkit
-from vitkit.onednn import ENV, OneDNNLinear, OneDNNMlp, onednn_available, onednn_linears
+from vitkit.engines.onednn import ENV, OneDNNLinear, OneDNNMlp, onednn_available, onednn_linears
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no oneDNN")
 

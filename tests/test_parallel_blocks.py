@@ -1,4 +1,4 @@
-"""Parallel blocks and differential attention (vitkit.parallel_blocks): exact counts, logits
+"""Parallel blocks and differential attention (vitkit.models.parallel_blocks): exact counts, logits
 equal to live timm models with the same blocks in float64, both converter directions, bitwise
 round trips, and a one-line refusal for what vitkit does not have."""
 
@@ -14,12 +14,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.checkpoints import Checkpoint, read_checkpoint, write_checkpoint
-from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.description import format_description
 from vitkit.checkpoints.formats import describe
-from vitkit.config import PreprocessConfig, ViTConfig
-from vitkit.counts import count_flops, count_params
+from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.errors import VitkitError
+from vitkit.registry.counts import count_flops, count_params
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 BASE = dict(image_size=32, patch_size=8, num_classes=5, width=32, depth=2, num_heads=4, mlp_dim=64)
 # timm's registered models with these blocks use registers, GAP + fc_norm, no E_pos prefix rows

@@ -14,13 +14,13 @@ from PIL import Image
 from references import import_reference, perturbed
 
 from vitkit.checkpoints import load_model
-from vitkit.checkpoints.hf import hf_preprocess, vit_to_hf_preprocess
-from vitkit.checkpoints.timm import timm_hub_preprocess
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.checkpoints.hf.vit_model import hf_preprocess, vit_to_hf_preprocess
+from vitkit.checkpoints.timm.vision_transformer import timm_hub_preprocess
 from vitkit.data.folder import ImageFolderDataset
 from vitkit.data.images import load_images
 from vitkit.data.transforms import normalize
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 CFG = ViTConfig(
     image_size=(224, 224), patch_size=(16, 16), width=32, depth=1, num_heads=2, mlp_dim=64
@@ -260,7 +260,7 @@ def test_eval_on_an_image_folder_feeds_what_predict_feeds(tmp_path):
     """``vitkit eval``'s data path: the checkpoint's own resize, crop and rescaling too (a
     folder's default transform crops at 0.875 and divides by 255)."""
     from vitkit.checkpoints import Checkpoint
-    from vitkit.eval.checkpoint import _prepare, checkpoint_dataset
+    from vitkit.eval.checkpoint_eval import _prepare, checkpoint_dataset
 
     pp = {"size": {"height": 64, "width": 48}, "do_rescale": False, "image_mean": [0.2] * 3}
     pre = hf_preprocess(pp, CFG)

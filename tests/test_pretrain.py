@@ -15,11 +15,10 @@ import torch
 
 from vitkit.checkpoints import LATEST, load_checkpoint, load_model
 from vitkit.cli import main
-from vitkit.config import ViTConfig
 from vitkit.data import load_dataset
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
-from vitkit.recipes import MNIST_MAE, MNIST_MPP, smoke
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import ViTConfig
 from vitkit.selfsup import (
     MAEConfig,
     MaskedAutoencoder,
@@ -35,6 +34,7 @@ from vitkit.selfsup import (
     unpatchify,
 )
 from vitkit.train.pretrain import Pretrainer
+from vitkit.train.recipes import MNIST_MAE, MNIST_MPP, smoke
 from vitkit.train.trainer import TrainConfig, Trainer
 
 ENC = ViTConfig(

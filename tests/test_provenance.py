@@ -20,7 +20,7 @@ from vitkit.checkpoints import describe, load_state_dict_strict, read_checkpoint
 from vitkit.checkpoints.description import format_description
 from vitkit.cli import main
 from vitkit.errors import AssumptionWarning, VitkitError
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
 
 
 def timm_model(name: str, **kw: Any) -> torch.nn.Module:

@@ -11,7 +11,7 @@ import torch
 
 from vitkit.cli import build_parser, main
 from vitkit.errors import VitkitError
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 
 @pytest.mark.parametrize("bad", [(2, 31.0), (2, -1.0), (-1, 10.0), (2.5, 10.0), (100, 10.0)])
@@ -33,8 +33,8 @@ def test_predict_refuses_non_finite_weights(
     from PIL import Image
 
     from vitkit.checkpoints import save_checkpoint
-    from vitkit.config import PreprocessConfig, model_config
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import PreprocessConfig, model_config
 
     cfg = model_config("Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=8)
     cfg = cfg.replace(num_classes=3, in_chans=1)

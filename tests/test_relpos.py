@@ -1,4 +1,4 @@
-"""Relative position bias (vitkit.relpos): timm's BEiT (beit.py) and relpos ViTs
+"""Relative position bias (vitkit.models.relpos): timm's BEiT (beit.py) and relpos ViTs
 (vision_transformer_relpos.py) read exactly, float64 logits against live timm on identical
 random weights (tiny models: depth 2, width 64, a 2x2 grid), both ways, bitwise round trips,
 a second input size where timm's bias follows the grid, and the refusals."""
@@ -16,12 +16,12 @@ from safetensors.torch import load_file, save_file
 
 import vitkit
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
-from vitkit.checkpoints import timm_relpos as tr
 from vitkit.checkpoints.description import family_name
-from vitkit.checkpoints.io import Checkpoint
-from vitkit.config import PreprocessConfig, ViTConfig
-from vitkit.counts import count_params
+from vitkit.checkpoints.native.safetensors_io import Checkpoint
+from vitkit.checkpoints.timm import beit_relpos as tr
 from vitkit.errors import AssumptionWarning, VitkitError
+from vitkit.registry.counts import count_params
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 SMALL = dict(depth=2, img_size=32, num_classes=5, embed_dim=64, num_heads=2)
 # (timm entry, its extra arguments, vitkit's family name)
@@ -196,7 +196,7 @@ def test_paper_vit_is_unchanged_npz_refuses_the_switches_hf_holds_them_as_beit(t
 
 def test_onnx_export_of_a_tiny_beit(tmp_path):
     pytest.importorskip("onnxruntime")
-    from vitkit.export import check_onnx, export_onnx
+    from vitkit.engines.onnx_export import check_onnx, export_onnx
 
     name, extra, _ = CASES["beit"]
     ckpt = read_checkpoint(_folder(tmp_path / "hub", name, _timm(name, extra), SMALL))

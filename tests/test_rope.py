@@ -1,4 +1,4 @@
-"""Rotary position embeddings (vitkit.rope) and timm eva.py (checkpoints.timm_eva): parity
+"""Rotary position embeddings (vitkit.models.rope) and timm eva.py (checkpoints.timm_eva): parity
 against live timm in float64 per family and at a second input size, round trips, ONNX, bf16
 autocast, and the refusals kept."""
 
@@ -13,10 +13,10 @@ from references import import_reference, perturbed
 from safetensors.torch import load_file, save_file
 
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
-from vitkit.checkpoints.io import Checkpoint
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.checkpoints.native.safetensors_io import Checkpoint
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 SMALL = {"img_size": (64, 64), "num_classes": 5, "depth": 2, "embed_dim": 64, "num_heads": 4}
 DINO = dict(
@@ -156,7 +156,7 @@ def test_an_unknown_eva_like_name_is_refused(tmp_path):
 
 def test_onnx_and_bf16_autocast(tmp_path):
     pytest.importorskip("onnxruntime")
-    from vitkit.export import check_onnx, export_onnx
+    from vitkit.engines.onnx_export import check_onnx, export_onnx
 
     model = perturbed(VisionTransformer(ViTConfig(**DINO)))
     path = export_onnx(model, tmp_path / "m.onnx")
@@ -173,7 +173,7 @@ def test_onnx_and_bf16_autocast(tmp_path):
 )
 def test_counts_and_family_name_match_timm(tmp_path, name):
     from vitkit.checkpoints.description import family_name
-    from vitkit.counts import count_params
+    from vitkit.registry.counts import count_params
 
     ref, folder = timm_folder(tmp_path, name)
     cfg = read_checkpoint(folder).model_config

@@ -18,9 +18,9 @@ import vitkit
 from vitkit.checkpoints import Checkpoint, load_checkpoint, write_checkpoint
 from vitkit.checkpoints.adapt import adapt
 from vitkit.cli import main
-from vitkit.config import PreprocessConfig, ViTConfig, model_config
 from vitkit.errors import VitkitError
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig, model_config
 
 TINY = {"patch_size": 2, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 

@@ -15,7 +15,7 @@ from vitkit.data import load_dataset
 from vitkit.data.shapes_hard import CHUNK, HARD_CLASSES, answer_accuracy, make_shapes_hard
 from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunSpec, parse_model_specs, run_all
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 FAST = ["--no-progress", "--precision", "fp32", "--threads", "1"]
 

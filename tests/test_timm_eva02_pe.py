@@ -14,11 +14,11 @@ from references import import_reference, perturbed
 from safetensors.torch import load_file, save_file
 
 from vitkit.checkpoints import read_checkpoint, write_checkpoint
-from vitkit.checkpoints.io import Checkpoint
-from vitkit.checkpoints.timm_names import EVA_NAMES, OTHER_MODULES
-from vitkit.config import PreprocessConfig, ViTConfig
+from vitkit.checkpoints.native.safetensors_io import Checkpoint
+from vitkit.checkpoints.timm.names import EVA_NAMES, OTHER_MODULES
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 NAMES = sorted(n for n in EVA_NAMES if n.startswith(("eva", "vit_pe_")) or "sapiens2" in n)
 
@@ -180,7 +180,7 @@ def test_kv_heads_are_checked():
     with pytest.raises(VitkitError, match="with k_bias"):
         ViTConfig(depth=1, kv_heads=(6,), k_bias=False)
     cfg = ViTConfig(depth=2, kv_heads=(6, 12), layer_scale_init=1.0, layer_scale_mlp=False)
-    from vitkit.counts import count_params
+    from vitkit.registry.counts import count_params
 
     assert count_params(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters())
 
@@ -192,7 +192,7 @@ def test_map_head_fields_are_checked():
         ViTConfig(pool="map", map_heads=5)
     cfg = ViTConfig(pool="map", class_token=True, map_heads=8, map_mlp_dim=100)
     assert cfg.family_switches["map_heads"] == 8
-    from vitkit.counts import count_params
+    from vitkit.registry.counts import count_params
 
     assert count_params(cfg) == sum(p.numel() for p in VisionTransformer(cfg).parameters())
 
@@ -219,7 +219,7 @@ def test_writer_refuses_a_map_head_that_skips_the_class_token(tmp_path):
 )
 def test_counts_and_family_name_match_timm(tmp_path, name, family):
     from vitkit.checkpoints.description import family_name
-    from vitkit.counts import count_params
+    from vitkit.registry.counts import count_params
 
     ref, folder = timm_folder(tmp_path, name, **small(name))
     cfg = read_checkpoint(folder).model_config
@@ -362,7 +362,7 @@ def test_new_switches_without_rope_are_written_as_timm_eva(tmp_path, extra):
 def test_onnx_export(tmp_path, name):
     """The MAP head over the class token and grouped-query attention export with parity."""
     pytest.importorskip("onnxruntime")
-    from vitkit.export import check_onnx, export_onnx
+    from vitkit.engines.onnx_export import check_onnx, export_onnx
 
     _, folder = timm_folder(tmp_path, name, **small(name))
     model = ours(read_checkpoint(folder)).float()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from references import import_reference
 
-from vitkit.checkpoints.timm_naflex import ENTRIES
-from vitkit.checkpoints.timm_names import (
+from vitkit.checkpoints.timm.naflexvit import ENTRIES
+from vitkit.checkpoints.timm.names import (
     EVA_NAMES,
     NAFLEX_NAMES,
     OTHER_MODULES,
@@ -33,7 +33,7 @@ def test_tables_equal_the_installed_timm():
         read = EVA_NAMES if module == "eva" else frozenset()
         assert not names & read
         assert names | read == set(timm.list_models(module=module)), module
-    for module, names in RELPOS_MODULES.items():  # read by checkpoints/timm_relpos.py
+    for module, names in RELPOS_MODULES.items():  # read by checkpoints/timm/beit_relpos.py
         assert names == set(timm.list_models(module=module)), module
     assert NAFLEX_NAMES == set(timm.list_models(module="naflexvit")) == set(ENTRIES)
 

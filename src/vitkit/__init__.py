@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "SIZES": "vitkit.config",
-    "STANDARD_MODELS": "vitkit.config",
-    "ViTConfig": "vitkit.config",
-    "PreprocessConfig": "vitkit.config",
-    "model_config": "vitkit.config",
+    "SIZES": "vitkit.registry.model_config",
+    "STANDARD_MODELS": "vitkit.registry.model_config",
+    "ViTConfig": "vitkit.registry.model_config",
+    "PreprocessConfig": "vitkit.registry.model_config",
+    "model_config": "vitkit.registry.model_config",
     "VitkitError": "vitkit.errors",
-    "VisionTransformer": "vitkit.model",
-    "create_model": "vitkit.model",
+    "VisionTransformer": "vitkit.models.vit",
+    "create_model": "vitkit.models.vit",
     "load": "vitkit.checkpoints",
     "load_model": "vitkit.checkpoints",
     "load_checkpoint": "vitkit.checkpoints",
@@ -43,9 +43,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from vitkit.checkpoints import load, load_checkpoint, load_model, save_checkpoint
-    from vitkit.config import SIZES, STANDARD_MODELS, PreprocessConfig, ViTConfig, model_config
     from vitkit.errors import VitkitError
-    from vitkit.model import VisionTransformer, create_model
+    from vitkit.models.vit import VisionTransformer, create_model
+    from vitkit.registry.model_config import (
+        SIZES,
+        STANDARD_MODELS,
+        PreprocessConfig,
+        ViTConfig,
+        model_config,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,8 @@ from vitkit.analysis.attention import (
     token_pixels,
 )
 from vitkit.analysis.filters import FilterComponents, embedding_filter_pca
-from vitkit.analysis.posemb import (
+from vitkit.analysis.html_report import Figure, Section, Table, render_html, write_html
+from vitkit.analysis.posemb_similarity import (
     PositionSimilarityStats,
     RowColumnStats,
     patch_position_embeddings,
@@ -33,7 +34,6 @@ from vitkit.analysis.posemb import (
     row_column_structure,
     similarity_by_distance,
 )
-from vitkit.analysis.report import Figure, Section, Table, render_html, write_html
 from vitkit.analysis.summary import (
     AnalysisData,
     AnalysisResult,

@@ -33,9 +33,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import ViTConfig
 
 HeadFusion = Literal["mean", "max", "min"]
 ATTENTION_BYTES = 1 << 30  # analysis batches hold at most about this much attention (float32)

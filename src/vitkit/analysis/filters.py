@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
 
 
 @dataclass

@@ -12,7 +12,7 @@ from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import load_images
 from vitkit.data.transforms import normalize
 from vitkit.eval.predict import Prediction, class_names, format_top_k, top_k
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
 
 
 @dataclass

@@ -34,20 +34,20 @@ from vitkit.analysis.attention import (
     token_pixels,
 )
 from vitkit.analysis.filters import embedding_filter_pca
-from vitkit.analysis.posemb import position_embedding_similarity, similarity_by_distance
-from vitkit.analysis.report import Figure, Section, Table, write_html
+from vitkit.analysis.html_report import Figure, Section, Table, write_html
+from vitkit.analysis.posemb_similarity import position_embedding_similarity, similarity_by_distance
 from vitkit.analysis.tokens import prefix_numbers, prefix_section
 from vitkit.checkpoints import atomic_write_text
-from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.data import ArrayDataset, make_loader, to_model_input
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
 from vitkit.plotting.analysis import (
     plot_attention_distance,
     plot_embedding_filters,
     plot_position_similarity,
     plot_rollout_examples,
 )
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 FILES = {
     "filters": "embedding_filters.png",

@@ -13,8 +13,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from vitkit.analysis.attention import prefix_groups
-from vitkit.analysis.report import Section, Table
-from vitkit.config import ViTConfig
+from vitkit.analysis.html_report import Section, Table
+from vitkit.registry.model_config import ViTConfig
 
 
 def prefix_table(shares: dict[str, Tensor], rollout: dict[str, Tensor] | None = None) -> Table:

@@ -1,22 +1,20 @@
-"""Reading and writing checkpoints.
+"""Reading and writing checkpoints, grouped by source.
 
-- :mod:`.io`: vitkit's own format (safetensors + JSON, atomic writes, strict loading);
-- :mod:`.npz`, :mod:`.timm`, :mod:`.hf`, :mod:`.hf_family`: explicit pure converters for
-  Google's ``.npz``, timm and Hugging Face weights (ViT; DeiT, Dinov2, ViTMAE, CLIP vision);
-- :mod:`.adapt`: position-embedding resampling and head replacement (fine-tuning at another
+- ``native/``: vitkit's own format (``safetensors_io``: safetensors + JSON, atomic writes,
+  strict loading), distributed (DCP) checkpoints (``dcp_shards``: their layout and reading;
+  ``sharded``: saving, loading and consolidating them into one file);
+- ``google/``, ``timm/``, ``hf/``: explicit pure converters for Google's ``.npz``, timm (one
+  module per timm model file) and Hugging Face (one module per transformers model class), and
+  ``hf.hub_cache``: a model id (``ORG/NAME[@REVISION]``) -> its folder in the local cache;
+- ``adapt``: position-embedding resampling and head replacement (fine-tuning at another
   resolution or label set);
-- :mod:`.formats`: format detection, reading any format (``load_model`` / ``load``) and writing
-  any format (``write_checkpoint``);
-- :mod:`.hub_cache`: a Hugging Face model id (``ORG/NAME[@REVISION]``) -> its folder in the
-  local Hugging Face cache, offline (``read_checkpoint`` takes ids through it);
-- :mod:`.distributed`: sharded checkpoints written by every rank with
-  ``torch.distributed.checkpoint`` (DCP), and consolidating any checkpoint into one file;
-- :mod:`.dcp_shards`: the DCP shards' layout and reading them, through which
-  ``load_checkpoint`` reads a distributed checkpoint's weights too.
+- ``formats``: format detection, reading any format (``load_model`` / ``load``);
+  ``writing``: writing any format (``write_checkpoint``); ``provenance``: where each loaded
+  setting came from; ``description``: what ``vitkit inspect`` prints.
 
-Imports go one way: ``dcp_shards`` <- ``io`` <- ``formats`` (with the converters, ``adapt``
-and ``hub_cache``) <- ``distributed``; no module imports one to its right, not even inside a
-function.
+Imports go one way: ``native.dcp_shards`` <- ``native.safetensors_io`` <- ``formats`` (with
+the converters, ``adapt`` and ``hf.hub_cache``) <- ``native.sharded``; no module imports one to
+its right, not even inside a function.
 """
 
 from vitkit.checkpoints.adapt import adapt, is_zero_head
@@ -30,7 +28,7 @@ from vitkit.checkpoints.formats import (
     read_checkpoint,
     write_checkpoint,
 )
-from vitkit.checkpoints.io import (
+from vitkit.checkpoints.native.safetensors_io import (
     LATEST,
     Checkpoint,
     atomic_write_text,
@@ -40,7 +38,7 @@ from vitkit.checkpoints.io import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from vitkit.posemb import resample_pos_embed
+from vitkit.models.posemb_resample import resample_pos_embed
 
 __all__ = [
     "FORMATS",

@@ -1,9 +1,10 @@
 """Moving a checkpoint to another resolution or label set, the way the paper fine-tunes.
 
-- The position embeddings are resampled with :func:`vitkit.posemb.resample_pos_embed` (the
-  paper's 2-D interpolation; the same function a model uses for inputs of another size).
-  Rotary embeddings (DINOv3, RoPE-ViT) and NaFlex's E_pos (its own grid) need nothing; a
-  relative position bias table (BEiT) is refused at another size.
+- The position embeddings are resampled with
+  :func:`vitkit.models.posemb_resample.resample_pos_embed` (the paper's 2-D interpolation; the same
+  function a model uses for inputs of another size). Rotary embeddings (DINOv3, RoPE-ViT) and
+  NaFlex's E_pos (its own grid) need nothing; a relative position bias table (BEiT) is refused at
+  another size.
 - :func:`adapt`: a (config, state dict) pair at a new image size, with a new zero-initialised
   head ("we remove the pre-trained prediction head and attach a zero-initialized D x K
   feedforward layer", Sec. 3.2) and with the pre-logits layer kept or dropped.
@@ -16,9 +17,9 @@ import warnings
 import torch
 from torch import Tensor
 
-from vitkit.config import ModelConfig, ResNetConfig, ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.posemb import Resample, resample_pos_embed
+from vitkit.models.posemb_resample import Resample, resample_pos_embed
+from vitkit.registry.model_config import ModelConfig, ResNetConfig, ViTConfig
 
 
 def is_zero_head(state_dict: dict[str, Tensor]) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from vitkit.checkpoints.adapt import is_zero_head
-from vitkit.checkpoints.io import Checkpoint
-from vitkit.config import ResNetConfig, ViTConfig
-from vitkit.counts import count_params
+from vitkit.checkpoints.native.safetensors_io import Checkpoint
+from vitkit.registry.counts import count_params
+from vitkit.registry.model_config import ResNetConfig, ViTConfig
 
 _GELU = {"tanh": "tanh approximation", "none": "exact (erf)", "quick": "quick x*sigmoid(1.702x)"}
 
@@ -20,7 +20,7 @@ def family_name(cfg: ViTConfig) -> str:
     same family."""
     details: list[str] = []
     size = cfg.short_name
-    if cfg.rope != "none":  # vitkit.rope: named by the rotary embedding's kind
+    if cfg.rope != "none":  # vitkit.models.rope: named by the rotary embedding's kind
         kinds = {"dinov3": "DINOv3", "axial": "RoPE-ViT (axial)", "mixed": "RoPE-ViT (mixed)"}
         family = kinds[cfg.rope] if cfg.rope_ref_grid is None else "timm RoPE ViT (SBB)"
         if cfg.rope == "axial" and cfg.norm_pre and not cfg.patch_bias:
@@ -31,14 +31,14 @@ def family_name(cfg: ViTConfig) -> str:
             family = "Sapiens2"  # DINOv3's RoPE with RMSNorm (and grouped-query attention)
         details += ["E_pos + RoPE"] if cfg.abs_pos_embed else []
         details += ["no qkv bias"] if not cfg.qkv_bias else [] if cfg.k_bias else ["q/v biases"]
-    elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.relpos)
+    elif _rel_pos_family(cfg):  # BEiT, timm's relpos ViTs (vitkit.models.relpos)
         family = _rel_pos_family(cfg)
         details += _rel_pos_details(cfg)
     elif _later_family(cfg):  # AIMv2 / BEiT-3 / post-norm
         family = _later_family(cfg)
     elif cfg.dist_token:
         family = "DeiT (distilled)"
-    elif _block_details(cfg):  # vitkit.parallel_blocks
+    elif _block_details(cfg):  # vitkit.models.parallel_blocks
         family = "Parallel-block" if cfg.parallel > 1 or cfg.parallel_scaling else "Differential"
     elif cfg.norm_pre and not cfg.patch_bias:
         family = "CLIP tower"
@@ -76,7 +76,7 @@ def family_name(cfg: ViTConfig) -> str:
 
 
 def _block_details(cfg: ViTConfig) -> list[str]:
-    """The blocks of vitkit.parallel_blocks a config has, in words."""
+    """The blocks of vitkit.models.parallel_blocks a config has, in words."""
     out = [f"{cfg.parallel} parallel branches"] if cfg.parallel > 1 else []
     out += ["attention + MLP in parallel (ViT-22B)"] if cfg.parallel_scaling else []
     return out + (["differential attention"] if cfg.diff_attn else [])

@@ -2,15 +2,18 @@
 
 Formats (``FORMATS``):
 
-- ``vitkit``: our directory (see :mod:`vitkit.checkpoints.io`), or a run directory;
-- ``npz``: Google's ``.npz`` (vision_transformer, AugReg, big_vision; see :mod:`.npz`);
+- ``vitkit``: our directory (see :mod:`vitkit.checkpoints.native.safetensors_io`), or a run
+  directory;
+- ``npz``: Google's ``.npz`` (vision_transformer, AugReg, big_vision; see
+  :mod:`vitkit.checkpoints.google.npz`);
 - ``timm``: a timm state dict (``.pth`` / ``.bin`` / ``.safetensors``, possibly inside a training
   checkpoint) or a timm model folder (``config.json`` with ``architecture`` + weights);
 - ``hf``: a Hugging Face model folder (``config.json`` with ``model_type: vit`` +
   ``model.safetensors`` or ``pytorch_model.bin``, optionally ``preprocessor_config.json``);
-  SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through :mod:`.hf_siglip`,
-  DINOv3 (``dinov3_vit``) through :mod:`.hf_dinov3`, SigLIP 2 NaFlex through :mod:`.hf_siglip2`,
-  BEiT through :mod:`.hf_beit`.
+  SigLIP's image tower (``model_type: siglip_vision_model`` / ``siglip``) through
+  :mod:`vitkit.checkpoints.hf.siglip`, DINOv3 (``dinov3_vit``) through
+  :mod:`vitkit.checkpoints.hf.dinov3`, SigLIP 2 NaFlex through
+  :mod:`vitkit.checkpoints.hf.siglip2`, BEiT through :mod:`vitkit.checkpoints.hf.beit`.
 
 Reading never executes code: safetensors, ``torch.load(weights_only=True)``, ``np.load(...,
 allow_pickle=False)``. Every converter is strict: keys it does not understand are an error that
@@ -35,24 +38,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import (
-    hf_beit,
-    hf_dinov3,
-    hf_family,
-    hf_siglip,
-    hf_siglip2,
-    timm_eva,
-    timm_eva_bare,
-    timm_hub,
-    timm_relpos,
-)
-from vitkit.checkpoints import npz as npz_conv
-from vitkit.checkpoints import timm as timm_conv
 from vitkit.checkpoints.adapt import adapt
 from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
-from vitkit.checkpoints.hub_cache import looks_like_id, resolve_model_id
-from vitkit.checkpoints.io import (
+from vitkit.checkpoints.google import npz as npz_conv
+from vitkit.checkpoints.hf import beit as hf_beit
+from vitkit.checkpoints.hf import dinov3 as hf_dinov3
+from vitkit.checkpoints.hf import siglip as hf_siglip
+from vitkit.checkpoints.hf import siglip2 as hf_siglip2
+from vitkit.checkpoints.hf import vit_family as hf_family
+from vitkit.checkpoints.hf import vit_model as hf_conv
+from vitkit.checkpoints.hf.hub_cache import looks_like_id, resolve_model_id
+from vitkit.checkpoints.native.safetensors_io import (
     CONFIG,
     LATEST,
     WEIGHTS,
@@ -62,11 +58,16 @@ from vitkit.checkpoints.io import (
     load_state_dict_strict,
 )
 from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
-from vitkit.checkpoints.timm_names import EVA_NAMES, relpos_module
+from vitkit.checkpoints.timm import beit_relpos as timm_relpos
+from vitkit.checkpoints.timm import eva as timm_eva
+from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
+from vitkit.checkpoints.timm import hub_folder as timm_hub
+from vitkit.checkpoints.timm import vision_transformer as timm_conv
+from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
-from vitkit.config import PreprocessConfig, ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.posemb import Resample
+from vitkit.models.posemb_resample import Resample
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
@@ -194,8 +195,8 @@ def read_checkpoint(
     in one :class:`vitkit.errors.AssumptionWarning` line (:mod:`.provenance`).
 
     ``path`` may also be a Hugging Face model id, ``ORG/NAME`` or ``ORG/NAME@REVISION``, read
-    from the local Hugging Face cache (:mod:`.hub_cache`; never downloaded); an existing local
-    path of the same name wins.
+    from the local Hugging Face cache (:mod:`vitkit.checkpoints.hf.hub_cache`; never downloaded); an
+    existing local path of the same name wins.
     """
     p = Path(path)
     if not p.exists() and looks_like_id(str(path)):
@@ -409,7 +410,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
 def _read_timm_eva(
     p: Path, hub: dict[str, Any], sd: dict[str, Tensor], num_heads: int | None
 ) -> Checkpoint:
-    """A timm folder naming an eva.py entry vitkit reads (:mod:`.timm_eva`)."""
+    """A timm folder naming an eva.py entry vitkit reads (:mod:`vitkit.checkpoints.timm.eva`)."""
     cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
     pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
@@ -426,7 +427,7 @@ def _read_timm_relpos(
     num_heads: int | None,
     grid: tuple[int, int] | None,
 ) -> Checkpoint:
-    """A BEiT / timm relpos state dict or folder (checkpoints/timm_relpos.py)."""
+    """A BEiT / timm relpos state dict or folder (checkpoints/timm/beit_relpos.py)."""
     cfg, prov = _wrap(
         lambda: timm_relpos.relpos_config_provenance(sd, hub, str(p), num_heads, grid), p
     )
@@ -563,7 +564,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     (reading hints), and any config field that does not change the weights (``dropout=0.1``).
     The model is in eval mode.
     """
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
 
     read_keys = (
         "format",

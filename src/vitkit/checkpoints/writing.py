@@ -17,19 +17,14 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vitkit.checkpoints import hf as hf_conv
-from vitkit.checkpoints import (
-    hf_beit,
-    hf_dinov3,
-    hf_family,
-    hf_siglip,
-    hf_siglip2,
-    timm_eva,
-    timm_relpos,
-)
-from vitkit.checkpoints import npz as npz_conv
-from vitkit.checkpoints import timm as timm_conv
-from vitkit.checkpoints.io import (
+from vitkit.checkpoints.google import npz as npz_conv
+from vitkit.checkpoints.hf import beit as hf_beit
+from vitkit.checkpoints.hf import dinov3 as hf_dinov3
+from vitkit.checkpoints.hf import siglip as hf_siglip
+from vitkit.checkpoints.hf import siglip2 as hf_siglip2
+from vitkit.checkpoints.hf import vit_family as hf_family
+from vitkit.checkpoints.hf import vit_model as hf_conv
+from vitkit.checkpoints.native.safetensors_io import (
     CONFIG,
     Checkpoint,
     _write_json,
@@ -38,10 +33,13 @@ from vitkit.checkpoints.io import (
     replace_dir,
     save_checkpoint,
 )
-from vitkit.config import ResNetConfig, ViTConfig
-from vitkit.config_checks import eva_only_switches
+from vitkit.checkpoints.timm import beit_relpos as timm_relpos
+from vitkit.checkpoints.timm import eva as timm_eva
+from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.errors import VitkitError
-from vitkit.files import check_destination, fsync_dir, publish, set_file_mode
+from vitkit.output_files import check_destination, fsync_dir, publish, set_file_mode
+from vitkit.registry.config_checks import eva_only_switches
+from vitkit.registry.model_config import ResNetConfig, ViTConfig
 
 Format = Literal["vitkit", "npz", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "npz", "timm", "hf")
@@ -59,13 +57,13 @@ def write_checkpoint(
     """Write ``ckpt`` to ``dst`` in format ``to``. Directories and files are written to a
     temporary name and renamed into place, so an interrupted write never leaves half a file.
 
-    Nothing is deleted that this call did not write (``vitkit.files.check_destination``): a
+    Nothing is deleted that this call did not write (``vitkit.output_files.check_destination``): a
     destination that is (or lies inside) the checkpoint read (``ckpt.path``; for a run's
     checkpoint the run's ``checkpoints/``) is refused, ``overwrite`` or not; an existing file
     or a non-empty directory is refused unless ``overwrite``; then only the files written here
     are replaced and whatever else a directory holds stays. ``source``: the path the user
     named (kept for callers; ``ckpt.path`` is what was read)."""
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
 
     dst = Path(dst)
     check_destination(dst, reads=[ckpt.path], overwrite=overwrite)

@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from vitkit.allocator import keep_freed_memory
 from vitkit.cli import checkpoint, data, evaluate, explain, study, train
 from vitkit.cli.options import Parser
+from vitkit.engines.allocator import keep_freed_memory
 from vitkit.errors import VitkitError
 
 EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
@@ -63,8 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stall each other for seconds. Must be set before PyTorch starts its thread pool.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Freed activations stay in the heap for the next call instead of being unmapped and
-    # faulted in again (vitkit.allocator: B/16 batch-32 inference 1.10-1.23x faster). Must be
-    # set before PyTorch loads.
+    # faulted in again (vitkit.engines.allocator: B/16 batch-32 inference 1.10-1.23x faster). Must
+    # be set before PyTorch loads.
     keep_freed_memory()
     saved_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:

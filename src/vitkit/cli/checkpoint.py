@@ -177,9 +177,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
-    from vitkit.eval.checkpoint import check_finite_weights
-    from vitkit.export import check_onnx, export_onnx
-    from vitkit.files import check_destination
+    from vitkit.engines.onnx_export import check_onnx, export_onnx
+    from vitkit.eval.checkpoint_eval import check_finite_weights
+    from vitkit.output_files import check_destination
 
     if args.int8 or args.engine or args.static or args.keep_fp32:
         if not args.int8:
@@ -214,7 +214,7 @@ def _check_path(check: Any, text: str) -> None:
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints.distributed import consolidate_checkpoint
+    from vitkit.checkpoints.native.sharded import consolidate_checkpoint
 
     path = consolidate_checkpoint(args.src, args.out, overwrite=args.overwrite)
     print(f"wrote {path}")
@@ -222,7 +222,8 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vitkit.config import (
+    from vitkit.registry.counts import count_flops, count_params
+    from vitkit.registry.model_config import (
         HYBRIDS,
         SIZES,
         STANDARD_MODELS,
@@ -230,7 +231,6 @@ def cmd_models(args: argparse.Namespace) -> int:
         ViTConfig,
         model_config,
     )
-    from vitkit.counts import count_flops, count_params
 
     names = [f"{s}/{args.all_sizes}" for s in SIZES] if args.all_sizes else STANDARD_MODELS
     print(f"at {args.image_size} px, {args.num_classes} classes; GFLOPs = 2 x multiply-adds")
@@ -263,9 +263,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _print_families() -> None:
-    """The family's named models (vitkit.families) at their own size and head, as timm's."""
-    from vitkit.config import ViTConfig, model_config
-    from vitkit.families import FAMILIES, family_of
+    """The family's named models (vitkit.registry.families) at their own size and head, as
+    timm's."""
+    from vitkit.registry.families import FAMILIES, family_of
+    from vitkit.registry.model_config import ViTConfig, model_config
 
     print("\nthe ViT family (timm's names, each at its own size and head: counts equal timm's)")
     print(f"{'name':<38}{'family':<9}{'size':<21}{'px':>4}{'tokens':>7}{'params':>14}{'GFLOPs':>9}")
@@ -279,6 +280,6 @@ def _print_families() -> None:
 
 
 def _cost(cfg: Any) -> str:
-    from vitkit.counts import count_flops, count_params
+    from vitkit.registry.counts import count_flops, count_params
 
     return f"{count_params(cfg):>14,}{count_flops(cfg) / 1e9:>9.2f}"

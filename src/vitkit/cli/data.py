@@ -65,7 +65,7 @@ def add_commands(sub: Any) -> None:
 def cmd_shards(args: argparse.Namespace) -> int:
     from vitkit.data.shards_index import INDEX
     from vitkit.data.shards_write import write_dataset_shards
-    from vitkit.files import check_destination
+    from vitkit.output_files import check_destination
 
     out = Path(args.out)
     taken = [INDEX, *(p.name for p in out.glob("*.tar"))] if out.is_dir() else []

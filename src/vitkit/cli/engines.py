@@ -1,5 +1,5 @@
 """The inference engines on the command line: ``export --int8`` and ``--engine`` / ``--fast``
-of ``eval`` and ``predict`` (vitkit.engines, vitkit.int8)."""
+of ``eval`` and ``predict`` (vitkit.engines.backends, vitkit.engines.int8)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def add_engine_options(p: argparse.ArgumentParser, *, fast: bool = False) -> Non
 
 def cmd_export_int8(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import load_model
-    from vitkit.engines import require
-    from vitkit.int8 import calibration_images, directory_size, export_int8, int8_files
+    from vitkit.engines.backends import require
+    from vitkit.engines.int8 import calibration_images, directory_size, export_int8, int8_files
 
     engine = args.engine or "onnxruntime"
     if args.static and engine != "onnxruntime":
@@ -83,7 +83,7 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     keep = tuple(m.strip() for m in (args.keep_fp32 or "").split(",") if m.strip())
     require(engine)
     model, ckpt = load_model(args.ckpt, **loading(args))
-    from vitkit.files import check_destination
+    from vitkit.output_files import check_destination
 
     names = int8_files(engine)  # refused before any calibration work
     check_destination(args.out, reads=[ckpt.path], writes=names, overwrite=args.overwrite)
@@ -109,13 +109,13 @@ def load_for_inference(
 ) -> tuple[Any, Any, str]:
     """The model of ``path`` run by ``--engine`` (or what ``--fast`` picks), its checkpoint,
     and the one line saying which engine and precision run it."""
-    from vitkit.engines import available, fp32_engine_model, is_engine_dir, load_engine_dir
+    from vitkit.engines.backends import available, fp32_engine_model, is_engine_dir, load_engine_dir
 
     threads = getattr(args, "threads", None)
     fast = getattr(args, "fast", False)
     engine = args.engine
     if is_engine_dir(path):
-        from vitkit.engines import read_engine_dir
+        from vitkit.engines.backends import read_engine_dir
 
         info, _ = read_engine_dir(path)
         if engine is None and fast:
@@ -134,12 +134,12 @@ def load_for_inference(
         why = "as asked" if engine else "default"
         engine = engine or "torch"
     if engine != "torch":
-        from vitkit.eval.checkpoint import check_finite_weights
+        from vitkit.eval.checkpoint_eval import check_finite_weights
 
         check_finite_weights(model, ckpt)
         model = fp32_engine_model(model, engine, threads)
     else:
-        from vitkit.onednn import onednn_linears
+        from vitkit.engines.onednn import onednn_linears
 
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
@@ -153,7 +153,7 @@ def source_comparison(
     difference and agreement (None for a fp32 model, or a source no longer there)."""
     if ckpt.format != "vitkit-engine":
         return None
-    from vitkit.engines import read_engine_dir
+    from vitkit.engines.backends import read_engine_dir
 
     info, _ = read_engine_dir(ckpt.path)
     source = str(info.get("source", ""))
@@ -161,11 +161,11 @@ def source_comparison(
         print(f"the fp32 source {source or '(none recorded)'} is not there: no comparison")
         return None
     from vitkit.checkpoints import load_model
-    from vitkit.eval.checkpoint import evaluate_checkpoint
+    from vitkit.eval.checkpoint_eval import evaluate_checkpoint
     from vitkit.eval.compare import Recorder, agreement, comparison, format_comparison
 
     fp32, src = load_model(source, **loading(args))
-    from vitkit.onednn import onednn_linears
+    from vitkit.engines.onednn import onednn_linears
 
     onednn_linears(fp32)  # the source as the torch engine runs it
     rec = Recorder(fp32)

@@ -144,7 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise VitkitError("--seeds N needs N >= 1 and '{seed}' in every --from path")
         paths = [p.replace("{seed}", str(s)) for p in paths for s in range(args.seeds)]
     if args.out and len(paths) > 1:
-        from vitkit.files import check_destination
+        from vitkit.output_files import check_destination
 
         check_destination(args.out, writes=["summary.json"], overwrite=args.overwrite)
     results = []
@@ -152,7 +152,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out = Path(args.out) / str(i) if args.out and len(paths) > 1 else args.out
         results.append(_eval_one(args, path, out))
     if len(results) > 1:
-        from vitkit.eval.checkpoint import mean_std_over_runs
+        from vitkit.eval.checkpoint_eval import mean_std_over_runs
 
         summary = mean_std_over_runs(results, paths)
         for key, label in (("top1", "top-1"), ("top5", "top-5")):
@@ -165,9 +165,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
-    from vitkit.engines import EngineModel
+    from vitkit.engines.backends import EngineModel
     from vitkit.eval import format_result
-    from vitkit.eval.checkpoint import (
+    from vitkit.eval.checkpoint_eval import (
         checkpoint_dataset,
         checkpoint_precision,
         eval_output_dir,
@@ -249,10 +249,10 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     import torch
 
     from vitkit.checkpoints import atomic_write_text, load_model
-    from vitkit.eval.checkpoint import checkpoint_features, checkpoint_precision
+    from vitkit.eval.checkpoint_eval import checkpoint_features, checkpoint_precision
     from vitkit.eval.fewshot import DEFAULT_L2_GRID, fewshot_evaluate, format_fewshot
-    from vitkit.files import check_destination
-    from vitkit.model import build_model
+    from vitkit.models.vit import build_model
+    from vitkit.output_files import check_destination
 
     shots = args.shots
     model, ckpt = load_model(args.ckpt, **loading(args))

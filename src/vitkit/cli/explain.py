@@ -24,7 +24,7 @@ from vitkit.cli.options import (
     set_threads,
 )
 from vitkit.errors import VitkitError
-from vitkit.files import check_destination, fresh_directory
+from vitkit.output_files import check_destination, fresh_directory
 
 HEAD_FUSION = ("mean", "max", "min")
 
@@ -147,7 +147,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vitkit.analysis.attention import require_attention
     from vitkit.analysis.summary import FILES, format_numbers
     from vitkit.checkpoints import load_model
-    from vitkit.eval.checkpoint import checkpoint_dataset, class_mismatch
+    from vitkit.eval.checkpoint_eval import checkpoint_dataset, class_mismatch
 
     for name in ("num_images", "batch_size", "components"):
         if getattr(args, name) < 1:

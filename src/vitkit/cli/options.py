@@ -55,7 +55,7 @@ def positive_int(text: str) -> int:
 def image_side(text: str) -> int:
     """Pixels along a side of the model's input: 1 .. MAX_SIDE (the cap a checkpoint's config
     gets too), checked before any image is resized to it."""
-    from vitkit.config_checks import MAX_SIDE
+    from vitkit.registry.config_checks import MAX_SIDE
 
     return int(
         _number(text, int, f"a whole number of pixels, 1..{MAX_SIDE}", lambda v: 1 <= v <= MAX_SIDE)
@@ -259,7 +259,7 @@ def add_checkpoint(
 def loading(args: argparse.Namespace) -> dict[str, Any]:
     """``load_model`` / ``read_checkpoint`` keywords from the loading options of
     :func:`add_checkpoint` (``-o num_heads=N`` is ``--num-heads N``)."""
-    from vitkit.overrides import parse_key_values
+    from vitkit.registry.overrides import parse_key_values
 
     overrides = parse_key_values(getattr(args, "assume", None))
     out: dict[str, Any] = {}
@@ -357,7 +357,7 @@ def add_output(
 
 def add_overwrite(p: Any, help: str) -> None:
     """``--overwrite``: replace the files the command writes where they already exist (never
-    a checkpoint being read: ``vitkit.files.check_destination``)."""
+    a checkpoint being read: ``vitkit.output_files.check_destination``)."""
     p.add_argument("--overwrite", action="store_true", help=help)
 
 

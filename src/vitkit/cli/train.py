@@ -164,7 +164,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.lr_sweep is None:
         report = Trainer(cfg).fit()
     else:
-        from vitkit.recipes import PAPER_FINETUNE_LRS
+        from vitkit.train.recipes import PAPER_FINETUNE_LRS
 
         result = lr_sweep(
             cfg,
@@ -241,7 +241,7 @@ def default_out_dir(args: argparse.Namespace, cfg: Any) -> Any:
 
 
 def list_recipes() -> int:
-    from vitkit.recipes import RECIPES
+    from vitkit.train.recipes import RECIPES
     from vitkit.train.trainer import TrainConfig
 
     keys = "data model model_overrides epochs batch_size optimizer lr weight_decay "
@@ -260,7 +260,7 @@ def check_model_before_spawning(cfg: Any) -> None:
     """The model's config, checked once before torchrun starts N processes that would each
     fail on it (and end with torchrun's traceback hint). The data's size is not known yet: an
     error about the image size is left to the run, which knows it."""
-    from vitkit.config import model_config
+    from vitkit.registry.model_config import model_config
 
     if cfg.max_seq_len is not None:
         raise VitkitError("--naflex runs in one process for now (no --nproc-per-node, torchrun)")

@@ -1,5 +1,5 @@
 """The training options that ``train``, ``finetune``, ``pretrain`` and ``study`` share, and the
-one function that turns them into a :class:`vitkit.train.config.TrainConfig`."""
+one function that turns them into a :class:`vitkit.train.train_config.TrainConfig`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from vitkit.cli.options import (
     probability,
     seed,
 )
-from vitkit.overrides import parse_key_values
+from vitkit.registry.overrides import parse_key_values
 
 
 def add_train_options(
@@ -278,8 +278,8 @@ _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing
 def train_config_from_args(args: argparse.Namespace) -> Any:
     """The recipe's :class:`TrainConfig` (or, with ``--resume``, the run's own), with every
     option the user gave applied."""
-    from vitkit.recipes import get_recipe, smoke
     from vitkit.train.checkpoint_manager import saved_run_config
+    from vitkit.train.recipes import get_recipe, smoke
 
     cfg = get_recipe(args.recipe).config
     if args.smoke:

@@ -14,7 +14,7 @@ from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
 
 if TYPE_CHECKING:
-    from vitkit.config import PreprocessConfig
+    from vitkit.registry.model_config import PreprocessConfig
 
 
 def check_image_files(paths: Sequence[str | Path]) -> None:
@@ -51,7 +51,7 @@ def load_images_native(
 ) -> list[torch.Tensor]:
     """Image files -> uint8 [C, H, W] each, at its own aspect ratio: resized (PIL, the
     checkpoint's interpolation) to the largest size of whole patches with at most ``n``
-    patches (timm's NaFlex eval size, :func:`vitkit.naflex.fit_size`); no crop."""
+    patches (timm's NaFlex eval size, :func:`vitkit.models.naflex_packing.fit_size`); no crop."""
     from vitkit.data.transforms import pil_to_tensor
 
     images = [load_image_file(p, preprocess.channels) for p in paths]  # fail before any work
@@ -62,10 +62,10 @@ def resize_native(
     img: Image.Image, patch: tuple[int, int], max_seq_len: int, interpolation: str
 ) -> Image.Image:
     """``img`` at its own aspect ratio, the largest size of whole patches with at most
-    ``max_seq_len`` patches (timm's NaFlex size, :func:`vitkit.naflex.fit_size`); no crop.
-    ``predict --max-seq-len`` and NaFlex training (``data.naflex_batches``) both resize so."""
+    ``max_seq_len`` patches (timm's NaFlex size, :func:`vitkit.models.naflex_packing.fit_size`); no
+    crop. ``predict --max-seq-len`` and NaFlex training (``data.naflex_batches``) both resize so."""
     from vitkit.data.transforms import _PIL_INTERPOLATION
-    from vitkit.naflex import fit_size
+    from vitkit.models.naflex_packing import fit_size
 
     h, w = fit_size((img.height, img.width), patch, max_seq_len)
     return img.resize((w, h), _PIL_INTERPOLATION[interpolation])

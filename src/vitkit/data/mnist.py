@@ -30,7 +30,7 @@ import torch
 from vitkit.data.arrays import ArrayDataset, DataInfo
 from vitkit.data.safe_pickle import load_data_pickle
 from vitkit.errors import VitkitError
-from vitkit.files import set_file_mode
+from vitkit.output_files import set_file_mode
 
 MNIST_INFO = DataInfo(
     name="mnist",

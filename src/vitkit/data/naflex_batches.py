@@ -2,11 +2,11 @@
 
 As timm's NaFlex loader (``timm.data.naflex_loader``) does at one sequence length: each image is
 resized, keeping its aspect ratio, to the largest size of whole patches with at most
-``max_seq_len`` patches (:func:`vitkit.naflex.fit_size`, the size ``vitkit predict
+``max_seq_len`` patches (:func:`vitkit.models.naflex_packing.fit_size`, the size ``vitkit predict
 --max-seq-len`` uses: :func:`resize_native`); with ``flip``, flipped left-right with
 probability 1/2 first. A batch is then patchified and padded to ``max_seq_len`` with a valid
-mask (:func:`vitkit.naflex.pack`), still uint8: :class:`PackedImages`. Normalising is the
-trainer's (per channel, the padding set to 0 afterwards, as ``pack`` of normalised images).
+mask (:func:`vitkit.models.naflex_packing.pack`), still uint8: :class:`PackedImages`. Normalising is
+the trainer's (per channel, the padding set to 0 afterwards, as ``pack`` of normalised images).
 
 What is not timm's: one sequence length for every batch (timm's training loader draws one of
 several per batch and scales the batch size with it) and no random-resized crop.
@@ -27,7 +27,7 @@ from vitkit.data.folder import ImageFolderDataset
 from vitkit.data.images import resize_native
 from vitkit.data.transforms import convert_image, pil_to_tensor
 from vitkit.errors import VitkitError
-from vitkit.naflex import pack
+from vitkit.models.naflex_packing import pack
 
 
 class NaFlexTransform:
@@ -88,7 +88,7 @@ def native_dataset(dataset: Any, transform: NaFlexTransform) -> Dataset:
 @dataclass
 class PackedImages:
     """A uint8 NaFlex batch: ``patches`` [B, N, ph pw C], ``patch_coord`` [B, N, 2],
-    ``patch_valid`` [B, N] (:func:`vitkit.naflex.pack`)."""
+    ``patch_valid`` [B, N] (:func:`vitkit.models.naflex_packing.pack`)."""
 
     patches: torch.Tensor
     patch_coord: torch.Tensor

@@ -13,8 +13,8 @@ from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import load_images, load_images_native
 from vitkit.data.transforms import normalize
 from vitkit.errors import VitkitError
-from vitkit.eval.checkpoint import check_finite_weights
-from vitkit.naflex import pack
+from vitkit.eval.checkpoint_eval import check_finite_weights
+from vitkit.models.naflex_packing import pack
 
 Prediction = list[dict[str, Any]]  # [{"label", "index", "prob"}, ...], most probable first
 
@@ -47,7 +47,8 @@ def predict_files(
 ) -> list[Prediction]:
     """Top-``k`` predictions for each image file, preprocessed as the checkpoint says; with
     ``max_seq_len`` (a NaFlex model) each image keeps its aspect ratio, at most that many
-    patches, and the images go in as one packed batch (:func:`vitkit.naflex.pack`)."""
+    patches, and the images go in as one packed batch
+    (:func:`vitkit.models.naflex_packing.pack`)."""
     cfg = ckpt.model_config
     if not cfg.num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")

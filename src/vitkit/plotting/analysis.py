@@ -8,7 +8,7 @@ axes, so even an L/16 figure takes a second. Drawn and written as every vitkit f
 (`vitkit.plotting.canvas`).
 
 The maps come from `vitkit.analysis`, which computes them; this module only draws, and imports
-nothing from `vitkit.analysis` at run time (`vitkit.analysis` re-exports these functions).
+nothing from `vitkit.analysis` (`vitkit.analysis` re-exports these functions).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,8 +26,12 @@ from torch import Tensor
 from vitkit.errors import VitkitError
 from vitkit.plotting.canvas import new_figure, save_png
 
-if TYPE_CHECKING:
-    from vitkit.analysis.filters import FilterComponents
+
+class FilterComponents(Protocol):
+    """What the filters figure draws (``vitkit.analysis.filters.FilterComponents`` has it)."""
+
+    components: Tensor  # [k, C, P_h, P_w]
+    explained_variance_ratio: Tensor  # [k]
 
 
 def _mosaic(tiles: np.ndarray, gap: int = 1) -> np.ndarray:

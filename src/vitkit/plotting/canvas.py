@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitkit.files import set_file_mode
+from vitkit.output_files import set_file_mode
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -4,9 +4,9 @@
   colour targets, the downsized and L2 variants);
 - :mod:`.mae`: the masked autoencoder (encoder on visible patches, small decoder);
 - :mod:`.patches`: patchify and the per-patch targets, pure functions;
-- :mod:`.config`: the objectives' settings.
+- :mod:`vitkit.selfsup.objective_config`: the objectives' settings.
 
-The encoder is always an ordinary :class:`vitkit.model.VisionTransformer`; an objective module
+The encoder is always an ordinary :class:`vitkit.models.vit.VisionTransformer`; an objective module
 holds only its own weights (mask embedding, prediction head, decoder). :func:`build_objective`
 makes one; the trainer (``vitkit.train.pretrain``) runs it.
 """
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitkit.config import ViTConfig
-from vitkit.selfsup.config import OBJECTIVES, MAEConfig, MPPConfig, objective_config
+from vitkit.registry.model_config import ViTConfig
 from vitkit.selfsup.mae import MaskedAutoencoder, encode_visible, random_masking
 from vitkit.selfsup.mpp import (
     Corruption,
@@ -24,6 +23,7 @@ from vitkit.selfsup.mpp import (
     apply_corruption,
     corruption_plan,
 )
+from vitkit.selfsup.objective_config import OBJECTIVES, MAEConfig, MPPConfig, objective_config
 from vitkit.selfsup.patches import (
     downsized_target,
     mean_color_target,

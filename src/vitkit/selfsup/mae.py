@@ -20,10 +20,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.model import Block, VisionTransformer
-from vitkit.selfsup.config import MAEConfig
+from vitkit.models.vit import Block, VisionTransformer
+from vitkit.registry.model_config import ViTConfig
+from vitkit.selfsup.objective_config import MAEConfig
 from vitkit.selfsup.patches import normalize_patches, patchify, unpatchify
 
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
-from vitkit.selfsup.config import MPPConfig
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import ViTConfig
+from vitkit.selfsup.objective_config import MPPConfig
 from vitkit.selfsup.patches import (
     color_values,
     downsized_target,

@@ -1,6 +1,6 @@
 """Pixel-space views of patches and the per-patch targets of the self-supervised objectives.
 
-All pure functions of tensors. Patches are in the order :class:`vitkit.model.PatchEmbed` makes
+All pure functions of tensors. Patches are in the order :class:`vitkit.models.vit.PatchEmbed` makes
 tokens (row-major over the grid); the pixels of one patch are flattened channel-major
 ``(c, i, j)``, the layout of the patch-embedding kernel.
 """

@@ -1,7 +1,7 @@
 """What every study shares: model specs, runs that are reused when finished, mean ± std over
 seeds, and the json + md files a study writes.
 
-A study is a list of :class:`RunSpec` s — each one :class:`~vitkit.train.config.TrainConfig`
+A study is a list of :class:`RunSpec` s — each one :class:`~vitkit.train.train_config.TrainConfig`
 (data, recipe), one :class:`ModelSpec`, a group key (``n600``, ``1pct``, ...) and a seed —
 handed to :func:`run_all`. Each run is an ordinary training run in
 ``OUT/runs/<model label>/<group>/seed<k>`` (checkpoint, metrics.jsonl, curves, report.json). A
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.checkpoints import atomic_write_text
-from vitkit.config import ModelConfig, ResNetConfig, config_from_dict, model_config
-from vitkit.counts import count_flops, count_params
 from vitkit.errors import VitkitError
-from vitkit.overrides import parse_key_values
+from vitkit.registry.counts import count_flops, count_params
+from vitkit.registry.model_config import ModelConfig, ResNetConfig, config_from_dict, model_config
+from vitkit.registry.overrides import parse_key_values
 from vitkit.studies.measures import mean_std
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from vitkit.studies.common import (
     write_summary,
 )
 from vitkit.studies.measures import interpolate_log, json_ready
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 # Four sizes per family at 28-32 px, each family spanning ~10x in forward FLOPs; the same
 # token count (64 at 32 px) for the ViTs and the hybrids.

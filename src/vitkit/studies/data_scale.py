@@ -54,7 +54,7 @@ from vitkit.studies.common import (
     write_summary,
 )
 from vitkit.studies.measures import json_ready, paired_gaps, spearman
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 FULL_COMMANDS = (
     "vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 --min-steps 4000 "

@@ -52,7 +52,7 @@ from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, run_all
 from vitkit.studies.measures import json_ready, mean_std, percent, spearman
 from vitkit.studies.runs import loss_change, weights_of
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 GLOBAL_SHARE = 0.5  # a head is "global" at >= this share of the uniform-attention distance
 LOCAL_SHARE = 0.25  # and "local" below this share
@@ -141,7 +141,7 @@ def run_inside(
     num_images: int = 512,
 ) -> tuple[list[RunResult], list[dict[str, Any]]]:
     """Train (or reuse) one model per seed and measure each; (runs, measurements)."""
-    from vitkit.config import ViTConfig, model_config
+    from vitkit.registry.model_config import ViTConfig, model_config
 
     if not isinstance(model_config(model.name, **model.overrides), ViTConfig):
         raise VitkitError(f"{model.label} is not a Vision Transformer: it has no attention")

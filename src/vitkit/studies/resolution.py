@@ -45,7 +45,7 @@ from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, check_labels, run_all
 from vitkit.studies.measures import json_ready, mean_std, spearman
 from vitkit.studies.runs import pretrain, weights_of
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 DEFAULT_MODELS = (
     "Ti/4[width=32,depth=2,num_heads=2,mlp_dim=64,label=w32-d2],"
@@ -63,8 +63,8 @@ def pretrain_config(base: TrainConfig, data: str, *, epochs: int | None = None,
                     smoke: bool = False) -> TrainConfig:  # fmt: skip
     """Supervised pre-training on ``data`` at its own size (the first MNIST recipe), with the
     device, threads and precision of ``base``."""
-    from vitkit.recipes import MNIST_V1
-    from vitkit.recipes import smoke as shrink
+    from vitkit.train.recipes import MNIST_V1
+    from vitkit.train.recipes import smoke as shrink
 
     cfg = shrink(MNIST_V1) if smoke else MNIST_V1
     cfg = dataclasses.replace(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.studies.common import ModelSpec, RunResult
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 
 def weights_of(run_dir: str | Path) -> Path:

@@ -46,7 +46,7 @@ from vitkit.errors import VitkitError
 from vitkit.studies.common import ModelSpec, RunResult, RunSpec, epochs_for, run_all
 from vitkit.studies.measures import json_ready, mean_std, paired_gaps, percent
 from vitkit.studies.runs import loss_change, pretrain, weights_of
-from vitkit.train.config import TrainConfig
+from vitkit.train.train_config import TrainConfig
 
 STARTS = ("scratch", "supervised", "mpp", "mae")
 PRETRAINED = STARTS[1:]
@@ -58,8 +58,8 @@ def pretrain_configs(
     """The pre-training config of every pre-trained start, on ``data``: the recipes
     ``mnist-mpp`` and ``mnist-mae`` and, for supervised, the first MNIST recipe; the device,
     threads and precision of ``base``."""
-    from vitkit.recipes import MNIST_MAE, MNIST_MPP, MNIST_V1
-    from vitkit.recipes import smoke as shrink
+    from vitkit.train.recipes import MNIST_MAE, MNIST_MPP, MNIST_V1
+    from vitkit.train.recipes import smoke as shrink
 
     same: dict[str, Any] = {
         "data": data,

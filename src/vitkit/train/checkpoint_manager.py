@@ -22,15 +22,20 @@ from vitkit.checkpoints import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from vitkit.checkpoints.distributed import (
+from vitkit.checkpoints.native.sharded import (
     is_distributed_checkpoint,
     load_distributed_checkpoint,
     save_distributed_checkpoint,
 )
-from vitkit.config import ModelConfig, PreprocessConfig
 from vitkit.errors import VitkitError
+from vitkit.registry.model_config import ModelConfig, PreprocessConfig
 from vitkit.train import distributed as D
-from vitkit.train.config import NUMERIC_CHANGES, RESUMABLE_CHANGES, WORKER_CHANGES, TrainConfig
+from vitkit.train.train_config import (
+    NUMERIC_CHANGES,
+    RESUMABLE_CHANGES,
+    WORKER_CHANGES,
+    TrainConfig,
+)
 
 
 def check_same_run(

@@ -30,9 +30,9 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from vitkit.config import ViTConfig, model_config
 from vitkit.errors import VitkitError
-from vitkit.model import VisionTransformer
+from vitkit.models.vit import VisionTransformer
+from vitkit.registry.model_config import ViTConfig, model_config
 from vitkit.selfsup import build_objective, objective_config
 from vitkit.train import distributed as D
 from vitkit.train.trainer import TrainConfig, Trainer
@@ -183,7 +183,7 @@ class Pretrainer(Trainer):
 
     def write_outputs(self, report: dict[str, Any], eval_set: Any, split: str) -> None:
         """report.json and (``run_plots``) curves.png and report.html."""
-        from vitkit.train.report import write_curves_and_json, write_pretrain_report
+        from vitkit.train.run_report import write_curves_and_json, write_pretrain_report
 
         write_curves_and_json(
             self.out, report, self.metrics.records() if self.cfg.run_plots else []

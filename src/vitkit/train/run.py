@@ -20,25 +20,25 @@ import torch
 from torch import Tensor
 
 from vitkit.checkpoints import Checkpoint, load_state_dict_strict
-from vitkit.config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.data import ArrayDataset, DataInfo, make_loader, to_model_input
 from vitkit.data.naflex_batches import PackedImages
 from vitkit.errors import VitkitError
-from vitkit.eval.checkpoint import non_finite_weights
+from vitkit.eval.checkpoint_eval import non_finite_weights
 from vitkit.hardware import resolve_precision
-from vitkit.model import build_model
+from vitkit.models.vit import build_model
+from vitkit.registry.model_config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.train import distributed as D
 from vitkit.train import setup
 from vitkit.train.activation_checkpointing import apply_activation_checkpointing
 from vitkit.train.augment import augment_batch
 from vitkit.train.checkpoint_manager import CheckpointManager
 from vitkit.train.compile import compile_for_training
-from vitkit.train.config import TrainConfig
 from vitkit.train.ema import WeightAverage
 from vitkit.train.metrics import MetricsLog
-from vitkit.train.naflex import check_naflex_run, naflex_loader, prepare_packed
+from vitkit.train.naflex_runs import check_naflex_run, naflex_loader, prepare_packed
 from vitkit.train.optim import build_optimizer
 from vitkit.train.schedules import warmup_decay
+from vitkit.train.train_config import TrainConfig
 
 
 def _device(name: str) -> torch.device:

@@ -11,10 +11,10 @@ import torch
 
 from vitkit.checkpoints import Checkpoint, read_checkpoint
 from vitkit.checkpoints.formats import adapt_checkpoint
-from vitkit.config import ModelConfig, ResNetConfig, model_config
 from vitkit.data import DataInfo, is_shard_dir, load_dataset
 from vitkit.errors import VitkitError
-from vitkit.train.config import TrainConfig
+from vitkit.registry.model_config import ModelConfig, ResNetConfig, model_config
+from vitkit.train.train_config import TrainConfig
 
 
 def _data_kwargs(cfg: TrainConfig) -> dict[str, Any]:

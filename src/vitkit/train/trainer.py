@@ -42,12 +42,12 @@ from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.eval.tta import JitterTTA
 from vitkit.hardware import is_out_of_memory, out_of_memory_message
 from vitkit.train import distributed as D
-from vitkit.train import report as run_report
+from vitkit.train import run_report
 from vitkit.train.augment import mix
-from vitkit.train.config import RESUMABLE_CHANGES, TrainConfig
 from vitkit.train.convergence import EARLY_STOP_METRIC, EarlyStopping, train_loss_convergence
 from vitkit.train.metrics import RunningMeans
 from vitkit.train.run import TrainingRun, _epoch_seed, _step_seed
+from vitkit.train.train_config import RESUMABLE_CHANGES, TrainConfig
 
 __all__ = ["RESUMABLE_CHANGES", "TrainConfig", "Trainer"]
 

@@ -1,0 +1,184 @@
+"""Inference engines: a vitkit model run by PyTorch, ONNX Runtime or OpenVINO.
+
+An engine runs a fp32 model (exported to ONNX on the fly) or an int8 model written by
+``vitkit export --int8`` (:mod:`vitkit.engines.int8`): a directory holding ``engine.json`` (the
+source checkpoint's config, preprocessing, classes and dataset, the engine, the precision, how it
+was calibrated) beside the engine's own file (``model.onnx``, or OpenVINO's ``model.xml`` +
+``model.bin``). :class:`EngineModel` wraps a session as an ``nn.Module`` taking and returning
+tensors, so evaluation and prediction run it as they run a PyTorch model. Each engine but
+PyTorch is an optional extra; a missing one is one line naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vitkit.checkpoints import Checkpoint
+from vitkit.errors import VitkitError
+from vitkit.registry.model_config import PreprocessConfig, config_from_dict
+
+ENGINES = ("torch", "onnxruntime", "openvino")
+ENGINE_FILE = "engine.json"
+FORMAT = "vitkit-engine"
+EXTRA = {"onnxruntime": "onnx", "openvino": "openvino"}  # pip install 'vitkit[EXTRA]'
+MODULE = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
+
+
+def require(engine: str) -> Any:
+    """The engine's Python module, or one line naming the extra that installs it."""
+    if engine not in ENGINES:
+        raise VitkitError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    if engine == "torch":
+        return torch
+    try:
+        return __import__(MODULE[engine])
+    except ImportError:
+        raise VitkitError(
+            f"the {engine} engine is not installed: pip install 'vitkit[{EXTRA[engine]}]'"
+        ) from None
+
+
+def available(engine: str) -> bool:
+    try:
+        require(engine)
+    except VitkitError:
+        return False
+    return True
+
+
+class EngineModel(nn.Module):
+    """An engine's session as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32)."""
+
+    def __init__(self, run: Callable[[np.ndarray], np.ndarray], engine: str, precision: str):
+        super().__init__()
+        self._run = run
+        self.engine = engine
+        self.precision = precision
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self._run(np.ascontiguousarray(x.detach().float().cpu().numpy()))
+        return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+
+    def extra_repr(self) -> str:
+        return f"engine={self.engine}, precision={self.precision}"
+
+
+def onnxruntime_runner(path: Path, threads: int | None = None) -> Callable[[Any], Any]:
+    ort = require("onnxruntime")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or torch.get_num_threads()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle threads would spin and slow whatever runs next (PyTorch's OMP_WAIT_POLICY=PASSIVE).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def run(x: Any) -> Any:
+        return session.run(None, {name: x})[0]
+
+    return run
+
+
+def openvino_runner(path: Path, threads: int | None = None) -> Callable[[Any], Any]:
+    ov = require("openvino")
+    core = ov.Core()
+    config = {
+        "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(),
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32",  # an int8 model stays int8; the rest is exact fp32
+    }
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    request = compiled.create_infer_request()
+
+    def run(x: Any) -> Any:
+        request.infer({0: x})
+        return request.get_output_tensor(0).data.copy()
+
+    return run
+
+
+RUNNERS = {"onnxruntime": onnxruntime_runner, "openvino": openvino_runner}
+
+
+def is_engine_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a model written by ``vitkit export --int8`` (holds engine.json)."""
+    return (Path(path) / ENGINE_FILE).is_file()
+
+
+def read_engine_dir(path: str | Path) -> tuple[dict[str, Any], Checkpoint]:
+    """``engine.json`` and a :class:`Checkpoint` (no weights) describing the model in it."""
+    path = Path(path)
+    try:
+        info = json.loads((path / ENGINE_FILE).read_text())
+        if not isinstance(info, dict) or info.get("format") != FORMAT:
+            raise ValueError(f"no format: {FORMAT}")
+        ckpt = Checkpoint(
+            path=path.resolve(),
+            model_config=config_from_dict(info["model"]),
+            preprocess=PreprocessConfig.from_dict(info["preprocess"]),
+            state_dict={},
+            class_names=tuple(str(c) for c in info.get("class_names", ())),
+            meta=dict(info.get("meta", {})),
+            format=FORMAT,
+        )
+    except (OSError, KeyError, TypeError, ValueError, VitkitError) as e:
+        raise VitkitError(f"{path / ENGINE_FILE}: not a model vitkit export wrote ({e})") from None
+    return info, ckpt
+
+
+def load_engine_dir(
+    path: str | Path, engine: str | None = None, threads: int | None = None
+) -> tuple[EngineModel, Checkpoint]:
+    """The model of an ``export --int8`` directory run by ``engine`` (default: the one it was
+    written for; an ONNX file also runs under OpenVINO)."""
+    info, ckpt = read_engine_dir(path)
+    engine = engine or str(info["engine"])
+    files = {str(k): str(v) for k, v in info.get("files", {}).items()}
+    if engine not in files:
+        written = ", ".join(files) or "none"
+        raise VitkitError(
+            f"{path}: holds a model for {written}, not {engine}; export it again with "
+            f"--engine {engine}"
+        )
+    if engine == "torch":
+        raise VitkitError(f"{path}: an exported model runs under onnxruntime or openvino")
+    run = RUNNERS[engine](Path(path) / files[engine], threads)
+    return EngineModel(run, engine, str(info.get("precision", "int8"))), ckpt
+
+
+def fp32_engine_model(model: nn.Module, engine: str, threads: int | None = None) -> nn.Module:
+    """``model`` (fp32) run by ``engine``: itself for torch, else exported to ONNX (a temporary
+    file) and loaded into the engine, the same numbers to about 1e-5."""
+    if engine == "torch":
+        return model
+    require(engine)
+    from vitkit.engines.onnx_export import export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="vitkit-engine-") as tmp:
+        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+            path = export_onnx(model, Path(tmp) / "model.onnx")
+        run = RUNNERS[engine](path, threads)  # the session holds the graph; the file can go
+    return EngineModel(run, engine, "fp32")
+
+
+__all__ = [
+    "ENGINES",
+    "ENGINE_FILE",
+    "EngineModel",
+    "available",
+    "fp32_engine_model",
+    "is_engine_dir",
+    "load_engine_dir",
+    "read_engine_dir",
+    "require",
+]

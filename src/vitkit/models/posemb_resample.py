@@ -1,0 +1,58 @@
+"""Position embeddings on another patch grid: the paper's 2-D interpolation (Sec. 3.2).
+
+"We perform 2D interpolation of the pre-trained position embeddings, according to their
+location in the original image." The prefix rows (the class token's) are kept apart; the patch
+rows are reshaped to their (rows, columns) grid and resampled. Modes: ``"bicubic"`` and
+``"bilinear"`` (``align_corners=False``, as timm and Hugging Face), and ``"zoom"``, equal to the
+official ``scipy.ndimage.zoom(grid, ..., order=1)`` (bilinear with the corner samples aligned;
+computed in float64 like scipy).
+
+Both ``vitkit convert --image-size`` (:func:`vitkit.checkpoints.adapt`) and a model run on
+images of another size (:meth:`vitkit.models.vit.VisionTransformer.pos_embed_for`) use this one
+function, so running at a new size equals converting first.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.errors import VitkitError
+
+Resample = Literal["bicubic", "bilinear", "zoom"]
+RESAMPLE_MODES: tuple[str, ...] = ("bicubic", "bilinear", "zoom")
+
+
+def resample_pos_embed(
+    pos_embed: Tensor,
+    old_grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    mode: Resample = "bicubic",
+) -> Tensor:
+    """``[1, prefix + old_h * old_w, D]`` → ``[1, prefix + new_h * new_w, D]``.
+
+    The same grid returns the input unchanged (bit for bit). Differentiable.
+    """
+    if mode not in RESAMPLE_MODES:
+        raise VitkitError(f"unknown resampling mode {mode!r} (choose from {RESAMPLE_MODES})")
+    n_old = old_grid[0] * old_grid[1]
+    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + n_old:
+        raise VitkitError(
+            f"position embeddings of shape {tuple(pos_embed.shape)} do not hold "
+            f"{num_prefix_tokens} prefix token(s) + a {old_grid[0]}x{old_grid[1]} grid"
+        )
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    d, dtype = grid.shape[-1], grid.dtype
+    grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2)
+    if mode == "zoom":
+        grid = F.interpolate(grid.double(), size=new_grid, mode="bilinear", align_corners=True)
+    else:
+        grid = F.interpolate(grid.float(), size=new_grid, mode=mode, align_corners=False)
+    grid = grid.to(dtype).permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], d)
+    return torch.cat([prefix, grid], dim=1)
