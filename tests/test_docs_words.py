@@ -33,7 +33,9 @@ def hits(paths: list[Path]) -> list[str]:
                 continue
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
                 if WORDS.search(line) and WORDS.search(ALLOWED.sub("", line)):
-                    out.append(f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}:{n}: {line}")
+                    out.append(
+                        f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}:{n}: {line}"
+                    )
     return out
 
 
