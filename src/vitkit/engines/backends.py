@@ -4,8 +4,9 @@ An engine runs a fp32 model (exported to ONNX on the fly) or an int8 model writt
 ``vitkit export --int8`` (:mod:`vitkit.engines.int8`): a directory holding ``engine.json`` (the
 source checkpoint's config, preprocessing, classes and dataset, the engine, the precision, how it
 was calibrated) beside the engine's own file (``model.onnx``, or OpenVINO's ``model.xml`` +
-``model.bin``). :class:`EngineModel` wraps an engine's loaded model (an ONNX Runtime session, an OpenVINO compiled model) as an ``nn.Module`` taking and returning
-tensors, so evaluation and prediction run it as they run a PyTorch model. Each engine but
+``model.bin``). :class:`EngineModel` wraps an engine's loaded model (an ONNX Runtime session,
+an OpenVINO compiled model) as an ``nn.Module`` taking and returning tensors, so evaluation and
+prediction run it as they run a PyTorch model. Each engine but
 PyTorch is an optional extra; a missing one is one line naming it.
 """
 
