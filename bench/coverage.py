@@ -1,5 +1,5 @@
 """Which ViT checkpoints people have load into vitkit exactly, say what they assumed, or are
-refused: a coverage table (issue 24, "no silent wrong numbers").
+refused: a coverage table ("no silent wrong numbers").
 
 For every model registered in timm's ``vision_transformer``, ``deit``,
 ``vision_transformer_hybrid``, ``eva``, ``naflexvit``, ``beit`` and ``vision_transformer_relpos``

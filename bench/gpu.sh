@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's device work: the machine, every CUDA path (pytest -m gpu), the speed
+# The GPU work: the machine, every CUDA path (pytest -m gpu), the speed
 # comparison per model, the MNIST default recipe's time to accuracy. Everything goes to $RES
 # (default runs/gpu); when $OUT is set (the device tool), $RES is packed into
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
@@ -7,7 +7,7 @@
 # On an H100 (2026-11-26) the steps took: env 5 s, tests 245 s (before the path tests went from 3
 # to 10 epochs), speed about 90 s for B/16 and 80 s for S/16 (eager and compiled), over 150 s for
 # L/16, mnist 56 s. All five exceed one 10-minute call: split them, e.g. `env tests mnist` in one
-# call and `speed report` in the next, on the same warm machine. A second H100 lease
+# call and `speed report` in the next, on the same warm machine. A second H100 run
 # (2026-11-27): tests 283 s at 10 epochs; B/16 with --compile-mode max-autotune-no-cudagraphs
 # did not finish its first compile in 230 s (give it a call of its own).
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a

@@ -1,9 +1,9 @@
-"""int8 accuracy of a trained run, every quantization path beside its fp32 source (issue 27).
+"""int8 accuracy of a trained run, every quantization path beside its fp32 source.
 
 For each path it runs `vitkit export RUN WORK/PATH --int8 ...` and `vitkit eval --from
 WORK/PATH`, which evaluates the int8 model and its fp32 source on the same test images and records
 the top-1 of both, the difference and the top-1 agreement (eval.json's `versus_source`). Writes
-OUT.json and OUT.md with the issue's target (lose <= 0.3 points, agree on >= 99 %) checked per path.
+OUT.json and OUT.md with the target (lose <= 0.3 points, agree on >= 99 %) checked per path.
 The work folder is created by this command and refused if it exists (`--overwrite` replaces it).
 
     python bench/int8_accuracy.py runs/shapes-vit --out bench/results/int8_accuracy_shapes_vit
@@ -87,7 +87,7 @@ def main() -> None:
     lines = [
         f"# int8 accuracy of {meta['model']} on {meta['dataset']} ({args.run})",
         "",
-        f"{meta['cpu']}. Command: `{meta['command']}`. Target (issue 27): lose <= 0.3 points of "
+        f"{meta['cpu']}. Command: `{meta['command']}`. Target: lose <= 0.3 points of "
         "top-1 and agree with fp32 on >= 99 % of the test images.",
         "",
         "| int8 path | top-1 | fp32 top-1 | difference | agreement with fp32 | target |",

@@ -1,4 +1,4 @@
-"""Time to accuracy on MNIST (issue 28): ``--recipe mnist-best`` over seeds beside ``mnist-long``.
+"""Time to accuracy on MNIST: ``--recipe mnist-best`` over seeds beside ``mnist-long``.
 
 Runs each job as a user would (``python -m vitkit.cli train --recipe R --seed S``: start-up,
 data, training, per-epoch validation, the one test evaluation at the end, report), one after the
@@ -140,7 +140,7 @@ def main() -> None:
     long = next((r for r in runs if r["recipe"] == "mnist-long"), None)
     long_wall = long["wall_s"] if long else None
     for r in best:  # a ratio only between runs on the same kind of CPU (a stopped bench
-        # may be finished in another session, on another host)
+        # may have finished in another invocation, on another host)
         same = long is not None and r["cpu"] == long["cpu"]
         r["wall_ratio_to_mnist_long"] = r["wall_s"] / long_wall if long_wall and same else None
     mean = statistics.mean(r["test_top1"] for r in best) if best else None
@@ -188,7 +188,7 @@ def main() -> None:
         "",
         "max load: the highest 1-minute load average, sampled each minute of the run (the run's "
         "own two threads give up to about 2; more means the machine was shared). train img/s "
-        "shows whether runs finished in different sessions had hosts of the same speed.",
+        "shows whether runs finished at different times had hosts of the same speed.",
     ]
     cpus = sorted({str(r["cpu"]) for r in runs})
     if len(cpus) > 1:

@@ -24,12 +24,15 @@ from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 BASE = dict(image_size=32, patch_size=8, num_classes=5, width=32, depth=2, num_heads=4, mlp_dim=64)
 # timm's registered models with these blocks use registers, GAP + fc_norm, no E_pos prefix rows
 WEE = dict(pool="gap", fc_norm=True, num_reg_tokens=1, pos_embed_prefix=False)
+# timm's vit_*_xp_*: RMSNorm everywhere (eps 1e-6), a norm before the blocks, no patch bias
+XP = dict(layer_norm_eps=1e-6, norm_pre=True, patch_bias=False, pos_embed_prefix=False)
 
 # (name, vitkit switches): each as the timm models that have it use it
 SWITCHES = {
     "18x2": dict(parallel=2, layer_scale_init=1e-5),  # vit_small_patch16_18x2_224
     "pwee": dict(parallel_scaling=True, layer_scale_init=1e-5, **WEE),  # vit_pwee_*
-    "scaling-no-qkv-bias": dict(parallel_scaling=True, qkv_bias=False, qk_norm=True),  # xp's
+    "scaling-no-qkv-bias": dict(parallel_scaling=True, qkv_bias=False, qk_norm=True),
+    "xp": dict(parallel_scaling=True, qkv_bias=False, qk_norm=True, norm="rmsnorm", **XP),
     "dwee": dict(diff_attn=True, layer_scale_init=1e-5, **WEE),  # vit_dwee_*, vit_dlittle_*
     "dpwee": dict(parallel_scaling=True, diff_attn=True, layer_scale_init=1e-5, **WEE),
     "diff-qk-norm": dict(diff_attn=True, qk_norm=True, qkv_bias=False),
@@ -113,7 +116,7 @@ def test_the_switches_default_to_the_papers_block_and_refuse_what_no_block_has()
             tiny(**bad)
 
 
-def test_what_timm_cannot_build_or_vitkit_cannot_read_is_one_line(tmp_path):
+def test_what_timm_cannot_build_or_vitkit_cannot_read_is_one_line_and_xp_reads(tmp_path):
     for cfg, match in ((tiny(parallel=3), "2 branches"), (tiny(parallel=2), "layer scale")):
         sd = vitkit.create_model(cfg).state_dict()
         ckpt = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), sd)
@@ -121,16 +124,23 @@ def test_what_timm_cannot_build_or_vitkit_cannot_read_is_one_line(tmp_path):
             write_checkpoint(ckpt, tmp_path / "folder", "timm")
     timm = import_reference("timm")
     small = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
-    for arch, match in (("vit_base_patch16_xp_224", "RMSNorm"), (None, "dual_lambda")):
-        if arch is None:  # timm's DiffAttention(dual_lambda=True): two scalars, not the paper's
-            sd = dict(timm_model(timm, tiny(**SWITCHES["dwee"])).state_dict())
-            sd["blocks.0.attn.lambda_a"] = sd.pop("blocks.0.attn.lambda_q1")
-        else:
-            sd = timm.create_model(arch, **small).state_dict()
-        save_file(sd, tmp_path / "bad.safetensors")
-        with pytest.raises(VitkitError, match=match) as e:
-            read_checkpoint(tmp_path / "bad.safetensors", num_heads=4)
-        assert "\n" not in str(e.value) and "bad.safetensors" in str(e.value)
+    # timm's DiffAttention(dual_lambda=True): two scalars, not the paper's
+    sd = dict(timm_model(timm, tiny(**SWITCHES["dwee"])).state_dict())
+    sd["blocks.0.attn.lambda_a"] = sd.pop("blocks.0.attn.lambda_q1")
+    save_file(sd, tmp_path / "bad.safetensors")
+    with pytest.raises(VitkitError, match="dual_lambda") as e:
+        read_checkpoint(tmp_path / "bad.safetensors", num_heads=4)
+    assert "\n" not in str(e.value) and "bad.safetensors" in str(e.value)
+    # timm's own vit_*_xp_* entry (ParallelScalingBlock with RMSNorm everywhere) is read exactly
+    ref = perturbed(timm.create_model("vit_base_patch16_xp_224", **small).double()).eval()
+    save_file(ref.state_dict(), tmp_path / "xp.safetensors")
+    ckpt = read_checkpoint(tmp_path / "xp.safetensors", num_heads=4)
+    assert (ckpt.model_config.norm, ckpt.model_config.layer_norm_eps) == ("rmsnorm", 1e-6)
+    model = vitkit.create_model(ckpt.model_config).double().eval()
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert (model(x) - ref(x)).abs().max().item() <= 1e-12 * ref(x).abs().max().item()
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hf"])
@@ -169,6 +179,10 @@ def test_parallel_blocks_train_and_are_deterministic_in_eval():
 @pytest.mark.parametrize("later", [{"norm": "rmsnorm"}, {"proj_bias": False}, {"block": "post"}])
 def test_parallel_blocks_refuse_the_switches_they_do_not_read(later: dict) -> None:
     base = dict(image_size=8, patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64)
-    with pytest.raises(VitkitError, match="parallel blocks and diff_attn do not read"):
-        ViTConfig(**base, parallel_scaling=True, **later)
+    kinds = [dict(parallel=2), dict(diff_attn=True), dict(parallel_scaling=True, diff_attn=True)]
+    if later != {"norm": "rmsnorm"}:  # (ParallelScalingBlock with RMSNorm: timm's vit_*_xp_*)
+        kinds.append(dict(parallel_scaling=True))
+    for kind in kinds:
+        with pytest.raises(VitkitError, match="parallel blocks and diff_attn do not read"):
+            ViTConfig(**base, **kind, **later)
     ViTConfig(**base, **later)  # fine on the paper's block

@@ -2,7 +2,7 @@
 
 On a terminal, :func:`progress` is a tqdm bar redrawn in place. Anywhere else (a log file, a
 pipe, a CI job) a bar's carriage-return updates pile up into one huge line — a logged training
-run once reached 150 KB of them — so there it writes plain lines instead: one when the bar
+run once reached 150 KB of them — so there it writes plain lines instead: one when the progress bar
 closes (an epoch, a split of shards) and one every ``every`` seconds in between.
 """
 

@@ -26,13 +26,15 @@ def add_commands(sub: Any) -> None:
         sub,
         "shards",
         "write a dataset as webdataset tar shards (for streaming, multi-node training)",
-        "Write SRC (mnist, digits, shapes or an ImageFolder directory) as webdataset tar "
+        "Write SRC (mnist, digits, shapes, shapes-hard, an ImageFolder directory, a "
+        "CIFAR-10/100 python download or a Hugging Face dataset saved with save_to_disk) as "
+        "webdataset tar "
         "shards OUT/SPLIT-NNNNNN.tar plus OUT/shards.json; 'vitkit train --data OUT' then "
         "streams them. Files of an ImageFolder are copied as they are (no re-encoding); "
         "in-memory datasets are stored as PNG. Samples are shuffled before writing (a "
         "streaming reader only shuffles within its buffer).",
     )
-    p.add_argument("src", metavar="SRC", type=dataset, help="dataset name or ImageFolder directory")
+    p.add_argument("src", metavar="SRC", type=dataset, help="dataset name or directory")
     p.add_argument("out", metavar="OUT", type=output_directory, help="output directory")
     g = p.add_argument_group("data")
     g.add_argument(

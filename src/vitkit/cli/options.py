@@ -112,6 +112,14 @@ def positive_int_list(text: str) -> list[int]:
     return [positive_int(piece) for piece in pieces]
 
 
+# Every kind of --data that vitkit.data.load_dataset accepts
+DATA_KINDS = (
+    "mnist, digits, shapes, shapes-hard, or a directory: an ImageFolder, webdataset shards "
+    "(vitkit shards), a CIFAR-10/100 python download or a Hugging Face dataset saved with "
+    "save_to_disk"
+)
+
+
 def dataset(text: str) -> str:
     """A built-in dataset's name or a directory: an empty string (which a path would read as
     the current directory) is refused."""
@@ -304,9 +312,7 @@ def add_data(
     ``--on-bad-image``."""
     g = p.add_argument_group("data")
     if required:
-        g.add_argument(
-            "--data", type=dataset, required=True, help="dataset: a built-in name or a directory"
-        )
+        g.add_argument("--data", type=dataset, required=True, help=f"dataset: {DATA_KINDS}")
     else:
         g.add_argument(
             "--data", type=dataset, help="dataset (default: the one the checkpoint was trained on)"

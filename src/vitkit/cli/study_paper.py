@@ -19,7 +19,8 @@ from vitkit.errors import VitkitError
 
 _REUSE = (
     "Every run lives in OUT/runs/MODEL/GROUP/seedK and is reused once its report.json exists "
-    "(an interrupted one resumes), so the same --out-dir can be carried across sessions."
+    "(an interrupted one resumes), so the same --out-dir can be carried across invocations "
+    "and machines."
 )
 
 

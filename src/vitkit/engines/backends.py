@@ -4,8 +4,9 @@ An engine runs a fp32 model (exported to ONNX on the fly) or an int8 model writt
 ``vitkit export --int8`` (:mod:`vitkit.engines.int8`): a directory holding ``engine.json`` (the
 source checkpoint's config, preprocessing, classes and dataset, the engine, the precision, how it
 was calibrated) beside the engine's own file (``model.onnx``, or OpenVINO's ``model.xml`` +
-``model.bin``). :class:`EngineModel` wraps a session as an ``nn.Module`` taking and returning
-tensors, so evaluation and prediction run it as they run a PyTorch model. Each engine but
+``model.bin``). :class:`EngineModel` wraps an engine's loaded model (an ONNX Runtime session,
+an OpenVINO compiled model) as an ``nn.Module`` taking and returning tensors, so evaluation and
+prediction run it as they run a PyTorch model. Each engine but
 PyTorch is an optional extra; a missing one is one line naming it.
 """
 
@@ -57,7 +58,7 @@ def available(engine: str) -> bool:
 
 
 class EngineModel(nn.Module):
-    """An engine's session as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32)."""
+    """An engine's loaded model as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32)."""
 
     def __init__(self, run: Callable[[np.ndarray], np.ndarray], engine: str, precision: str):
         super().__init__()
@@ -167,7 +168,7 @@ def fp32_engine_model(model: nn.Module, engine: str, threads: int | None = None)
     with tempfile.TemporaryDirectory(prefix="vitkit-engine-") as tmp:
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
             path = export_onnx(model, Path(tmp) / "model.onnx")
-        run = RUNNERS[engine](path, threads)  # the session holds the graph; the file can go
+        run = RUNNERS[engine](path, threads)  # the loaded model holds the graph; the file can go
     return EngineModel(run, engine, "fp32")
 
 

@@ -361,6 +361,8 @@ def check_parallel_blocks(cfg: Any) -> None:
     later = ("norm", "patch_norm", "proj_bias", "scale_attn_norm", "scale_mlp_norm", "block")
     paper = {"norm": "layernorm", "patch_norm": False, "proj_bias": True, "block": "pre"}
     odd = [k for k in later if getattr(cfg, k) != paper.get(k, False)]
+    if cfg.parallel_scaling and not cfg.diff_attn and cfg.norm == "rmsnorm":
+        odd.remove("norm")  # timm's vit_*_xp_*: ParallelScalingBlock with RMSNorm everywhere
     if odd and (cfg.parallel > 1 or cfg.parallel_scaling or cfg.diff_attn):
         raise VitkitError(f"parallel blocks and diff_attn do not read {', '.join(odd)}")
     if cfg.diff_attn and (cfg.width // cfg.num_heads) % 2:

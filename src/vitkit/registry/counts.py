@@ -80,7 +80,8 @@ def _later_switch_params(cfg: ViTConfig) -> int:
     n = 0
     if cfg.norm == "rmsnorm":  # the norms counted above as LayerNorms lose their biases
         qk = 2 * (d // cfg.num_heads) if cfg.qk_norm else 0
-        n -= cfg.depth * (2 * d + qk) + d * (cfg.final_norm + cfg.norm_pre)
+        norms = 1 if cfg.parallel_scaling else 2  # per block (parallel_scaling: in_norm only)
+        n -= cfg.depth * (norms * d + qk) + d * (cfg.final_norm + cfg.norm_pre)
     n += per_norm * d if cfg.patch_norm else 0
     if not cfg.proj_bias:  # attention projection, fc1, fc2
         n -= cfg.depth * (d + cfg.mlp_dim + d)

@@ -8,7 +8,7 @@ handed to :func:`run_all`. Each run is an ordinary training run in
 run whose ``report.json`` exists is read back instead of trained again; a run that was killed
 before its report resumes from its last checkpoint. So a study that was interrupted, or is given
 more sizes or seeds, only trains what is missing, and the same ``--out-dir`` can be carried
-across sessions and machines.
+across invocations and machines.
 
 :func:`summarize` groups the results by (model, group) into mean and sample standard deviation;
 :func:`write_summary` writes ``results.json`` and ``table.md``. Each study draws its own plot.

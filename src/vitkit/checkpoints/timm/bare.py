@@ -58,6 +58,8 @@ def family(sd: dict[str, Tensor], cfg: ViTConfig) -> str:
         return "AIMv2"
     if cfg.scale_attn_norm or cfg.scale_mlp_norm:
         return "BEiT-3"
+    if cfg.parallel_scaling and cfg.norm == "rmsnorm":
+        return "vit_*_xp_*"  # (norm_pre and no patch bias as CLIP, but RMSNorm: eps 1e-6)
     if cfg.norm_pre and not cfg.patch_bias:
         return "CLIP"
     if cfg.pool == "map":

@@ -69,11 +69,6 @@ def _scaling_view(sd: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor]
             f"{source}: a parallel block (in_proj) without {out[len(_B0) :]}; vitkit reads "
             "timm's ParallelScalingBlock and DiffParallelScalingBlock"
         )
-    if _B0 + "in_norm.bias" not in sd:  # timm's vit_*_xp_* (norm_layer=RmsNorm)
-        raise VitkitError(
-            f"{source}: a parallel block with RMSNorm (in_norm has no bias); vitkit's parallel "
-            "blocks have LayerNorm"
-        )
     view = dict(sd)
     view[_B0 + "attn.qkv.weight"] = w[m:]
     view[_B0 + "mlp.fc1.weight"] = w[:m]
@@ -85,7 +80,10 @@ def _scaling_view(sd: dict[str, Tensor], source: str) -> tuple[dict[str, Tensor]
     for ours, theirs in named.items():
         if _B0 + theirs in sd:
             view[_B0 + ours] = sd[_B0 + theirs]
-    return view, {"parallel_scaling": True, "diff_attn": diff}
+    fields: dict[str, Any] = {"parallel_scaling": True, "diff_attn": diff}
+    if _B0 + "in_norm.bias" not in sd:  # timm's vit_*_xp_* (norm_layer=RmsNorm everywhere)
+        fields["norm"] = "rmsnorm"
+    return view, fields
 
 
 def parallel_architecture(cfg: ViTConfig) -> str | None:
@@ -120,5 +118,5 @@ def parallel_model_args(cfg: ViTConfig) -> dict[str, Any]:
     if cfg.diff_attn and not cfg.parallel_scaling:
         args["attn_layer"] = "diff"
     if cfg.parallel_scaling and not cfg.diff_attn and cfg.layer_scale_init is None:
-        args["norm_layer"] = "layernorm"
+        args["norm_layer"] = cfg.norm  # the xp entries' own is RMSNorm
     return args
