@@ -112,7 +112,7 @@ def test_strict_build(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    cli = (tmp_path / "site" / "cli.html").read_text()
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
     for command in ("vitkit train", "vitkit study data-scale", "vitkit export"):
         assert command in cli
-    assert (tmp_path / "site" / "benchmarks" / "results" / "speed.html").is_file()
+    assert (tmp_path / "site" / "benchmarks" / "results" / "speed" / "index.html").is_file()

@@ -46,6 +46,18 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
     return []
 
 
+def _summaries(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each subcommand's one-line help, as the parent's ``--help`` lists it."""
+    found: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                found[choice.dest] = " ".join((choice.help or "").split())
+    for _, sub in _subcommands(parser):
+        found.update(_summaries(sub))
+    return found
+
+
 def _walk(
     parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
@@ -71,6 +83,7 @@ def cli_markdown() -> str:
         parser = build_parser()
         commands = _walk(parser)
         helps = {path: sub.format_help() for path, sub in commands}
+        summaries = _summaries(parser)
     finally:
         if saved is None:
             del os.environ["COLUMNS"]
@@ -88,7 +101,7 @@ def cli_markdown() -> str:
         "| --- | --- |",
     ]
     for path, sub in commands[1:]:
-        summary = " ".join((sub.description or "").split())
+        summary = summaries.get(path[-1]) or " ".join((sub.description or "").split())
         lines.append(f"| [`vitkit {' '.join(path)}`](#{_anchor(path)}) | {summary} |")
     for path, sub in commands:
         title = " ".join(("vitkit", *path))
