@@ -195,22 +195,37 @@ _ROLE = re.compile(
 )
 
 
-def _role(match: re.Match[str]) -> str:
-    short, name, call = match.groups()
-    shown = name.rsplit(".", 1)[-1] if short else name
-    return f'<autoref optional identifier="{name}"><code>{shown}{call or ""}</code></autoref>'
+def documented_names(docs_dir: Path) -> dict[str, str]:
+    """Short name -> the identifier an API page documents it under (``pooled_row`` ->
+    ``vitkit.analysis.pooled_row``), for the names that are documented once."""
+    found: dict[str, set[str]] = {}
+    for page in sorted((docs_dir / "api").glob("*.md")):
+        for ident in re.findall(r"^::: ([\w.]+)", page.read_text(encoding="utf-8"), re.M):
+            found.setdefault(ident.rsplit(".", 1)[-1], set()).add(ident)
+    return {short: next(iter(idents)) for short, idents in found.items() if len(idents) == 1}
 
 
-def render_roles(html: str) -> str:
-    """``:func:<code>x</code>`` (a reST role rendered as Markdown) -> ``x`` as linked code."""
-    return _ROLE.sub(_role, html)
+def render_roles(html: str, names: dict[str, str] | None = None) -> str:
+    """``:func:<code>x</code>`` (a reST role rendered as Markdown) -> ``x`` as code, linked to
+    the API page that documents it where one does (an unqualified name through ``names``)."""
+
+    def role(match: re.Match[str]) -> str:
+        short, name, call = match.groups()
+        shown = name.rsplit(".", 1)[-1] if short else name
+        ident = name if "." in name else (names or {}).get(name, name)
+        return f'<autoref optional identifier="{ident}"><code>{shown}{call or ""}</code></autoref>'
+
+    return _ROLE.sub(role, html)
 
 
 # ---------------------------------------------------------------------------------------------
 # the hooks
 
+_NAMES: dict[str, str] = {}  # short name -> documented identifier, filled on the first page
+
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    _NAMES.clear()  # read again from the API pages on each build (mkdocs serve)
     pages = [p for p in bench_files() if p.endswith(".md")]
     if f"{BENCH_DIR}/index.md" not in pages:
         pages.insert(0, f"{BENCH_DIR}/index.md")
@@ -243,4 +258,6 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
 
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
-    return render_roles(html)
+    if not _NAMES:
+        _NAMES.update(documented_names(Path(config.docs_dir)))
+    return render_roles(html, _NAMES)
