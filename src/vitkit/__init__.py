@@ -18,6 +18,7 @@ _EXPORTS = {
     "PreprocessConfig": "vitkit.registry.model_config",
     "model_config": "vitkit.registry.model_config",
     "VitkitError": "vitkit.errors",
+    "AssumptionWarning": "vitkit.errors",
     "VisionTransformer": "vitkit.models.vit",
     "create_model": "vitkit.models.vit",
     "load": "vitkit.checkpoints",
@@ -29,6 +30,7 @@ _EXPORTS = {
 __all__ = [
     "SIZES",
     "STANDARD_MODELS",
+    "AssumptionWarning",
     "PreprocessConfig",
     "ViTConfig",
     "VisionTransformer",
@@ -43,7 +45,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from vitkit.checkpoints import load, load_checkpoint, load_model, save_checkpoint
-    from vitkit.errors import VitkitError
+    from vitkit.errors import AssumptionWarning, VitkitError
     from vitkit.models.vit import VisionTransformer, create_model
     from vitkit.registry.model_config import (
         SIZES,

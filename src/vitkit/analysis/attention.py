@@ -315,16 +315,20 @@ def mean_attention_distance(
 class Explanation:
     """What :func:`explain` finds for a batch of images.
 
-    logits: [B, classes].
-    layer_maps: [B, L, heads, gh, gw], each head's attention from the pooled query over patches
-    (:func:`pooled_row`; for a MAP model the patch rows weighted by the probe's attention).
-    rollout_maps: [B, L, gh, gw], the rollout through layers 1..l over patches, read the same way.
-    pool_maps: [B, heads, gh, gw], the MAP probe's attention over the patches (``pool="map"``;
-    else None): what the pooled features are a weighted mean of.
-    prefix_attention: per group of prefix tokens (class token, distillation token, registers)
-    and ``"patches"``, the share of the patch queries' attention on it, [B, L]
-    (:func:`prefix_attention_share`); prefix_rollout: the same for the pooled output's full
-    rollout, [B] (:func:`prefix_rollout_share`). Empty but ``"patches"`` without prefix tokens.
+    Attributes:
+        logits: [B, classes].
+        layer_maps: [B, L, heads, gh, gw], each head's attention from the pooled query over
+            patches (:func:`pooled_row`; for a MAP model the patch rows weighted by the probe's
+            attention).
+        rollout_maps: [B, L, gh, gw], the rollout through layers 1..l over patches, read the
+            same way.
+        pool_maps: [B, heads, gh, gw], the MAP probe's attention over the patches
+            (``pool="map"``; else None): what the pooled features are a weighted mean of.
+        prefix_attention: per group of prefix tokens (class token, distillation token,
+            registers) and ``"patches"``, the share of the patch queries' attention on it, [B, L]
+            (:func:`prefix_attention_share`). Empty but ``"patches"`` without prefix tokens.
+        prefix_rollout: the same for the pooled output's full rollout, [B]
+            (:func:`prefix_rollout_share`).
     """
 
     logits: Tensor

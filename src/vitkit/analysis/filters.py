@@ -22,8 +22,12 @@ from vitkit.models.vit import VisionTransformer
 
 @dataclass
 class FilterComponents:
-    """components: [k, C, P_h, P_w] unit-norm principal directions, strongest first.
-    explained_variance_ratio: [k], each component's share of the filters' total variance."""
+    """The principal components of a model's patch-embedding filters.
+
+    Attributes:
+        components: [k, C, P_h, P_w] unit-norm principal directions, strongest first.
+        explained_variance_ratio: [k], each component's share of the filters' total variance.
+    """
 
     components: Tensor
     explained_variance_ratio: Tensor

@@ -331,6 +331,7 @@ SIZES: dict[str, Size] = {
     "L": Size(width=1024, depth=24, mlp_dim=4096, num_heads=16),
     "H": Size(width=1280, depth=32, mlp_dim=5120, num_heads=16),
 }
+"""The model sizes by name (Ti, S, B, L, H): width, depth, MLP size and heads of each."""
 
 # The released (size, patch) combinations; `vitkit models` lists these. Any other patch size works
 # through the same names ("B/12", "vit_s8"), these are just the ones people ask for by name.
@@ -345,6 +346,7 @@ STANDARD_MODELS: tuple[str, ...] = (
     "L/32",
     "H/14",
 )
+"""The released (size, patch) names, such as ``"B/16"``, that ``vitkit models`` lists first."""
 
 _NAME_RE = re.compile(r"^(?:vit[_-])?(?P<size>ti|s|b|l|h)[/_-]?(?P<patch>\d+)$", re.IGNORECASE)
 _SIZE_BY_LOWER = {k.lower(): k for k in SIZES}

@@ -18,6 +18,8 @@ MNIST_MODEL = {"width": 64, "depth": 6, "num_heads": 4, "mlp_dim": 128}
 
 @dataclass(frozen=True)
 class Recipe:
+    """A named :class:`TrainConfig` (``vitkit train --recipe NAME``) and what it documents."""
+
     name: str
     doc: str  # command, expected time and result
     config: TrainConfig
@@ -472,9 +474,11 @@ RECIPES: dict[str, Recipe] = {
         ),
     )
 }
+"""Every recipe by name, in the order ``vitkit train --list-recipes`` prints them."""
 
 
 def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``, or one line listing the names there are."""
     if name not in RECIPES:
         raise VitkitError(f"unknown recipe '{name}': expected one of {', '.join(RECIPES)}")
     return RECIPES[name]
