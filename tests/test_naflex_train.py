@@ -215,18 +215,20 @@ def test_naflex_refusals_below_the_cli():
 
 
 @pytest.mark.slow
-def test_readme_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
-    """The README's NaFlex train / predict / eval / finetune commands, as written; substitutes: the
+def test_the_guide_s_naflex_commands_run(folder, tmp_path, monkeypatch, capsys):
+    """docs/guide/checkpoints.md's NaFlex train / predict / eval / finetune commands, as
+    written; substitutes: the
     test's folder for the data, files for the images, a short run (--max-steps 2, batch 12,
     32 px for the report)."""
     import shlex
 
-    from test_readme import readme_commands
+    from doc_commands import page_commands
 
     monkeypatch.chdir(tmp_path)
     short = ["--max-steps", "2", "--batch-size", "12", "--threads", "1", "--no-progress"]
     short += ["--image-size", "32"]  # the report's fixed-size analysis (finetune's recipe: 384)
-    commands = [c for c in readme_commands() if "--max-seq-len" in c and "runs/naflex" in c]
+    commands = page_commands("docs/guide/checkpoints.md")
+    commands = [c for c in commands if "--max-seq-len" in c and "runs/naflex" in c]
     assert [shlex.split(c)[1] for c in commands] == ["train", "predict", "eval", "finetune"]
     for command in commands:
         args = [str(folder) if a.startswith("path/to/") else a for a in shlex.split(command)[1:]]

@@ -245,16 +245,17 @@ def test_bare_weights_of_other_timm_modules_are_refused_by_what_they_are(tmp_pat
         read_checkpoint(bare(ref, tmp_path))
 
 
-def test_readme_stating_what_a_bare_file_does_not_say_runs(tmp_path, capsys):
-    """The README's predict line as written, on a bare CLIP quick-GELU tower and a PNG: every
-    guess stated, so nothing is assumed, and the top-5 is printed."""
+def test_the_guide_s_stating_what_a_bare_file_does_not_say_runs(tmp_path, capsys):
+    """docs/guide/checkpoints.md's predict line as written, on a bare CLIP quick-GELU tower and
+    a PNG: every guess stated, so nothing is assumed, and the top-5 is printed."""
     import shlex
 
     import numpy as np
+    from doc_commands import page_commands
     from PIL import Image
-    from test_readme import readme_commands
 
-    (line,) = [c for c in readme_commands() if "predict" in c and "-o gelu=quick" in c]
+    commands = page_commands("docs/guide/checkpoints.md")
+    (line,) = [c for c in commands if "predict" in c and "-o gelu=quick" in c]
     ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
     bare(ref, tmp_path)
     rgb = np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8)
