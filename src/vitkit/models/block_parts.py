@@ -1,6 +1,6 @@
 """The small pieces every kind of encoder block shares: the config's norm, stochastic depth and
-an additive attention bias at the logits' precision. Here rather than in model.py so that
-vitkit.models.parallel_blocks, which model.py imports, uses the same ones."""
+an additive attention bias at the logits' precision. Here rather than in vit.py so that
+vitkit.models.parallel_blocks, which vit.py imports, uses the same ones."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ vitkit's single-file format.
 
 A distributed checkpoint is a vitkit checkpoint directory whose weights are DCP shards::
 
-    config.json          as in io.py (model config, preprocessing, class names, meta)
+    config.json          as in safetensors_io.py (model config, preprocessing, class names, meta)
     train_state.json     step, epoch, position, RNG, run config; optimizer hyper-parameters
     dcp/                 shard-NNNNN-model-00001-of-00001.safetensors, one per rank that
                          holds tensors: model weights ("model.<name>") and optimizer state
@@ -18,7 +18,7 @@ size: DCP reads the chunks each rank needs. State dicts are taken and set with
 get/set_optimizer_state_dict), which name every tensor by its parameter's name, so DDP, FSDP2
 and a plain module save and load the same keys.
 
-Writing is atomic as in io.py: all ranks write into ``.NAME.tmp-dcp``; rank 0 adds the JSON
+Writing is atomic as in safetensors_io.py: all ranks write into ``.NAME.tmp-dcp``; rank 0 adds the JSON
 files, fsyncs and renames the directory into place once every rank is done.
 """
 
