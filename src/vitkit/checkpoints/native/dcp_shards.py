@@ -1,9 +1,9 @@
 """The weights of a distributed checkpoint: the ``dcp/`` shards written by
 ``torch.distributed.checkpoint`` (DCP) through its Hugging Face storage layer, and reading them.
 
-The bottom of the checkpoint modules: safetensors_io.py reads a distributed checkpoint's model weights with
-`read_model_state` (so ``load_checkpoint`` takes either kind of checkpoint), distributed.py saves
-and loads shards with the same layout. The layout of the whole directory is in distributed.py.
+The bottom of the checkpoint modules: safetensors_io.py reads a distributed checkpoint's model
+weights with `read_model_state` (so ``load_checkpoint`` takes either kind of checkpoint), sharded.py
+saves and loads shards with the same layout. The layout of the whole directory is in sharded.py.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ size: DCP reads the chunks each rank needs. State dicts are taken and set with
 get/set_optimizer_state_dict), which name every tensor by its parameter's name, so DDP, FSDP2
 and a plain module save and load the same keys.
 
-Writing is atomic as in safetensors_io.py: all ranks write into ``.NAME.tmp-dcp``; rank 0 adds the JSON
-files, fsyncs and renames the directory into place once every rank is done.
+Writing is atomic as in safetensors_io.py: all ranks write into ``.NAME.tmp-dcp``; rank 0 adds the
+JSON files, fsyncs and renames the directory into place once every rank is done.
 """
 
 from __future__ import annotations
