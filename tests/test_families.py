@@ -148,6 +148,8 @@ def test_models_command_lists_the_family(capsys):
         ("vit_base_patch16_224.mae", "ViT-B/16 (the paper's), 224 px"),
         ("B/32", "ViT-B/32 (the paper's), 224 px"),
         ("r50_vit_b16", "R(3,4,9)x1+ViT-B/16 (the paper's), 224 px"),
+        # a size outside the table is named once, not "ViT-ViT-w32-..."
+        ("vit_ti16", "ViT-Ti/16 (the paper's), 224 px"),
     ],
 )
 def test_family_name_from_the_switches(name, family):
@@ -159,6 +161,14 @@ def test_family_name_from_the_switches(name, family):
 def test_family_name_of_timm_gap_and_non_square():
     cfg = model_config("S/16", pool="gap", class_token=True, fc_norm=True, image_size=(224, 160))
     assert family_name(cfg) == "timm GAP ViT (fc_norm) S/16, gap pool + fc_norm, 224x160 px"
+
+
+def test_family_name_of_sizes_outside_the_table():
+    """The paper's layout at a size of no table row: "ViT-w32-d2-h2/4" once, not twice."""
+    cfg = model_config("Ti/4", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=8)
+    assert family_name(cfg) == "ViT-w32-d2-h2/4 (the paper's), 8 px"
+    hybrid = model_config("r26_vit_s32", width=32, depth=2, num_heads=2, mlp_dim=64)
+    assert family_name(hybrid).startswith("R(2,2,2,2)x1+ViT-w32-d2-h2/32 (the paper's)")
 
 
 def test_inspect_names_the_family_of_a_timm_folder(tmp_path, capsys):

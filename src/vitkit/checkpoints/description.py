@@ -57,8 +57,9 @@ def family_name(cfg: ViTConfig) -> str:
         family = "ViT variant"
     else:
         family, size = "", f"{size} (the paper's)"
-    if not family:  # the paper's: "ViT-B/16", "R(3,4,9)x1+ViT-B/16"
-        size = size.replace("+", "+ViT-") if cfg.is_hybrid else f"ViT-{size}"
+    if not family:  # the paper's: "ViT-B/16", "R(3,4,9)x1+ViT-B/16"; "ViT-w64-d6-h4/4" as it is
+        head, plus, vit = size.rpartition("+")
+        size = f"{head}{plus}{vit if vit.startswith('ViT-') else 'ViT-' + vit}"
     details += _block_details(cfg)
     if cfg.num_reg_tokens:
         details.append(f"{cfg.num_reg_tokens} registers")
