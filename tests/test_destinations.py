@@ -197,3 +197,26 @@ def test_every_file_written_follows_the_umask(
     wrong = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
     wrong = {k: v for k, v in wrong.items() if v != oct(0o666 & ~umask)}
     assert not wrong
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "{run}", "{dst}/x.onnx"],
+        ["convert", "{run}", "{dst}/b.npz", "--to", "npz"],
+        ["convert", "{run}", "{dst}/t.safetensors", "--to", "timm"],
+        ["convert", "{run}", "{dst}/t.pth", "--to", "timm"],
+        ["convert", "{run}", "{dst}/hf", "--to", "hf"],
+    ],
+)
+def test_missing_parent_directories_are_made_by_every_writer(
+    tiny_run: Path, tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """export and convert make a missing parent as train, eval and export --int8 do (they raised
+    FileNotFoundError on the temporary file)."""
+    dst = tmp_path / "missing" / "a"
+    filled = [a.format(run=tiny_run, dst=dst) for a in args]
+    code, _, err = run_cli(filled, capsys)
+    assert code == 0, err
+    assert Path(filled[2]).exists()
+    assert sorted(p.name for p in dst.iterdir()) == [Path(filled[2]).name]  # no temporary left

@@ -67,6 +67,7 @@ def write_checkpoint(
 
     dst = Path(dst)
     check_destination(dst, reads=[ckpt.path], overwrite=overwrite)
+    dst.parent.mkdir(parents=True, exist_ok=True)  # as every writer: missing parents are made
     cfg, sd = ckpt.model_config, ckpt.state_dict
     check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
     if to == "vitkit":

@@ -38,6 +38,7 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
     cfg = cast(ModelConfig, model.cfg)  # a vitkit model (ViT or BiT ResNet) carries its config
     model = model.eval().float()
     example = torch.zeros(2, cfg.in_chans, *cfg.image_size)
+    path.parent.mkdir(parents=True, exist_ok=True)  # as every writer: missing parents are made
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
     kwargs: dict[str, Any] = {} if opset is None else {"opset_version": opset}
     with warnings.catch_warnings():
