@@ -543,7 +543,16 @@ MORE_BAD_CONTENT = {
     "version-str": lambda c: c.update(version="2"),  # raw TypeError
     "mean-str": lambda c: c["preprocess"].update(mean="x"),  # raw ValueError
     "class-names-int": lambda c: c.update(class_names=5),  # raw TypeError
+    # fewer names than outputs: inspect passed it and predict raised IndexError
+    "class-names-short": lambda c: c.update(class_names=c["class_names"][:1] or ["only"]),
+    "class-names-long": lambda c: c.update(class_names=[str(i) for i in range(999)]),
 }
+
+
+def test_class_names_that_do_not_fit_the_head_are_not_written(tmp_path):
+    with pytest.raises(VitkitError, match="2 class names for a head of"):
+        save_checkpoint(tmp_path / "c", tiny(), class_names=["a", "b"])
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize(

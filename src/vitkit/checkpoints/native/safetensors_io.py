@@ -162,6 +162,10 @@ def save_checkpoint(
     path = Path(path)
     cfg: ModelConfig = model.cfg  # type: ignore[assignment]
     preprocess = preprocess or PreprocessConfig.for_model(cfg)
+    if class_names and len(class_names) != cfg.num_classes:  # a file vitkit would not read
+        raise VitkitError(
+            f"{path}: {len(class_names)} class names for a head of {cfg.num_classes} outputs"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer
         shutil.rmtree(stale, ignore_errors=True)
@@ -273,6 +277,11 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
         meta = dict(config.get("meta", {}))
     except (KeyError, TypeError, ValueError, VitkitError) as e:
         raise VitkitError(f"{p / CONFIG}: malformed checkpoint config ({e})") from None
+    if class_names and len(class_names) != model_cfg.num_classes:
+        raise VitkitError(
+            f"{p / CONFIG}: {len(class_names)} class_names for a head of "
+            f"{model_cfg.num_classes} outputs; give one name per output, or none"
+        )
     train_state = None
     if with_train_state:
         if not (p / TRAIN_JSON).is_file():
