@@ -580,3 +580,13 @@ def test_sample_dataset_streams_the_first_images_of_webdataset_shards(tmp_path: 
     assert data.images.shape == (150, 1, 8, 8) and data.boxes is None
     first = next(iter(make_loader(shards, 150, shuffle=False, drop_last=False, seed=0)))
     assert data.labels.tolist() == first[1].tolist()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{bad", b"{bad", b"[1, 2]"])
+def test_a_run_report_that_is_not_json_text_is_one_line(tmp_path: Path, content: bytes) -> None:
+    """``vitkit analyze`` of a run whose report.json is not UTF-8 JSON (an object) names it."""
+    from vitkit.analysis.summary import training_sections
+
+    (tmp_path / "report.json").write_bytes(content)
+    with pytest.raises(VitkitError, match="report.json: "):
+        training_sections(tmp_path)

@@ -486,8 +486,10 @@ def training_sections(run_dir: str | os.PathLike[str]) -> list[Section]:
     if report_path.is_file():
         try:
             report = json.loads(report_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise VitkitError(f"{report_path}: unreadable run report ({e})") from None
+        if not isinstance(report, dict):
+            raise VitkitError(f"{report_path}: a run report is a JSON object, not {report!r:.40}")
         rows: list[list[object]] = []
         for split in ("test", "val"):
             for key in ("top1", "top5", "loss"):
