@@ -220,3 +220,20 @@ def test_missing_parent_directories_are_made_by_every_writer(
     assert code == 0, err
     assert Path(filled[2]).exists()
     assert sorted(p.name for p in dst.iterdir()) == [Path(filled[2]).name]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    "where", ["{run}/checkpoints/{step}", "{run}/checkpoints/{step}/new", "{run}/sub"]
+)
+def test_a_run_is_never_made_inside_a_run_or_a_checkpoint(
+    run: Path, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train --out-dir RUN/checkpoints/step_N`` wrote the new run into the old checkpoint, and
+    ``eval --from`` it then evaluated the new model under the old checkpoint's name."""
+    step = (run / "checkpoints" / "LATEST").read_text().strip()
+    before = snapshot(run)
+    out = where.format(run=run, step=step)
+    code, _, err = run_cli(["train", *SHORT, "--out-dir", out], capsys)
+    assert code != 0
+    assert "a run directory is never made" in err, err
+    assert snapshot(run) == before

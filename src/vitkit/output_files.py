@@ -129,3 +129,29 @@ __all__ = [
     "read_paths",
     "set_file_mode",
 ]
+
+
+def _holds_run_or_checkpoint(d: Path) -> str:
+    """What ``d`` is, if it is a run directory or a checkpoint ("" if neither)."""
+    if (d / "checkpoints" / "LATEST").is_file() or (d / "train_config.json").is_file():
+        return "a run directory"
+    weights = ("model.safetensors", "dcp")
+    if (d / "config.json").is_file() and any((d / w).exists() for w in weights):
+        return "a checkpoint"
+    return ""
+
+
+def check_run_dir(out: str | os.PathLike[str]) -> None:
+    """Refuse a new run's directory that is a checkpoint, or lies inside a checkpoint or a run
+    directory (``RUN/checkpoints/step_N``): the new run would be read back under the old one's
+    name. (``out`` itself holding a run is the trainer's to judge: refused unless resumed.)"""
+    target = Path(out).resolve()
+    if _holds_run_or_checkpoint(target) == "a checkpoint":
+        raise VitkitError(f"{out}: is a checkpoint; a run directory is never made in one")
+    for parent in target.parents:
+        kind = _holds_run_or_checkpoint(parent)
+        if kind:
+            raise VitkitError(
+                f"{out}: lies inside {parent}, {kind}; a run directory is never made inside "
+                "a run or a checkpoint: choose another --out-dir"
+            )

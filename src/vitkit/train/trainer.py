@@ -41,6 +41,7 @@ from vitkit.errors import VitkitError
 from vitkit.eval import ClassificationResult, evaluate_classification
 from vitkit.eval.tta import JitterTTA
 from vitkit.hardware import is_out_of_memory, out_of_memory_message
+from vitkit.output_files import check_run_dir
 from vitkit.train import distributed as D
 from vitkit.train import run_report
 from vitkit.train.augment import mix
@@ -260,6 +261,7 @@ class Trainer(TrainingRun):
 
         cfg = self.cfg
         main = self.dist.is_main
+        check_run_dir(self.out)  # never inside a run or a checkpoint (nor one itself)
         self.out.mkdir(parents=True, exist_ok=True)
         resumed = cfg.resume and self.restore()
         if not resumed:
