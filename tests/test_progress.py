@@ -53,13 +53,17 @@ def test_a_logged_run_writes_a_line_per_epoch_and_keeps_one_report(
     lines = err.splitlines()
     for epoch in (1, 2):
         assert sum(line.startswith(f"epoch {epoch}/2: 5/5, loss=") for line in lines) == 1, err
-    # One report.html per run: 'vitkit analyze' on the run rewrites it, adds no second one.
+    # One report.html per run; 'vitkit analyze' on the run never replaces what train wrote
+    # (RUN/analysis, RUN/report.html) without --overwrite: it moves on to RUN/analysis-2.
     assert [p.relative_to(run) for p in run.rglob("report.html")] == [Path("report.html")]
-    before = (run / "report.html").read_text()
+    before = {p: p.read_bytes() for p in [run / "report.html", *(run / "analysis").iterdir()]}
     assert main(["analyze", "--from", str(run), "--num-images", "16"]) == 0
-    assert [p.relative_to(run) for p in run.rglob("report.html")] == [Path("report.html")]
+    assert {p: p.read_bytes() for p in before} == before
+    assert (run / "analysis-2" / "report.html").is_file()
+    assert str(run / "analysis-2" / "report.html") in capsys.readouterr().out
+    assert main(["analyze", "--from", str(run), "--num-images", "16", "--overwrite"]) == 0
     after = (run / "report.html").read_text()
-    assert after != before and "checkpoints" in after and ">Training</h2>" in after
+    assert after != before[run / "report.html"].decode() and ">Training</h2>" in after
     assert str(run / "report.html") in capsys.readouterr().out
 
 

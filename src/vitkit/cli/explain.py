@@ -24,7 +24,7 @@ from vitkit.cli.options import (
     set_threads,
 )
 from vitkit.errors import VitkitError
-from vitkit.output_files import check_destination, fresh_directory
+from vitkit.output_files import fresh_directory
 
 HEAD_FUSION = ("mean", "max", "min")
 
@@ -182,13 +182,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             "attention distance and rollout are skipped",
             file=sys.stderr,
         )
-    out = output_dir(args.out, ckpt.path, "analysis")
-    # A run's own analysis (no --out) is rewritten with its report.html: a run keeps one.
-    check_destination(
-        out,
-        reads=[ckpt.path],
+    # One rule with eval and explain: a default place holding an earlier analysis moves on to
+    # analysis-2, -3, ...; a given --out is refused; --overwrite replaces the files written.
+    out = fresh_directory(
+        output_dir(args.out, ckpt.path, "analysis"),
+        given=args.out is not None,
+        overwrite=args.overwrite,
         writes=[*FILES.values(), "report.html"],
-        overwrite=args.overwrite or args.out is None,
+        reads=[ckpt.path],
     )
     result = analyze_model(
         model,
@@ -200,8 +201,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
-    # A run keeps one report.html: analysing its checkpoint (without --out) rewrites the run's.
-    page = run_dir / "report.html" if run_dir is not None and args.out is None else None
+    # The run's own report.html is the page of its own analysis (RUN/analysis): written when it
+    # is absent or with --overwrite; a moved-on analysis gets a page of its own.
+    own = run_dir is not None and out == run_dir / "analysis"
+    page = run_dir / "report.html" if run_dir is not None and own else None
+    if page is not None and page.exists() and not args.overwrite:
+        page = None
     report = write_report(
         page or out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
     )
