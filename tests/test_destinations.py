@@ -237,3 +237,15 @@ def test_a_run_is_never_made_inside_a_run_or_a_checkpoint(
     assert code != 0
     assert "a run directory is never made" in err, err
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("to", ["vitkit", "timm", "hf"])
+def test_convert_never_writes_into_the_run_it_reads(
+    run: Path, to: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``convert RUN RUN --to vitkit --overwrite`` wrote config.json and the weights into the
+    run directory it read: the run then read as a checkpoint."""
+    before = snapshot(run)
+    code, _, err = run_cli(["convert", str(run), str(run), "--to", to, "--overwrite"], capsys)
+    assert code == 2 and "holds" in err and "checkpoint read" in err, err
+    assert snapshot(run) == before

@@ -67,6 +67,11 @@ def write_checkpoint(
 
     dst = Path(dst)
     check_destination(dst, reads=[ckpt.path], overwrite=overwrite)
+    if dst.resolve() in Path(ckpt.path).resolve().parents:  # convert RUN RUN: a run would
+        raise VitkitError(  # then read as a checkpoint, its own checkpoints/ hidden
+            f"{dst}: holds {ckpt.path}, the checkpoint read; a checkpoint is never written "
+            "into a directory that holds the one read (--overwrite or not): choose another"
+        )
     dst.parent.mkdir(parents=True, exist_ok=True)  # as every writer: missing parents are made
     cfg, sd = ckpt.model_config, ckpt.state_dict
     check_weights_fit(cfg, sd, config_source=str(ckpt.path), source=str(ckpt.path))
