@@ -6,8 +6,10 @@ from __future__ import annotations
 import builtins
 import json
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vitkit
 from vitkit.checkpoints import save_checkpoint
@@ -88,6 +90,22 @@ def test_fp32_through_an_engine_and_fast_say_which(ckpt, capsys, tmp_path):
     fastest = "openvino" if available("openvino") else "onnxruntime"
     assert fast_out[0].startswith(f"engine: {fastest}, fp32 (--fast")
     assert fast_out[1] == torch_out[1]  # the same labels and probabilities to 0.1 %
+
+
+def test_an_engine_an_export_cannot_run_names_one_it_can(ckpt, capsys):
+    """``predict --engine torch`` on an int8 export said "export it again with --engine torch",
+    which export does not accept."""
+    d, _ = ckpt
+    out = d / "q-named"
+    args = ["export", str(d / "ck"), str(out), "--int8", "--engine", "onnxruntime"]
+    assert main([*args, "--calib-images", "8"]) == 0
+    img = d / "digit.png"
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(img)
+    capsys.readouterr()
+    assert main(["predict", "--from", str(out), str(img), "--engine", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine onnxruntime or openvino" in err and "fp32 checkpoint" in err, err
+    assert "again with --engine torch" not in err
 
 
 def test_missing_engine_is_one_line_naming_the_extra(monkeypatch):

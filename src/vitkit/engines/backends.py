@@ -145,14 +145,17 @@ def load_engine_dir(
     info, ckpt = read_engine_dir(path)
     engine = engine or str(info["engine"])
     files = {str(k): str(v) for k, v in info.get("files", {}).items()}
+    if engine == "torch":  # (export --int8 writes no torch model: say what runs it)
+        raise VitkitError(
+            f"{path}: an exported int8 model runs under onnxruntime or openvino (--engine "
+            "onnxruntime or openvino); for torch, give the fp32 checkpoint it was exported from"
+        )
     if engine not in files:
         written = ", ".join(files) or "none"
         raise VitkitError(
             f"{path}: holds a model for {written}, not {engine}; export it again with "
-            f"--engine {engine}"
+            f"--int8 --engine {engine}"
         )
-    if engine == "torch":
-        raise VitkitError(f"{path}: an exported model runs under onnxruntime or openvino")
     run = RUNNERS[engine](Path(path) / files[engine], threads)
     return EngineModel(run, engine, str(info.get("precision", "int8"))), ckpt
 
