@@ -41,3 +41,32 @@ def test_export_cli_matches_pytorch_for_any_batch(tmp_path, capsys, kw):
         with torch.no_grad():
             assert np.abs(out - model.eval()(x).numpy()).max() <= 1e-4
     assert not list(tmp_path.glob(".m.onnx.tmp*"))
+
+
+def test_export_prints_only_its_own_lines(tmp_path):
+    """Piped (``vitkit export ... | cat``), export printed torch.onnx's progress lines with
+    emoji, and ``export --int8 --static`` ONNX Runtime's pre-processing hint twice; only
+    vitkit's lines are printed now (a real process, its output piped)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=10, width=32, depth=1, num_heads=2, mlp_dim=64
+    )
+    save_checkpoint(tmp_path / "ck", model, meta={"dataset": "digits"})
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    ck = str(tmp_path / "ck")
+    for args in (
+        [ck, str(tmp_path / "m.onnx")],
+        [ck, str(tmp_path / "q"), "--int8", "--engine", "onnxruntime", "--static"],
+    ):
+        args += ["--calib-images", "8"] if "--int8" in args else []
+        cmd = [sys.executable, "-m", "vitkit", "export", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed = done.stdout + done.stderr
+        assert "[torch.onnx]" not in printed and "pre-processing" not in printed, printed
+        assert printed.startswith(("wrote", "calibrating")), printed

@@ -11,6 +11,8 @@ temporary name and renamed, so an interrupted export leaves nothing half-written
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import warnings
 from pathlib import Path
@@ -41,8 +43,9 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
     path.parent.mkdir(parents=True, exist_ok=True)  # as every writer: missing parents are made
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
     kwargs: dict[str, Any] = {} if opset is None else {"opset_version": opset}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's own deprecation chatter
+    # the exporter's own deprecation chatter and its progress lines ("[torch.onnx] ... ✅")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
             (example,),
