@@ -138,3 +138,30 @@ def test_a_bad_model_is_refused_before_torchrun_spawns_ranks(
     assert main([*args, "-o", "width=64"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "vitkit: error: --model Ti/2: width 64 is not divisible by num_heads 3"
+
+
+def test_an_unknown_model_option_is_one_message_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o bogus=1`` on a reading command printed ``ViTConfig.__init__() got an unexpected
+    keyword argument``; train said ``unknown model option(s): bogus``: one message now."""
+    from PIL import Image
+
+    from vitkit.checkpoints import save_checkpoint
+    from vitkit.models.vit import create_model
+
+    model = create_model("Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=8)
+    ck = str(save_checkpoint(tmp_path / "ck", model))
+    img = tmp_path / "i.png"
+    Image.new("RGB", (8, 8)).save(img)
+    for args in (
+        ["train", "--smoke", "--data", "digits"],
+        ["inspect", ck],
+        ["eval", "--from", ck, "--data", "digits"],
+        ["predict", "--from", ck, str(img)],
+        ["convert", ck, str(tmp_path / "out"), "--to", "hf"],
+        ["export", ck, str(tmp_path / "m.onnx")],
+    ):
+        assert main([*args, "-o", "bogus=1"]) == 2, args
+        err = capsys.readouterr().err
+        assert err.strip() == "vitkit: error: unknown model option(s): bogus", (args, err)

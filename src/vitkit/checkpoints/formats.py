@@ -67,7 +67,8 @@ from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.errors import VitkitError
 from vitkit.models.posemb_resample import Resample
-from vitkit.registry.model_config import PreprocessConfig, ViTConfig
+from vitkit.registry.config_checks import check_fields
+from vitkit.registry.model_config import PreprocessConfig, ResNetConfig, ViTConfig
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
@@ -282,10 +283,11 @@ def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Ch
             raise VitkitError(f"{p}: preprocessing {_spelled(pre)}: {e}") from None
         prov.give(pre)  # (stating mean silences the paper's-preprocessing line)
     if overrides:
+        cls = type(ckpt.model_config)  # one message with train's: "unknown model option(s): x"
+        what = "ResNet model option(s)" if cls is ResNetConfig else "model option(s)"
+        check_fields(cls, overrides, what)
         try:
             ckpt.model_config = ckpt.model_config.replace(**overrides)
-        except TypeError as e:
-            raise VitkitError(f"unknown model option: {e}") from None
         except VitkitError as e:
             raise VitkitError(f"{p}: {_spelled(overrides)}: {e}") from None
         try:
