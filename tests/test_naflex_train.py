@@ -103,6 +103,11 @@ def test_naflex_training_learns_and_predict_reads_the_checkpoint(folder, tmp_pat
     found = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
     right = sum(rec["top_k"][0]["label"] == f.parent.name for rec, f in zip(found, files))
     assert len(found) == 9 and right >= 7
+    # without --max-seq-len, the run's own (it silently resized to the fixed size before)
+    assert main(args[: args.index("--max-seq-len")] + ["--json"]) == 0
+    printed = capsys.readouterr()
+    assert "trained with --max-seq-len 16" in printed.err
+    assert [json.loads(x) for x in printed.out.splitlines() if x.strip()] == found
     # eval packs the test split as the run's own final evaluation did: the same numbers
     ev = tmp_path / "ev"
     assert main(["eval", "--from", str(out), "--max-seq-len", "16", "--out", str(ev)]) == 0
@@ -110,6 +115,9 @@ def test_naflex_training_learns_and_predict_reads_the_checkpoint(folder, tmp_pat
     assert result["max_seq_len"] == 16 and result["num_samples"] == 3 * 18
     assert result["top1"] == report["test_top1"]
     assert result["loss"] == pytest.approx(report["test_loss"], rel=1e-6)
+    ev2 = tmp_path / "ev2"
+    assert main(["eval", "--from", str(out), "--out", str(ev2)]) == 0  # the run's own
+    assert json.loads((ev2 / "eval.json").read_text())["top1"] == report["test_top1"]
     capsys.readouterr()
     bad = ["eval", "--from", str(out), "--max-seq-len", "16", "--tta-shift", "1"]
     assert main([*bad, "--out", str(tmp_path / "bad")]) == 2

@@ -199,6 +199,8 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         if args.max_seq_len is not None:
             raise VitkitError("--tta-* moves whole images; it does not take --max-seq-len")
         model = JitterTTA(model, *jitter)
+    elif not isinstance(model, Recorder):
+        args.max_seq_len = run_max_seq_len(args.max_seq_len, ckpt)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
@@ -292,11 +294,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model, ckpt, engine_line = load_for_inference(args, args.ckpt)
     if args.engine or args.fast or ckpt.format == "vitkit-engine":
         print(engine_line, file=sys.stderr if args.json else sys.stdout)
+    max_seq_len = run_max_seq_len(args.max_seq_len, ckpt)
     for path, preds in zip(
-        args.images, predict_files(model, ckpt, args.images, args.top_k, args.max_seq_len)
+        args.images, predict_files(model, ckpt, args.images, args.top_k, max_seq_len)
     ):
         if args.json:
             print(json.dumps({"image": str(path), "top_k": preds}))
         else:
             print(f"{path}: {format_top_k(preds)}")
     return 0
+
+
+def run_max_seq_len(given: int | None, ckpt: Any) -> int | None:
+    """``--max-seq-len`` as given, else a NaFlex run's own (each image at its aspect ratio, as
+    it trained and was tested), said in one line; None: the model's fixed image size."""
+    if given is not None or not getattr(ckpt.model_config, "naflex", False):
+        return given
+    trained = ckpt.meta.get("train_config")
+    seq = trained.get("max_seq_len") if isinstance(trained, dict) else None
+    if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0:
+        print(
+            f"{ckpt.path}: a NaFlex run trained with --max-seq-len {seq}: each image at its "
+            "aspect ratio, as in training (--max-seq-len N to change)",
+            file=sys.stderr,
+        )
+        return seq
+    return None
