@@ -108,6 +108,30 @@ def test_an_engine_an_export_cannot_run_names_one_it_can(ckpt, capsys):
     assert "again with --engine torch" not in err
 
 
+def test_an_export_killed_before_its_end_leaves_nothing_a_later_one_keeps(ckpt):
+    """``export --int8`` killed (SIGKILL) left its hidden ``.OUT.tmp-*`` directory, which no
+    later run removed; the next export into the directory removes a dead writer's, and only
+    that (a live process's stays)."""
+    import os
+    import subprocess
+    import sys
+
+    d, _ = ckpt
+    out = d / "q-killed"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = out / f".{out.name}.tmp-{dead.pid}"
+    stale.mkdir()
+    (stale / "fp32.onnx").write_bytes(b"half")
+    live = out / f".{out.name}.tmp-{os.getppid()}"  # a running process (pytest's parent)
+    live.mkdir()
+    args = ["export", str(d / "ck"), str(out), "--int8", "--engine", "onnxruntime"]
+    assert main([*args, "--calib-images", "8"]) == 0
+    assert not stale.exists() and live.is_dir()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["engine.json", "model.onnx", live.name])
+
+
 def test_missing_engine_is_one_line_naming_the_extra(monkeypatch):
     real = builtins.__import__
 

@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -260,7 +259,13 @@ def export_int8(
         raise VitkitError("the openvino engine quantizes with calibration images only")
     created = not out.exists()  # removed again if the export fails: no empty directory left
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out))
+    for stale in out.glob(f".{out.name}.tmp-*"):  # left by an export killed before its end
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
             fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
@@ -294,6 +299,17 @@ def export_int8(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def directory_size(path: Path, names: tuple[str, ...]) -> int:
