@@ -229,3 +229,37 @@ def test_mnist_best_smoke_keeps_the_hybrid_root_and_runs_from_the_cli(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["model_config"]["resnet_layers"] == [] and report["steps"] == 6
     assert report["model_config"]["patch_size"] == [1, 1]
+
+
+def test_a_bare_file_that_needs_its_heads_stated_can_be_finetuned(tmp_path, capsys):
+    """A bare timm DeiT (distilled) of width 64, which timm does not register, says nothing of
+    its heads: ``finetune -o num_heads=4`` was refused with "pass num_heads (--num-heads N)",
+    an option finetune does not have; ``-o num_heads`` now reaches the reading, as
+    ``--num-heads`` does for eval and predict, and the file's weights are what trains."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from references import import_reference
+
+    timm = import_reference("timm")
+    m = timm.create_model(
+        "deit_tiny_distilled_patch16_224",
+        embed_dim=64,
+        num_heads=4,
+        depth=2,
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+    )
+    bare = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(bare))
+    args = ["finetune", "--from", str(bare), "--data", "digits", "--smoke", "--no-progress"]
+    out = tmp_path / "ft"
+    assert main([*args, "--out-dir", str(out)]) == 2
+    assert "num_heads" in capsys.readouterr().err
+    assert main([*args, "-o", "num_heads=4", "--image-size", "16", "--out-dir", str(out)]) == 0
+    ckpt = load_checkpoint(out)
+    assert ckpt.model_config.num_heads == 4 and ckpt.model_config.width == 64

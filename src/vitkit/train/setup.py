@@ -71,12 +71,15 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
     k = info.num_classes
     # settings a checkpoint does not say (-o gelu=quick on a bare file): stated when reading
     # it, so nothing is assumed; a setting the file does say is the fine-tuning check's below
+    # -o num_heads=N is also the reading hint a bare state dict of a width timm does not
+    # register needs (heads are never in the weights), as --num-heads is for eval / predict
+    heads = cfg.model_overrides.get("num_heads")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the read below says what is still assumed)
-        sources = read_checkpoint(cfg.init_from).provenance  # type: ignore[arg-type]
+        sources = read_checkpoint(cfg.init_from, num_heads=heads).provenance  # type: ignore[arg-type]
     assumed = {f for f, s in (sources.sources if sources else {}).items() if s == "assumed"}
     stated = {f: v for f, v in cfg.model_overrides.items() if f in assumed}
-    probe = read_checkpoint(cfg.init_from, overrides=stated)  # type: ignore[arg-type]
+    probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
     size = cfg.image_size or info.image_size
     if not cfg.new_head and probe.model_config.num_classes != k:
         raise VitkitError(
