@@ -23,7 +23,6 @@ names them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pickle
 import re
@@ -57,6 +56,7 @@ from vitkit.checkpoints.native.safetensors_io import (
     load_checkpoint,
     load_state_dict_strict,
 )
+from vitkit.checkpoints.overrides_applied import apply_overrides
 from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
@@ -67,8 +67,7 @@ from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.errors import VitkitError
 from vitkit.models.posemb_resample import Resample
-from vitkit.registry.config_checks import check_fields
-from vitkit.registry.model_config import PreprocessConfig, ResNetConfig, ViTConfig
+from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
@@ -244,8 +243,8 @@ def read_checkpoint(
     stated = dict(overrides or {})
     if num_heads is not None:  # (every format: a file that says its heads must agree)
         stated = {"num_heads": num_heads, **stated}
-    ckpt = _apply_overrides(ckpt, stated, p)
-    if fmt != "vitkit":  # (load_checkpoint has checked its own, _apply_overrides the rest)
+    ckpt = apply_overrides(ckpt, stated, p)
+    if fmt != "vitkit":  # (load_checkpoint has checked its own, apply_overrides the rest)
         check_weights_fit(ckpt.model_config, ckpt.state_dict, config_source=str(p), source=str(p))
     if fmt != "vitkit":
         ckpt.meta = {**ckpt.meta, "converted_from": {"format": fmt, "path": str(p)}}
@@ -265,44 +264,7 @@ def read_checkpoint(
 
 
 # preprocessing fields a caller may state when loading (-o mean=...); not the model's size
-_PREPROCESS_FIELDS = ("mean", "std", "interpolation", "crop_pct", "resize", "rescale_factor")
 _PRE = ("mean", "std", "interpolation", "crop_pct")  # the ones provenance lists
-
-
-def _apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Checkpoint:
-    """The caller's config fields over what was read or assumed; every field gets a source."""
-    prov = ckpt.provenance or Provenance()
-    pre = {k: overrides.pop(k) for k in _PREPROCESS_FIELDS if k in overrides}
-    if pre:
-        for k in ("mean", "std"):  # one value for every channel, or one per channel
-            if k in pre and not isinstance(pre[k], (list, tuple)):
-                pre[k] = (pre[k],) * ckpt.preprocess.channels
-        try:
-            ckpt.preprocess = dataclasses.replace(ckpt.preprocess, **pre)
-        except (TypeError, ValueError) as e:
-            raise VitkitError(f"{p}: preprocessing {_spelled(pre)}: {e}") from None
-        prov.give(pre)  # (stating mean silences the paper's-preprocessing line)
-    if overrides:
-        cls = type(ckpt.model_config)  # one message with train's: "unknown model option(s): x"
-        what = "ResNet model option(s)" if cls is ResNetConfig else "model option(s)"
-        check_fields(cls, overrides, what)
-        try:
-            ckpt.model_config = ckpt.model_config.replace(**overrides)
-        except VitkitError as e:
-            raise VitkitError(f"{p}: {_spelled(overrides)}: {e}") from None
-        try:
-            check_weights_fit(
-                ckpt.model_config, ckpt.state_dict, config_source="the settings", source=str(p)
-            )
-        except VitkitError as e:
-            raise VitkitError(f"{p}: {_spelled(overrides)} does not fit its weights: {e}") from None
-        prov.give(overrides)
-    ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
-    return ckpt
-
-
-def _spelled(overrides: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in overrides.items())
 
 
 def adapt_checkpoint(
