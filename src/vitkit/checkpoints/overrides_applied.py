@@ -39,13 +39,13 @@ def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Che
             ckpt.model_config = ckpt.model_config.replace(**overrides)
         except VitkitError as e:
             raise VitkitError(f"{p}: {_spelled(overrides)}: {e}") from None
-        _refuse_contradictions(p, prov, before, ckpt.model_config.to_dict(), overrides)
         try:
             check_weights_fit(
                 ckpt.model_config, ckpt.state_dict, config_source="the settings", source=str(p)
             )
         except VitkitError as e:
             raise VitkitError(f"{p}: {_spelled(overrides)} does not fit its weights: {e}") from None
+        _refuse_contradictions(p, prov, before, ckpt.model_config.to_dict(), overrides)
         prov.give(overrides)
     ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
     return ckpt
