@@ -272,3 +272,25 @@ def test_the_guide_s_stating_what_a_bare_file_does_not_say_runs(tmp_path, capsys
 
     (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(row["top_k"]) == 5 and row["top_k"][0]["prob"] >= row["top_k"][1]["prob"]
+
+
+def test_a_value_given_when_converting_travels_as_given(tmp_path, capsys):
+    """``convert --num-heads 4`` of a bare file wrote a config whose provenance then said the
+    file stated the heads; the converted checkpoint keeps "given" (and "assumed") as they were
+    when it was read, and a later read says so."""
+    from vitkit.checkpoints import read_checkpoint
+
+    ref = timm_model("deit_tiny_patch16_224", embed_dim=64, num_heads=4, depth=1, img_size=32)
+    src = bare(ref, tmp_path)
+    out = tmp_path / "converted"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)
+        assert main(["convert", str(src), str(out), "--to", "vitkit", "--num-heads", "4"]) == 0
+    sources = read_checkpoint(out).provenance.sources  # type: ignore[union-attr]
+    assert sources["num_heads"] == "given"
+    assert sources["mean"] == "assumed"  # the paper's preprocessing, assumed at conversion
+    assert sources["width"] == "file"
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    given = [x for x in capsys.readouterr().out.splitlines() if "given when loading" in x]
+    assert given == ["  given when loading:     num_heads"], given

@@ -57,7 +57,7 @@ from vitkit.checkpoints.native.safetensors_io import (
     load_state_dict_strict,
 )
 from vitkit.checkpoints.overrides_applied import apply_overrides
-from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance
+from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance, carried
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
@@ -224,6 +224,8 @@ def read_checkpoint(
     if fmt == "vitkit":
         ckpt = load_checkpoint(p)
         ckpt.provenance = Provenance().set("file", [*ckpt.model_config.to_dict(), *_PRE])
+        for source, fields in carried(ckpt.meta).items():  # a converted file's given/assumed
+            ckpt.provenance.set(source, fields, "when it was converted")
     elif fmt == "npz":
         arrays = npz_conv.canonical_arrays(npz_conv.read_npz(p))
         cfg = _wrap(lambda: npz_conv.npz_config(arrays, grid), p)

@@ -29,6 +29,22 @@ SOURCES: dict[str, str] = {
 }
 
 
+# Sources a vitkit checkpoint written by a conversion keeps in its meta ("provenance"), so that
+# reading it back says "given" / "assumed" for those fields, not "the file's own config".
+TRAVELS = ("given", "assumed")
+
+
+def carried(meta: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The fields a converted checkpoint's ``meta["provenance"]`` keeps, by source."""
+    stored = meta.get("provenance")
+    out: dict[str, list[str]] = {}
+    if isinstance(stored, Mapping):
+        for f, s in stored.items():
+            if s in TRAVELS and isinstance(f, str):
+                out.setdefault(str(s), []).append(f)
+    return out
+
+
 @dataclass(frozen=True)
 class Assumption:
     """A setting vitkit assumed: ``value`` (``why``), what else it could be, and a value to

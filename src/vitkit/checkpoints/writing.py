@@ -33,6 +33,7 @@ from vitkit.checkpoints.native.safetensors_io import (
     replace_dir,
     save_checkpoint,
 )
+from vitkit.checkpoints.provenance import TRAVELS
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
@@ -81,8 +82,12 @@ def write_checkpoint(
         if dst.exists() and not dst.is_dir():
             raise VitkitError(f"{dst}: exists and is not a directory")
         tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
+        meta = dict(ckpt.meta)
+        if ckpt.provenance is not None:  # what was given or assumed stays so (not "the file")
+            kept = {f: s for f, s in ckpt.provenance.sources.items() if s in TRAVELS}
+            meta["provenance"] = {**meta.get("provenance", {}), **kept}
         save_checkpoint(
-            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=ckpt.meta
+            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=meta
         )
         return _install_dir(tmp, dst)
     if isinstance(cfg, ResNetConfig):
