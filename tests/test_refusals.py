@@ -184,3 +184,62 @@ def test_a_setting_the_file_states_is_not_silently_replaced(
     assert "contradicts" in capsys.readouterr().err
     assert vitkit.load(ck, dropout=0.1).cfg.dropout == 0.1
     assert vitkit.load(ck, num_heads=2).cfg.num_heads == 2  # the same value: nothing changes
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        ["-o", "width=65536", "-o", "depth=1", "-o", "num_heads=1"],  # inside the ranges
+        ["-o", "width=16384", "-o", "depth=1024", "-o", "num_heads=16"],
+    ],
+)
+def test_a_model_that_cannot_fit_is_refused_before_it_is_built(
+    sizes: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sizes inside the accepted ranges whose weights cannot fit ended in allocator tracebacks
+    after gigabytes; the exact parameter count refuses them at once, with the estimate."""
+    import time
+
+    from vitkit.hardware import available_memory
+
+    if available_memory() is None:
+        pytest.skip("this platform does not say its available memory")
+    start = time.perf_counter()
+    out = tmp_path / "run"
+    assert main(["train", "--smoke", "--data", "digits", *sizes, "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "parameters, fp32) needs about" in err and "GiB" in err and "\n" not in err.strip()
+    assert time.perf_counter() - start < 30 and not out.exists()
+
+
+def test_a_sequence_that_cannot_fit_is_refused_before_any_image_is_resized(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``predict --max-seq-len 100000000`` on a NaFlex model resized the image to 10^8 patches
+    and was killed by the kernel at the machine's memory; refused at once with the estimate."""
+    from PIL import Image
+
+    from vitkit.checkpoints import save_checkpoint
+    from vitkit.hardware import available_memory
+    from vitkit.models.vit import create_model
+
+    if available_memory() is None:
+        pytest.skip("this platform does not say its available memory")
+    model = create_model(
+        "Ti/4",
+        width=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        image_size=8,
+        naflex=True,
+        pos_embed_prefix=False,
+    )
+    ck = save_checkpoint(tmp_path / "ck", model)
+    img = tmp_path / "i.png"
+    Image.new("RGB", (12, 8)).save(img)
+    for cmd in (["predict", "--from", str(ck), str(img)], ["eval", "--from", str(ck)]):
+        assert main([*cmd, "--max-seq-len", "100000000"]) == 2
+        err = capsys.readouterr().err
+        assert "--max-seq-len 100,000,000" in err and "GiB" in err, err
+    assert main(["predict", "--from", str(ck), str(img), "--max-seq-len", "6"]) == 0

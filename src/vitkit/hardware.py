@@ -14,7 +14,8 @@ import platform
 import re
 import subprocess
 import warnings
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -87,6 +88,36 @@ def out_of_memory_message(
         + (f", asking for {asked} more" if asked else "")
         + f": {fix}"
     )
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still allocate (Linux's MemAvailable), None where unknown."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def check_fits(what: str, need: int, fix: str) -> None:
+    """Refuse, before anything is allocated, ``what`` that needs ``need`` bytes where the
+    machine has fewer available, naming the estimate and what to change."""
+    free = available_memory()
+    if free is not None and need > free:
+        raise VitkitError(
+            f"{what} needs about {need / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB "
+            f"this machine has available: {fix}"
+        )
+
+
+def check_model_fits(cfg: Any) -> None:
+    """A model whose fp32 weights alone do not fit in memory is refused before it is built
+    (the exact parameter count, :func:`vitkit.registry.counts.count_params`)."""
+    from vitkit.registry.counts import count_params
+
+    params = count_params(cfg)
+    check_fits(f"{cfg.short_name} ({params:,} parameters, fp32)", 4 * params, "a smaller model")
 
 
 def cpu_name() -> str:

@@ -308,6 +308,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def run_max_seq_len(given: int | None, ckpt: Any) -> int | None:
     """``--max-seq-len`` as given, else a NaFlex run's own (each image at its aspect ratio, as
     it trained and was tested), said in one line; None: the model's fixed image size."""
+    if given is not None:
+        _check_sequence_fits(given, ckpt.model_config)
     if given is not None or not getattr(ckpt.model_config, "naflex", False):
         return given
     trained = ckpt.meta.get("train_config")
@@ -320,3 +322,17 @@ def run_max_seq_len(given: int | None, ckpt: Any) -> int | None:
         )
         return seq
     return None
+
+
+def _check_sequence_fits(seq: int, cfg: Any) -> None:
+    """One image of ``seq`` patches, as pixels and through a block (the MLP's hidden layer
+    and a few token-sized tensors alive at once), must fit before it is resized and packed."""
+    from vitkit.hardware import check_fits
+
+    ph, pw = cfg.patch_size
+    per_token = ph * pw * cfg.in_chans + cfg.mlp_dim + 8 * cfg.width  # fp32 values
+    check_fits(
+        f"--max-seq-len {seq:,} ({cfg.short_name}, one image)",
+        4 * seq * per_token,
+        "a smaller --max-seq-len",
+    )

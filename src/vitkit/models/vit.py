@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.errors import VitkitError
+from vitkit.hardware import check_model_fits
 from vitkit.models import naflex_packing as naflex
 from vitkit.models.block_parts import drop_path, logit_bias, make_norm
 from vitkit.models.hybrid_stem import ResNetStem
@@ -580,8 +581,9 @@ def _blocks(model: VisionTransformer) -> Iterable[Block]:
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    """The network a config describes: a :class:`VisionTransformer` (plain or hybrid) for a
-    :class:`ViTConfig`, BiT's :class:`vitkit.models.bit.ResNetV2` for a :class:`ResNetConfig`."""
+    """The network a config describes (a :class:`VisionTransformer`, plain or hybrid, or BiT's
+    ``ResNetV2``); refused before it is built where its weights do not fit in memory."""
+    check_model_fits(cfg)
     if isinstance(cfg, ResNetConfig):
         from vitkit.models.bit import ResNetV2
 
