@@ -210,6 +210,14 @@ def test_a_model_that_cannot_fit_is_refused_before_it_is_built(
     err = capsys.readouterr().err
     assert "parameters, fp32) needs about" in err and "GiB" in err and "\n" not in err.strip()
     assert time.perf_counter() - start < 30 and not out.exists()
+    # on the meta device (a checkpoint's key check) nothing is allocated: not refused
+    from vitkit.models.vit import build_model
+    from vitkit.registry.model_config import model_config
+
+    overrides = dict(s.split("=") for s in sizes[1::2])
+    cfg = model_config("Ti/4", **{k: int(v) for k, v in overrides.items()})
+    with torch.device("meta"):
+        assert build_model(cfg).cfg == cfg
 
 
 def test_a_sequence_that_cannot_fit_is_refused_before_any_image_is_resized(
