@@ -263,3 +263,30 @@ def test_a_bare_file_that_needs_its_heads_stated_can_be_finetuned(tmp_path, caps
     assert main([*args, "-o", "num_heads=4", "--image-size", "16", "--out-dir", str(out)]) == 0
     ckpt = load_checkpoint(out)
     assert ckpt.model_config.num_heads == 4 and ckpt.model_config.width == 64
+
+
+def test_finetune_says_what_it_starts_from_and_what_it_assumed(tmp_path, capsys):
+    """``vitkit finetune`` printed neither a header nor the assumption lines that train, eval
+    and inspect print for the same checkpoint (they were silenced with the zero-head warning)."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from references import import_reference
+
+    timm = import_reference("timm")
+    m = timm.create_model(
+        "deit_tiny_patch16_224", depth=1, img_size=16, patch_size=4, in_chans=1, num_classes=10
+    )
+    bare = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(bare))
+    out = tmp_path / "ft"
+    args = ["finetune", "--from", str(bare), "--data", "digits", "--smoke", "--no-progress"]
+    from vitkit.errors import AssumptionWarning
+
+    with pytest.warns(AssumptionWarning, match=r"mean=\(0.5, 0.5, 0.5\) assumed"):
+        assert main([*args, "--image-size", "16", "--out-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"fine-tuning ViT-w192-d1-h3/4 from {bare} (16x16 px)" in err, err
+    assert "on digits:" in err and str(out) in err

@@ -162,20 +162,22 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if not cfg.data:
         raise VitkitError("finetune needs --data (a dataset to fine-tune on)")
     if args.lr_sweep is None:
-        report = Trainer(cfg).fit()
-    else:
-        from vitkit.train.recipes import PAPER_FINETUNE_LRS
+        trainer = Trainer(cfg)
+        print(banner(trainer, None), file=sys.stderr)
+        report = trainer.fit()
+        print_summary(report, cfg.out_dir)
+        if "ema_test_top1" in report:
+            print(f"ema_test_top1: {100 * report['ema_test_top1']:.2f} %")
+        return 0
+    from vitkit.train.recipes import PAPER_FINETUNE_LRS
 
-        result = lr_sweep(
-            cfg,
-            args.lr_sweep or PAPER_FINETUNE_LRS,
-            holdout=args.holdout,
-            retrain=not args.no_retrain,
-        )
-        for r in result["runs"]:
-            print(f"lr {r['lr']:g}: held-out top-1 {100 * r['val_top1']:.2f} %")
-        print(f"chosen lr {result['chosen_lr']:g}")
-        report = result["final"]["report"]
+    result = lr_sweep(
+        cfg, args.lr_sweep or PAPER_FINETUNE_LRS, holdout=args.holdout, retrain=not args.no_retrain
+    )
+    for r in result["runs"]:
+        print(f"lr {r['lr']:g}: held-out top-1 {100 * r['val_top1']:.2f} %")
+    print(f"chosen lr {result['chosen_lr']:g}")
+    report = result["final"]["report"]
     for key in ("test_top1", "ema_test_top1"):
         if key in report:
             print(f"{key}: {100 * report[key]:.2f} %")
@@ -300,11 +302,12 @@ def launch_torchrun(nproc_per_node: int, argv: list[str]) -> int:
 
 
 def banner(trainer: Any, env: Any) -> str:
-    """The line a training run starts with: model, data, steps, precision, threads, output."""
+    """The line a training run starts with: model, data, steps, precision, threads, output (and
+    for fine-tuning, the checkpoint it starts from)."""
     cfg, mc = trainer.cfg, trainer.model_cfg
     n_params = sum(p.numel() for p in trainer.model.parameters())
     scale = ""
-    if env.enabled:
+    if env is not None and env.enabled:
         scale = f", {trainer.strategy.upper()} on {env.world_size} processes"
     compiled = ""
     if hasattr(trainer.forward_model, "_orig_mod"):  # torch.compile wrapped it
@@ -312,8 +315,9 @@ def banner(trainer: Any, env: Any) -> str:
     size = f"{mc.image_size[0]}x{mc.image_size[1]} px"
     if cfg.max_seq_len is not None:  # --naflex
         size = f"NaFlex: each image at its aspect ratio, at most {cfg.max_seq_len} patches"
+    start = f" from {cfg.init_from}" if cfg.init_from else ""
     return (
-        f"training {mc.short_name} ({size}) "
+        f"{'fine-tuning' if cfg.init_from else 'training'} {mc.short_name}{start} ({size}) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
         f"{count(trainer.total_steps, 'step')}, {trainer.cfg.precision}, "
