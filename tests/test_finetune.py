@@ -263,6 +263,11 @@ def test_a_bare_file_that_needs_its_heads_stated_can_be_finetuned(tmp_path, caps
     assert main([*args, "-o", "num_heads=4", "--image-size", "16", "--out-dir", str(out)]) == 0
     ckpt = load_checkpoint(out)
     assert ckpt.model_config.num_heads == 4 and ckpt.model_config.width == 64
+    # the preprocessing the file does not say, stated as the warning line says (-o mean=...)
+    stated = ["-o", "num_heads=4", "-o", "mean=0.485", "-o", "std=0.229", "--image-size", "16"]
+    assert main([*args, *stated, "--out-dir", str(tmp_path / "ft2")]) == 0
+    pre = load_checkpoint(tmp_path / "ft2").preprocess
+    assert pre.mean == (0.485,) and pre.std == (0.229,)
 
 
 def test_finetune_says_what_it_starts_from_and_what_it_assumed(tmp_path, capsys):

@@ -14,13 +14,13 @@ from vitkit.errors import VitkitError
 from vitkit.registry.config_checks import check_fields
 from vitkit.registry.model_config import ResNetConfig
 
-_PREPROCESS_FIELDS = ("mean", "std", "interpolation", "crop_pct", "resize", "rescale_factor")
+PREPROCESS_FIELDS = ("mean", "std", "interpolation", "crop_pct", "resize", "rescale_factor")
 
 
 def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Checkpoint:
     """The caller's config fields over what was read or assumed; every field gets a source."""
     prov = ckpt.provenance or Provenance()
-    pre = {k: overrides.pop(k) for k in _PREPROCESS_FIELDS if k in overrides}
+    pre = {k: overrides.pop(k) for k in PREPROCESS_FIELDS if k in overrides}
     if pre:
         for k in ("mean", "std"):  # one value for every channel, or one per channel
             if k in pre and not isinstance(pre[k], (list, tuple)):

@@ -11,6 +11,7 @@ import torch
 
 from vitkit.checkpoints import Checkpoint, read_checkpoint
 from vitkit.checkpoints.formats import adapt_checkpoint
+from vitkit.checkpoints.overrides_applied import PREPROCESS_FIELDS
 from vitkit.data import DataInfo, is_shard_dir, load_dataset
 from vitkit.errors import VitkitError
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, model_config
@@ -108,8 +109,10 @@ def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
     if not isinstance(init.model_config, ResNetConfig):
         allowed = {"dropout", "attn_dropout", "drop_path"}
     have = init.model_config.to_dict()
-    # A recipe's model sizes that equal the checkpoint's change nothing: not an error.
+    # A recipe's model sizes that equal the checkpoint's change nothing: not an error; nor do
+    # the preprocessing settings a file does not say (-o mean=...), stated when it was read.
     same = {k for k, v in cfg.model_overrides.items() if have.get(k, object()) == v}
+    same |= {k for k in cfg.model_overrides if k in PREPROCESS_FIELDS}
     bad = sorted(set(cfg.model_overrides) - allowed - same)
     if bad:
         raise VitkitError(
