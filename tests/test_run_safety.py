@@ -66,10 +66,10 @@ def test_convert_overwrite_replaces_only_what_it_writes(
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
     before = listing(run)
-    code, _, _ = run_cli(["convert", str(run), str(run), "--to", "vitkit", "--overwrite"], capsys)
-    assert code == 0
-    assert listing(run) == sorted([*before, "config.json", "model.safetensors"])
-    assert main(["inspect", str(run)]) == 0  # the run still reads (its LATEST checkpoint)
+    # never into the run it reads (it made the run read as a checkpoint), --overwrite or not
+    code, _, err = run_cli(["convert", str(run), str(run), "--to", "vitkit", "--overwrite"], capsys)
+    assert code == 2 and "checkpoint read" in err
+    assert listing(run) == before
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "notes.txt").write_text("mine")

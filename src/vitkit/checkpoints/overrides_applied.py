@@ -1,10 +1,11 @@
 """The caller's settings over what a checkpoint says or vitkit assumed (``vitkit.load(path,
-gelu="quick")``, ``-o gelu=quick``): checked, given a source, and refused where they contradict
-what the file's own config states (an override is for what a file does not say)."""
+gelu="quick")``, ``-o gelu=quick``): checked and given a source; one that contradicts what
+the file's own config states is said in one line."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Che
             )
         except VitkitError as e:
             raise VitkitError(f"{p}: {_spelled(overrides)} does not fit its weights: {e}") from None
-        _refuse_contradictions(p, prov, before, ckpt.model_config.to_dict(), overrides)
+        _say_contradictions(p, prov, before, ckpt.model_config.to_dict(), overrides)
         prov.give(overrides)
     ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
     return ckpt
@@ -55,17 +56,18 @@ def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Che
 _TRAINING_ONLY = frozenset({"dropout", "attn_dropout", "drop_path"})
 
 
-def _refuse_contradictions(
+def _say_contradictions(
     p: Path, prov: Provenance, before: dict[str, Any], after: dict[str, Any], given: dict
 ) -> None:
-    """A setting the file's own config states, replaced by another value: refused (it would
-    change the outputs under the file's name; ``-o`` is for what a file does not say)."""
+    """A setting the file's own config states, replaced by another value: said in one line
+    (the outputs change under the file's name; ``-o`` is mostly for what a file does not say,
+    but trying a switch on a file is a use too)."""
     for k in sorted(set(given) - _TRAINING_ONLY):
         if prov.sources.get(k) in ("file", "format") and before.get(k) != after.get(k):
-            raise VitkitError(
-                f"{p}: its config states {k}={before.get(k)!r}; {k}={given[k]!r} contradicts "
-                "it and would change the outputs (an override is for a setting the file does "
-                "not state)"
+            warnings.warn(
+                f"{p}: its config states {k}={before.get(k)!r}; the given {k}={given[k]!r} "
+                "replaces it, and the outputs are not the file's model's",
+                stacklevel=4,
             )
 
 

@@ -73,12 +73,19 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
     k = info.num_classes
     # settings a checkpoint does not say (-o gelu=quick on a bare file): stated when reading
     # it, so nothing is assumed; a setting the file does say is the fine-tuning check's below
-    # -o num_heads=N is also the reading hint a bare state dict of a width timm does not
-    # register needs (heads are never in the weights), as --num-heads is for eval / predict
-    heads = cfg.model_overrides.get("num_heads")
+    # -o num_heads=N is also the reading hint of a bare state dict that cannot be read without
+    # it (a width timm does not register: heads are never in the weights), as --num-heads is
+    # for eval / predict; a file that says its heads is read as it says
+    heads = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the read below says what is still assumed)
-        sources = read_checkpoint(cfg.init_from, num_heads=heads).provenance  # type: ignore[arg-type]
+        try:
+            sources = read_checkpoint(cfg.init_from).provenance  # type: ignore[arg-type]
+        except VitkitError:
+            heads = cfg.model_overrides.get("num_heads")
+            if heads is None:
+                raise
+            sources = read_checkpoint(cfg.init_from, num_heads=heads).provenance  # type: ignore[arg-type]
     assumed = {f for f, s in (sources.sources if sources else {}).items() if s == "assumed"}
     stated = {f: v for f, v in cfg.model_overrides.items() if f in assumed}
     probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
