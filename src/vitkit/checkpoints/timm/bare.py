@@ -202,14 +202,13 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
     eps = 1e-5 if fam == "CLIP" else cfg.layer_norm_eps
     if fam == "CLIP":
         changes["layer_norm_eps"] = eps
-    which = "timm's CLIP towers (norm_pre, no patch bias)" if fam == "CLIP" else fam or "ViT"
+    which = "CLIP tower (norm_pre, no patch bias)" if fam == "CLIP" else fam or "ViT"
     prov.assume(
         Assumption(
             "layer_norm_eps",
             eps,
-            f"every registered timm {which} has it; a state dict does not record it",
-            "a model built with another norm_layer (torch's LayerNorm default is 1e-5) has "
-            "the same weights",
+            f"every registered timm {which} has {eps:g}; a state dict does not record it",
+            "a model built with a norm_layer of another eps has the same weights",
             1e-6 if eps == 1e-5 else 1e-5,
         )
     )
@@ -270,8 +269,18 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
                 "post",
             )
         )
+    elif cfg.parallel != 1 or cfg.parallel_scaling or fam in ("AIMv2", "BEiT-3"):
+        prov.set("weights", ["block"], "pre-norm: the only block of this layout vitkit has")
     else:
-        prov.set("weights", ["block"], "pre-norm: every timm entry of this layout")
+        prov.assume(
+            Assumption(
+                "block",
+                "pre",
+                "the pre-norm block of every registered timm entry of this layout",
+                "a model built with timm's ResPostBlock (post-norm) has the same keys",
+                "post",
+            )
+        )
     if cfg.pool != "map":
         prov.assume(pool_assumption(cfg))
     elif cfg.num_prefix_tokens > 0:
@@ -295,7 +304,7 @@ def pool_assumption(cfg: ViTConfig) -> Assumption:
         return Assumption(
             "pool",
             "token",
-            "the class token (timm's default; no fc_norm weights)",
+            "timm's default, the class token: no fc_norm weights",
             "timm's global_pool='avg' / 'avgmax' / 'max' with fc_norm=False has the same keys",
             {"pool": "gap", "class_token": True},
         )
@@ -325,12 +334,12 @@ def grid_assumption(cfg: ViTConfig) -> Assumption | None:
     others = [g for g in grids if g != (gh, gw)]
     if not others:
         return None
+    others.sort(key=lambda g: -min(g) / max(g))  # the squarest first
     shown = ", ".join(f"{h}x{w}" for h, w in others[:4]) + (" ..." if len(others) > 4 else "")
+    why = f"a square {gh}x{gw} patch grid"
     if prefix:
         which = "with" if cfg.pos_embed_prefix else "without"
-        why = f"a square {gh}x{gw} patch grid, {which} position rows for the {prefix} prefix tokens"
-    else:
-        why = f"a square {gh}x{gw} patch grid"
+        why += f", {which} position rows for the {prefix} prefix token(s)"
     pick = next((g for g in others if g[0] != g[1]), others[0])
     return Assumption(
         "image_size",
