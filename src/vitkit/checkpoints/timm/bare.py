@@ -281,7 +281,7 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
                 "post",
             )
         )
-    if cfg.pool != "map":
+    if cfg.pool != "map" and not cfg.dist_token:  # (DeiT's distilled class pools its own way)
         prov.assume(pool_assumption(cfg))
     elif cfg.num_prefix_tokens > 0:
         prov.assume(
