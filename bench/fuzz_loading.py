@@ -130,8 +130,43 @@ def draw_timm(rng: random.Random) -> dict[str, Any]:
     return args
 
 
+def draw_eva(rng: random.Random) -> dict[str, Any]:
+    """One random set of timm ``Eva`` settings in the layouts vitkit reads bare (EVA-02: q / v
+    biases, SwiGLU, RoPE; EVA: a GELU MLP), built from ``eva02_tiny_patch14_224``."""
+    width = rng.choice([192, 384])
+    swiglu = rng.random() < 0.7
+    patch, grid = rng.choice([8, 14]), rng.choice([2, 3])
+    pool = rng.choice(["avg", "token"])
+    return {
+        "_arch": "eva02_tiny_patch14_224",
+        "img_size": grid * patch,
+        "patch_size": patch,
+        "num_classes": NUM_CLASSES,
+        "embed_dim": width,
+        "depth": rng.choice([1, 2]),
+        "num_heads": {192: 3, 384: 6}[width]
+        if rng.random() < 0.4
+        else rng.choice(_divisors(width, 16)),
+        "mlp_ratio": 4 * 2 / 3 if swiglu else rng.choice([4.0, 2.0]),
+        "swiglu_mlp": swiglu,
+        "use_rot_pos_emb": rng.random() < 0.8,
+        "global_pool": pool,
+        "_eps": 1e-6,
+    }
+
+
+def eva_expected(args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "num_heads": args["num_heads"],
+        "pool": _TIMM_POOLS[args["global_pool"]],
+        "image_size": (args["img_size"], args["img_size"]),
+    }
+
+
 def timm_expected(args: dict[str, Any]) -> dict[str, Any]:
     """The draw's values of :data:`COMPARED`, in vitkit's terms."""
+    if "_arch" in args:
+        return eva_expected(args)
     pool = args["global_pool"]
     fc_norm = pool in ("avg", "avgmax", "max") if args["fc_norm"] is None else args["fc_norm"]
     out = {
@@ -155,6 +190,9 @@ def timm_expected(args: dict[str, Any]) -> dict[str, Any]:
 
 def build_timm_model(timm: Any, args: dict[str, Any], seed: int) -> torch.nn.Module:
     kw = {k: v for k, v in args.items() if not k.startswith("_")}
+    if "_arch" in args:
+        torch.manual_seed(seed)
+        return perturb(timm.create_model(args["_arch"], pretrained=False, **kw).double(), seed)
     if args["_eps"] != 1e-6:
         kw["norm_layer"] = partial(torch.nn.LayerNorm, eps=args["_eps"])
     torch.manual_seed(seed)  # (through create_model: the folder records the model_args)
@@ -275,7 +313,9 @@ def check_timm(timm: Any, args: dict[str, Any], work: Path, seed: int) -> dict[s
     try:
         model = build_timm_model(timm, args, seed)
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(2, 3, *args["img_size"], generator=g, dtype=torch.float64)
+        size = args["img_size"]
+        size = (size, size) if isinstance(size, int) else size
+        x = torch.randn(2, 3, *size, generator=g, dtype=torch.float64)
         with torch.no_grad():
             ref = model(x)
     except Exception as e:  # noqa: BLE001 - the reference itself failed: not vitkit's doing
@@ -331,9 +371,12 @@ def check_hf(transformers: Any, cls_name: str, kw: dict[str, Any], work: Path, s
 # ---------------------------------------------------------------------------------------------
 
 
-def run(draws: int, seconds: float, seed: int = 0, hf_every: int = 4) -> dict[str, Any]:
+def run(
+    draws: int, seconds: float, seed: int = 0, hf_every: int = 4, eva_every: int = 4
+) -> dict[str, Any]:
     """``draws`` draws (or as many as fit in ``seconds``): every ``hf_every``-th a Hugging Face
-    draw, the others timm's. ``{"rows": [...], "counts": {source: {class: n}}, ...}``."""
+    draw, one in ``eva_every`` a timm Eva, the others timm's ``VisionTransformer``.
+    ``{"rows": [...], "counts": {source: {class: n}}, ...}``."""
     timm = import_reference("timm")
     transformers = import_reference("transformers")
     transformers.utils.logging.disable_progress_bar()
@@ -352,9 +395,11 @@ def run(draws: int, seconds: float, seed: int = 0, hf_every: int = 4) -> dict[st
                 row = check_hf(transformers, cls_name, kw, work, seed * 100_003 + i)
                 rows.append({"draw": i, "kind": cls_name, "args": kw, "hf-folder": row})
             else:
-                args = draw_timm(rng)
+                eva = eva_every and i % eva_every == eva_every - 2
+                args = draw_eva(rng) if eva else draw_timm(rng)
                 got = check_timm(timm, args, work, seed * 100_003 + i)
-                rows.append({"draw": i, "kind": "timm VisionTransformer", "args": args, **got})
+                kind = "timm Eva" if eva else "timm VisionTransformer"
+                rows.append({"draw": i, "kind": kind, "args": args, **got})
     return summarise(rows, time.perf_counter() - start, seed)
 
 

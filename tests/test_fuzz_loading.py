@@ -72,7 +72,7 @@ def test_the_fuzzer_finds_a_reverted_fix(fuzz, monkeypatch):
         prov.set("weights", ["num_heads"], which)
         return heads
 
-    monkeypatch.setattr(bare, "_heads_assumed", unsaid)
+    monkeypatch.setattr(bare, "heads_assumed", unsaid)
     result = _hunt(fuzz, 24, seed=0)
     silent = [e for e in result["examples"]["silent"] if "num_heads" in e["differs"]]
     assert silent and silent[0]["source"].startswith("bare"), result["total"]
@@ -158,8 +158,11 @@ def _exact_when_told(fuzz, path: Path, ref: Any, **told: Any) -> None:
         ({"act_layer": "quick_gelu"}, "gelu", {"gelu": "quick"}),
         ({"img_size": [64, 16]}, "image_size", {"grid": (4, 1)}),  # 4 rows: 2x2 or 4x1
         # class token + 4 registers without position rows, 3x3 patches: 9 rows, or 5 + 2x2
-        ({"reg_tokens": 4, "no_embed_class": True, "img_size": [48, 48]}, "image_size",
-         {"grid": (3, 3)}),  # fmt: skip
+        (
+            {"reg_tokens": 4, "no_embed_class": True, "img_size": [48, 48]},
+            "image_size",
+            {"grid": (3, 3)},
+        ),  # fmt: skip
     ],
     ids=["avg-no-fc-norm", "avgmax", "heads", "pre-norm-eps", "quick-gelu", "grid", "registers"],
 )
@@ -172,6 +175,21 @@ def test_a_setting_the_weights_do_not_show_is_said_and_can_be_stated(
     line = next(w for w in row["warnings"] if f": {field}=" in w)
     assert "load with" in line and "-o " in line  # the value assumed, and the override
     _exact_when_told(fuzz, path, ref, **told)
+
+
+def test_a_bare_eva02_says_its_heads(fuzz, timm, tmp_path):
+    """EVA-02's keys fix the family, not the heads: 192 wide with 6 heads is said."""
+    args = {**fuzz.draw_eva(random.Random(0)), "embed_dim": 192, "num_heads": 6}
+    model = fuzz.build_timm_model(timm, args, seed=3)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path))
+    size = args["img_size"]
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        ref = model(x)
+    row = fuzz.classify(ref, fuzz.vitkit_read(path, x, False, fuzz.timm_expected(args)))
+    assert row["status"] == "warned" and "num_heads" in row["differs"], row
+    assert "num_heads" in fuzz.said_fields(row["warnings"])
 
 
 def test_qk_norm_weights_say_the_heads(fuzz, timm, tmp_path):

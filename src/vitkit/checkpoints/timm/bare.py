@@ -122,7 +122,7 @@ def bare_heads(width: int, fam: str, cfg: ViTConfig, prov: Provenance, source: s
     if _siglip_gap(fam, cfg) and width != 768:  # (at 768: vit_base_patch16_gap_224, below)
         table = FAMILY_HEADS["SigLIP"]
     if width in table:
-        return _heads_assumed(table[width], width, f"every timm {fam or 'ViT'}", prov)
+        return heads_assumed(table[width], width, f"every timm {fam or 'ViT'}", prov)
     general = {**PAPER_HEADS, **OTHER_HEADS}
     if width not in general:
         raise VitkitError(
@@ -141,11 +141,11 @@ def bare_heads(width: int, fam: str, cfg: ViTConfig, prov: Provenance, source: s
             )
         )
     else:
-        _heads_assumed(heads, width, "every timm ViT with this layout", prov)
+        heads_assumed(heads, width, "every timm ViT with this layout", prov)
     return heads
 
 
-def _heads_assumed(heads: int, width: int, which: str, prov: Provenance) -> int:
+def heads_assumed(heads: int, width: int, which: str, prov: Provenance) -> int:
     """``heads`` from the tables, said: a state dict never records the heads (any divisor of
     the width fits the same weights)."""
     other = next((h for h in (2 * heads, heads // 2) if h and width % h == 0), heads)
@@ -203,15 +203,7 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
     if fam == "CLIP":
         changes["layer_norm_eps"] = eps
     which = "CLIP tower (norm_pre, no patch bias)" if fam == "CLIP" else fam or "ViT"
-    prov.assume(
-        Assumption(
-            "layer_norm_eps",
-            eps,
-            f"every registered timm {which} has {eps:g}; a state dict does not record it",
-            "a model built with a norm_layer of another eps has the same weights",
-            1e-6 if eps == 1e-5 else 1e-5,
-        )
-    )
+    prov.assume(eps_assumption(eps, f"every registered timm {which}"))
     siglip_gap = _siglip_gap(fam, cfg)
     if cfg.mlp == "swiglu":
         prov.set("weights", ["gelu"], "SwiGLU: SiLU, no GELU")
@@ -247,15 +239,7 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
             )
         )
     else:
-        prov.assume(
-            Assumption(
-                "gelu",
-                "none",
-                f"the exact GELU, as every registered timm {fam or 'ViT'} of this layout",
-                "a model built with act_layer='gelu_tanh' or 'quick_gelu' has the same weights",
-                "quick",
-            )
-        )
+        prov.assume(gelu_assumption(f"every registered timm {fam or 'ViT'} of this layout"))
     post_possible = (
         not fam and not cfg.has_class_token and cfg.fc_norm and cfg.parallel == 1
     ) and not cfg.parallel_scaling
@@ -295,6 +279,28 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
             )
         )
     return changes
+
+
+def eps_assumption(eps: float, which: str) -> Assumption:
+    """The norms' epsilon of a bare state dict: ``which`` entries' value, said."""
+    return Assumption(
+        "layer_norm_eps",
+        eps,
+        f"{which} has {eps:g}; a state dict does not record it",
+        "a model built with a norm_layer of another eps has the same weights",
+        1e-6 if eps == 1e-5 else 1e-5,
+    )
+
+
+def gelu_assumption(which: str) -> Assumption:
+    """The exact GELU of a bare state dict, as ``which`` has it, said."""
+    return Assumption(
+        "gelu",
+        "none",
+        f"the exact GELU, as {which}",
+        "a model built with act_layer='gelu_tanh' or 'quick_gelu' has the same weights",
+        "quick",
+    )
 
 
 def pool_assumption(cfg: ViTConfig) -> Assumption:

@@ -149,7 +149,7 @@ def _timm_shapes(sd: dict[str, Tensor], *, grid: tuple[int, int] | None, source:
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
     pos_embed_prefix = (
-        _square(rows - prefix) or not _square(rows)
+        rows > prefix and (_square(rows - prefix) or not _square(rows))  # (fewer: no prefix rows)
         if grid is None
         else (rows == prefix + grid[0] * grid[1])
     )
