@@ -418,8 +418,34 @@ def summarise(rows: list[dict[str, Any]], seconds: float, seed: int) -> dict[str
     for per in counts.values():
         for c, n in per.items():
             total[c] += n
+    reasons: dict[str, int] = {}  # why loads were refused (or not written), numbers as N
+    for r in rows:
+        for s in SOURCES:
+            if s in r and r[s]["status"] in ("refused", "harness"):
+                why = f"{s}: {re.sub(r'[0-9]+', 'N', r[s].get('reason', ''))[:160]}"
+                reasons[why] = reasons.get(why, 0) + 1
+    top = dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:12])
     return {"draws": len(rows), "seconds": round(seconds, 1), "seed": seed, "counts": counts,
-            "total": total, "examples": examples, "rows": rows}  # fmt: skip
+            "total": total, "machine": machine(), "reasons": top, "examples": examples,
+            "rows": rows}  # fmt: skip
+
+
+def machine() -> str:
+    """The CPU and the versions the reference and vitkit ran with."""
+    import platform
+
+    import vitkit
+
+    cpu = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    names = [x for x in (info.read_text() if info.exists() else "").splitlines()]
+    cpu = next((x.split(":", 1)[1].strip() for x in names if x.startswith("model name")), cpu)
+    timm = sys.modules.get("timm")
+    transformers = sys.modules.get("transformers")
+    return (
+        f"{cpu}; torch {torch.__version__}, timm {getattr(timm, '__version__', '?')}, "
+        f"transformers {getattr(transformers, '__version__', '?')}, vitkit {vitkit.__version__}"
+    )
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -432,12 +458,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "what differs), refused (one-line error), silent (differs, unsaid), crashed, or harness "
         "(the reference could not be written). See bench/fuzz_loading.py.",
         "",
+        f"Machine: {result['machine']}.",
+        "",
         "| source | " + " | ".join(CLASSES) + " |",
         "| --- |" + " --- |" * len(CLASSES),
     ]
     for s, per in result["counts"].items():
         lines.append(f"| {s} | " + " | ".join(str(per[c]) for c in CLASSES) + " |")
     lines.append("| all | " + " | ".join(str(result["total"][c]) for c in CLASSES) + " |")
+    lines += ["", "## Why loads were refused (or not written)", ""]
+    lines += [f"- {n} x {why}" for why, n in result["reasons"].items()]
     for c, exs in result["examples"].items():
         if not exs:
             continue
