@@ -134,7 +134,8 @@ def test_bare_state_dicts_that_cannot_say_their_settings(coverage, timm, tmp_pat
 def test_native_width_heads(coverage, timm):
     cm = coverage.cm
     ok = cm.native_heads_check(timm, "vit_base_patch16_224")
-    assert ok == {"timm": 12, "width": 768, "vitkit": 12, "warned": False, "result": "ok"}
+    # (right, and said all the same: a state dict never records its heads)
+    assert ok == {"timm": 12, "width": 768, "vitkit": 12, "warned": True, "result": "ok"}
     # 768 wide with 16 heads: the layout's entries disagree (SigLIP-GAP B has 12), so it is said
     wrong = cm.native_heads_check(timm, "vit_base_patch16_gap_224")
     assert wrong["timm"] == 16 and wrong["vitkit"] == 12, wrong

@@ -51,12 +51,27 @@ def load64(path: Path, **kw: Any) -> tuple[torch.nn.Module, list[str]]:
     """vitkit's model of ``path`` in float64 and the AssumptionWarning lines it said."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ckpt = read_checkpoint(path, num_heads=kw.pop("num_heads", None), overrides=kw)
+        heads, grid = kw.pop("num_heads", None), kw.pop("grid", None)
+        ckpt = read_checkpoint(path, num_heads=heads, grid=grid, overrides=kw)
     model = build_model(ckpt.model_config).double().eval()  # (float64 weights kept exactly)
     load_state_dict_strict(model, ckpt.state_dict, source=str(path))
     said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
     # (a bare file never says its preprocessing: that line is checked on its own below)
     return model, [s for s in said if f"{path}: mean=" not in s]
+
+
+# What a bare timm state dict never records, each said in its own line with the override; and
+# a CLIP ViT-B/16 at 32 px stating all of them (the values timm's quick-GELU entry has)
+BARE_GUESSES = {"num_heads", "layer_norm_eps", "gelu", "pool", "block", "image_size"}
+CLIP_QUICK_STATED = dict(
+    gelu="quick", num_heads=12, layer_norm_eps=1e-5, pool="token", block="pre", grid=(2, 2)
+)
+
+
+def fields_said(said: list[str], path: Path) -> set[str]:
+    """The fields the lines name (``PATH: FIELD=VALUE assumed ...``), each line one field."""
+    assert all(s.startswith(f"{path}: ") and "\n" not in s for s in said), said
+    return {s[len(f"{path}: ") :].split("=", 1)[0] for s in said}
 
 
 def rel_diff(ref: torch.nn.Module, got: torch.nn.Module, size: int) -> float:
@@ -72,11 +87,14 @@ def test_clip_quickgelu_bare_says_the_gelu_and_is_exact_when_told(tmp_path):
     model, said = load64(path)
     assert model.cfg.layer_norm_eps == 1e-5  # the CLIP layout implies timm's CLIP eps
     assert model.cfg.num_heads == 12  # and its heads
-    assert len(said) == 1 and "gelu='none' assumed" in said[0] and "gelu='quick'" in said[0]
-    assert str(path) in said[0] and "-o gelu=quick" in said[0]
+    assert fields_said(said, path) == BARE_GUESSES  # each guess in its own line
+    (gelu,) = [s for s in said if "gelu='none' assumed" in s]
+    assert "gelu='quick'" in gelu and "-o gelu=quick" in gelu
     assert rel_diff(ref, model, 32) > 1e-4  # what it assumed is not what this tower computes
     model, said = load64(path, gelu="quick")
-    assert said == []  # stated, not assumed
+    assert fields_said(said, path) == BARE_GUESSES - {"gelu"}  # stated, not assumed
+    model, said = load64(path, **CLIP_QUICK_STATED)
+    assert said == []  # every guess stated
     assert rel_diff(ref, model, 32) <= 1e-12
 
 
@@ -89,9 +107,12 @@ def test_clip_bare_with_exact_gelu_is_exact(tmp_path):
 
 def test_aimv2_large_bare_gets_aimv2_heads(tmp_path):
     ref = timm_model("aimv2_large_patch14_224", depth=1, img_size=28)
-    model, said = load64(bare(ref, tmp_path))
+    path = bare(ref, tmp_path)
+    model, said = load64(path)
     assert model.cfg.num_heads == 8  # every AIMv2-L has 8 (the width table would say 16)
-    assert said == []
+    # (SwiGLU: no GELU to guess; AIMv2's block is pre-norm only)
+    assert fields_said(said, path) == BARE_GUESSES - {"gelu", "block"}
+    assert [s for s in said if "num_heads=8 assumed (every timm AIMv2 of width 1024" in s]
     assert rel_diff(ref, model, 28) <= 1e-12
 
 
@@ -168,8 +189,10 @@ def test_provenance_per_field_bare_and_folder(tmp_path):
     with pytest.warns(AssumptionWarning):
         ckpt = read_checkpoint(bare(ref, tmp_path))
     src = ckpt.provenance.sources
-    assert src["width"] == src["layer_norm_eps"] == src["num_heads"] == "weights"
+    assert src["width"] == src["mlp_dim"] == src["norm_pre"] == "weights"  # shapes and keys
+    assert all(src[f] == "assumed" for f in BARE_GUESSES)  # heads, eps: never in the weights
     assert src["gelu"] == src["mean"] == src["std"] == "assumed"  # the preprocessing too
+    assert src["dropout"] == src["drop_path"] == "default"  # no effect on the outputs
     assert set(ckpt.model_config.to_dict()) <= set(src)  # every field has a source
     text = format_description(describe(ckpt))
     assert "ASSUMED" in text and "gelu" in text.split("ASSUMED")[1]
@@ -188,7 +211,9 @@ def test_cli_loading_options_state_what_the_file_does_not(tmp_path, capsys):
     assert "ASSUMED" in out
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        stated = ["-o", "gelu=quick", "-o", "mean=0.5", "-o", "std=0.5"]
+        stated = ["-o", "mean=0.5", "-o", "std=0.5"]
+        for k, v in CLIP_QUICK_STATED.items():
+            stated += ["-o", f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"]
         assert main(["inspect", str(path), *stated]) == 0
     assert not [w for w in caught if issubclass(w.category, AssumptionWarning)]
     out, _ = capsys.readouterr()
@@ -256,7 +281,7 @@ def test_the_guide_s_stating_what_a_bare_file_does_not_say_runs(tmp_path, capsys
 
     commands = page_commands("docs/guide/checkpoints.md")
     (line,) = [c for c in commands if "predict" in c and "-o gelu=quick" in c]
-    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32)
+    ref = timm_model("vit_base_patch16_clip_quickgelu_224", depth=1)  # (224 px: its grid)
     bare(ref, tmp_path)
     rgb = np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8)
     Image.fromarray(rgb).save(tmp_path / "cat.jpg", format="PNG")

@@ -195,6 +195,7 @@ _SOURCE_WORDS = {
     "format": "the format",
     "weights": "the weights",
     "assumed": "ASSUMED",
+    "default": "default (no effect)",
 }
 
 

@@ -48,6 +48,9 @@ def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Che
             raise VitkitError(f"{p}: {_spelled(overrides)} does not fit its weights: {e}") from None
         _say_contradictions(p, prov, before, ckpt.model_config.to_dict(), overrides)
         prov.give(overrides)
+    for f in _TRAINING_ONLY:  # weights never imply these: vitkit's default, to no effect
+        if prov.sources.get(f, "weights") == "weights":
+            prov.set("default", [f])
     ckpt.provenance = prov.complete(ckpt.model_config.to_dict(), "weights")
     return ckpt
 

@@ -26,6 +26,7 @@ SOURCES: dict[str, str] = {
     "format": "fixed by the format (its writer has one value)",
     "given": "given when loading",
     "assumed": "assumed by vitkit (said when loaded)",
+    "default": "vitkit's default: a training setting with no effect on a loaded model's outputs",
 }
 
 

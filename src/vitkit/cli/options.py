@@ -284,7 +284,7 @@ def loading(args: argparse.Namespace) -> dict[str, Any]:
 def reading(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`loading` for ``read_checkpoint``: the config fields under ``overrides``."""
     kw = loading(args)
-    reads: dict[str, Any] = {k: kw.pop(k) for k in ("num_heads", "format") if k in kw}
+    reads: dict[str, Any] = {k: kw.pop(k) for k in ("num_heads", "format", "grid") if k in kw}
     return {**reads, "overrides": kw}
 
 

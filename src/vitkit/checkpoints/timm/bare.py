@@ -122,8 +122,7 @@ def bare_heads(width: int, fam: str, cfg: ViTConfig, prov: Provenance, source: s
     if _siglip_gap(fam, cfg) and width != 768:  # (at 768: vit_base_patch16_gap_224, below)
         table = FAMILY_HEADS["SigLIP"]
     if width in table:
-        prov.set("weights", ["num_heads"], f"every timm {fam or 'ViT'} of width {width}")
-        return table[width]
+        return heads_assumed(table[width], width, f"every timm {fam or 'ViT'}", prov)
     general = {**PAPER_HEADS, **OTHER_HEADS}
     if width not in general:
         raise VitkitError(
@@ -142,12 +141,33 @@ def bare_heads(width: int, fam: str, cfg: ViTConfig, prov: Provenance, source: s
             )
         )
     else:
-        prov.set("weights", ["num_heads"], f"every timm ViT of width {width} with this layout")
+        heads_assumed(heads, width, "every timm ViT with this layout", prov)
+    return heads
+
+
+def heads_assumed(heads: int, width: int, which: str, prov: Provenance) -> int:
+    """``heads`` from the tables, said: a state dict never records the heads (any divisor of
+    the width fits the same weights)."""
+    other = next((h for h in (2 * heads, heads // 2) if h and width % h == 0), heads)
+    prov.assume(
+        Assumption(
+            "num_heads",
+            heads,
+            f"{which} of width {width} has {heads}; a state dict does not record the heads",
+            f"a model trained with another count (any divisor of {width}) has the same weights",
+            other,
+        )
+    )
     return heads
 
 
 def complete(
-    sd: dict[str, Tensor], cfg: ViTConfig, num_heads: int | None, source: str, bare: bool
+    sd: dict[str, Tensor],
+    cfg: ViTConfig,
+    num_heads: int | None,
+    source: str,
+    bare: bool,
+    grid_given: bool = False,
 ) -> tuple[ViTConfig, Provenance]:
     """``cfg`` as the shapes say it (any heads) completed: the heads (given, or from the
     tables), and for a ``bare`` state dict the family's numerics; with its provenance. A
@@ -156,12 +176,18 @@ def complete(
     if bare:
         refuse_other_architectures(cfg, source)
     fam = family(sd, cfg)
+    qk_norm = sd.get("blocks.0.attn.q_norm.weight")
     if num_heads is not None:
         heads = num_heads
         prov.set("given", ["num_heads"])
+    elif qk_norm is not None and qk_norm.ndim == 1 and cfg.width % qk_norm.shape[0] == 0:
+        heads = cfg.width // qk_norm.shape[0]  # (qk_norm normalises each head: its width)
+        prov.set("weights", ["num_heads"], "the width over qk_norm's (one head's) width")
     else:
         heads = bare_heads(cfg.width, fam, cfg, prov, source)
     changes = bare_numerics(sd, cfg, prov) if bare else {}
+    if bare and not grid_given and (a := grid_assumption(cfg)) is not None:
+        prov.assume(a)
     try:
         return cfg.replace(num_heads=heads, **changes), prov
     except VitkitError as e:
@@ -173,11 +199,11 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
     the assumptions, recorded in ``prov``."""
     fam = family(sd, cfg)
     changes: dict[str, Any] = {}
+    eps = 1e-5 if fam == "CLIP" else cfg.layer_norm_eps
     if fam == "CLIP":
-        changes["layer_norm_eps"] = 1e-5
-        prov.set("weights", ["layer_norm_eps"], "timm's CLIP towers (norm_pre, no patch bias)")
-    else:
-        prov.set("weights", ["layer_norm_eps"], f"timm's {fam or 'ViT'} layout")
+        changes["layer_norm_eps"] = eps
+    which = "CLIP tower (norm_pre, no patch bias)" if fam == "CLIP" else fam or "ViT"
+    prov.assume(eps_assumption(eps, f"every registered timm {which}"))
     siglip_gap = _siglip_gap(fam, cfg)
     if cfg.mlp == "swiglu":
         prov.set("weights", ["gelu"], "SwiGLU: SiLU, no GELU")
@@ -213,7 +239,7 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
             )
         )
     else:
-        prov.set("weights", ["gelu"], f"timm's {fam or 'ViT'} layout: exact GELU")
+        prov.assume(gelu_assumption(f"every registered timm {fam or 'ViT'} of this layout"))
     post_possible = (
         not fam and not cfg.has_class_token and cfg.fc_norm and cfg.parallel == 1
     ) and not cfg.parallel_scaling
@@ -227,9 +253,21 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
                 "post",
             )
         )
+    elif cfg.parallel != 1 or cfg.parallel_scaling or fam in ("AIMv2", "BEiT-3"):
+        prov.set("weights", ["block"], "pre-norm: the only block of this layout vitkit has")
     else:
-        prov.set("weights", ["block"], "pre-norm: every timm entry of this layout")
-    if cfg.pool == "map" and (cfg.num_prefix_tokens > 0):
+        prov.assume(
+            Assumption(
+                "block",
+                "pre",
+                "the pre-norm block of every registered timm entry of this layout",
+                "a model built with timm's ResPostBlock (post-norm) has the same keys",
+                "post",
+            )
+        )
+    if cfg.pool != "map" and not cfg.dist_token:  # (DeiT's distilled class pools its own way)
+        prov.assume(pool_assumption(cfg))
+    elif cfg.num_prefix_tokens > 0:
         prov.assume(
             Assumption(
                 "pool",
@@ -241,3 +279,78 @@ def bare_numerics(sd: dict[str, Tensor], cfg: ViTConfig, prov: Provenance) -> di
             )
         )
     return changes
+
+
+def eps_assumption(eps: float, which: str) -> Assumption:
+    """The norms' epsilon of a bare state dict: ``which`` entries' value, said."""
+    return Assumption(
+        "layer_norm_eps",
+        eps,
+        f"{which} has {eps:g}; a state dict does not record it",
+        "a model built with a norm_layer of another eps has the same weights",
+        1e-6 if eps == 1e-5 else 1e-5,
+    )
+
+
+def gelu_assumption(which: str) -> Assumption:
+    """The exact GELU of a bare state dict, as ``which`` has it, said."""
+    return Assumption(
+        "gelu",
+        "none",
+        f"the exact GELU, as {which}",
+        "a model built with act_layer='gelu_tanh' or 'quick_gelu' has the same weights",
+        "quick",
+    )
+
+
+def pool_assumption(cfg: ViTConfig) -> Assumption:
+    """The pooling of a state dict without a MAP head: its keys show whether there is a class
+    token and an ``fc_norm``, not which of timm's global_pool read the tokens."""
+    if cfg.pool == "token":
+        return Assumption(
+            "pool",
+            "token",
+            "timm's default, the class token: no fc_norm weights",
+            "timm's global_pool='avg' / 'avgmax' / 'max' with fc_norm=False has the same keys",
+            {"pool": "gap", "class_token": True},
+        )
+    other: dict[str, Any] = {"pool": "avgmax"}
+    if cfg.has_class_token:
+        other["class_token"] = True
+    token = " or 'token' with fc_norm=True" if cfg.has_class_token and cfg.fc_norm else ""
+    return Assumption(
+        "pool",
+        cfg.pool,
+        "the mean of the patch tokens (timm's global_pool='avg')",
+        f"timm's global_pool='avgmax' / 'max'{token} has the same keys",
+        other,
+    )
+
+
+def grid_assumption(cfg: ViTConfig) -> Assumption | None:
+    """The patch grid read from the number of position rows, where other grids (or the prefix
+    tokens with or without rows of their own) fit the same count: said, with the override."""
+    if cfg.resnet_layers is not None:  # (a hybrid's grid is its backbone's)
+        return None
+    gh, gw = cfg.grid_size
+    rows = gh * gw + cfg.num_pos_prefix
+    prefix = cfg.num_prefix_tokens
+    counts = [rows - prefix, rows] if prefix and rows > prefix else [rows]
+    grids = [(h, n // h) for n in counts for h in range(1, n + 1) if n % h == 0]
+    others = [g for g in grids if g != (gh, gw)]
+    if not others:
+        return None
+    others.sort(key=lambda g: -min(g) / max(g))  # the squarest first
+    shown = ", ".join(f"{h}x{w}" for h, w in others[:4]) + (" ..." if len(others) > 4 else "")
+    why = f"a square {gh}x{gw} patch grid"
+    if prefix:
+        which = "with" if cfg.pos_embed_prefix else "without"
+        why += f", {which} position rows for the {prefix} prefix token(s)"
+    pick = next((g for g in others if g[0] != g[1]), others[0])
+    return Assumption(
+        "image_size",
+        tuple(cfg.image_size),
+        f"{why}; a state dict does not record the input size",
+        f"its {rows} position rows also fit the grids {shown}; say the grid",
+        {"grid": pick},
+    )

@@ -8,9 +8,17 @@ layouts (DINOv3, LingBot, RoPE-ViT: the same keys, other RoPE) are refused bare 
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import Tensor
 
 from vitkit.checkpoints.provenance import Assumption, Provenance
+from vitkit.checkpoints.timm.bare import (
+    eps_assumption,
+    gelu_assumption,
+    grid_assumption,
+    heads_assumed,
+)
 from vitkit.checkpoints.timm.eva import check_eva_architecture, eva_hub_config_provenance
 from vitkit.registry.model_config import ViTConfig
 
@@ -44,7 +52,23 @@ def bare_eva_config_provenance(
 ) -> tuple[ViTConfig, Provenance]:
     """A bare EVA-02 / EVA state dict (:func:`bare_layout`): what every registered entry of the
     layout has (pooling by ``fc_norm``, EVA's post-norm by its width), the RoPE (EVA-02's; EVA:
-    none) assumed and said, as no key shows it."""
+    none) and the heads (never in a state dict) assumed and said, as no key shows them."""
+    cfg, prov = _bare_eva(sd, source, num_heads)
+    which = f"every timm eva.py entry of the {bare_layout(sd)} layout"
+    if num_heads is None:
+        heads_assumed(cfg.num_heads, cfg.width, which, prov)
+    prov.assume(eps_assumption(cfg.layer_norm_eps, which))
+    if cfg.mlp != "swiglu" and cfg.gelu == "none":
+        prov.assume(gelu_assumption(which))
+    if (grid := grid_assumption(cfg)) is not None:  # (this reader takes no grid: no override)
+        otherwise = f"{grid.otherwise.removesuffix('; say the grid')}, which vitkit does not read"
+        prov.assume(dataclasses.replace(grid, otherwise=otherwise, example=None))
+    return cfg, prov
+
+
+def _bare_eva(
+    sd: dict[str, Tensor], source: str, num_heads: int | None
+) -> tuple[ViTConfig, Provenance]:
     layout = bare_layout(sd)
     fc_norm, width = "fc_norm.weight" in sd, sd["patch_embed.proj.weight"].shape[0]
     if layout == "Perception Encoder":

@@ -119,7 +119,8 @@ def timm_config_provenance(
         timm_naflex.refuse_bare(source)
     timm_bare.refuse_other_keys(sd, source)
     cfg = _timm_shapes(sd, grid=grid, source=source)
-    return timm_bare.complete(later.pack_swiglu(sd, source), cfg, num_heads, source, bare)
+    sd = later.pack_swiglu(sd, source)
+    return timm_bare.complete(sd, cfg, num_heads, source, bare, grid_given=grid is not None)
 
 
 def _timm_shapes(sd: dict[str, Tensor], *, grid: tuple[int, int] | None, source: str) -> ViTConfig:
@@ -148,14 +149,17 @@ def _timm_shapes(sd: dict[str, Tensor], *, grid: tuple[int, int] | None, source:
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     prefix, rows = int(class_token) + ("dist_token" in sd) + regs, sd["pos_embed"].shape[1]
     pos_embed_prefix = (
-        _square(rows - prefix) or not _square(rows)
+        rows > prefix and (_square(rows - prefix) or not _square(rows))  # (fewer: no prefix rows)
         if grid is None
         else (rows == prefix + grid[0] * grid[1])
     )
     n = rows - prefix if pos_embed_prefix else rows
     if grid is None:
         if not _square(n):
-            raise VitkitError(f"{source}: {n} position embeddings are not a square grid")
+            raise VitkitError(
+                f"{source}: {n} position embeddings are not a square grid; say the patch grid "
+                "(grid=(H, W) when loading, -o grid=H,W on the command line)"
+            )
         grid = (math.isqrt(n), math.isqrt(n))
     rep = None
     for k in ("pre_logits.fc.weight", "pre_logits.0.weight"):
