@@ -38,6 +38,7 @@ import argparse
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -400,6 +401,7 @@ def run(
                 got = check_timm(timm, args, work, seed * 100_003 + i)
                 kind = "timm Eva" if eva else "timm VisionTransformer"
                 rows.append({"draw": i, "kind": kind, "args": args, **got})
+            shutil.rmtree(work, ignore_errors=True)  # a draw's files: thousands fill a disk
     return summarise(rows, time.perf_counter() - start, seed)
 
 
