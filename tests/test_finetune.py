@@ -295,3 +295,54 @@ def test_finetune_says_what_it_starts_from_and_what_it_assumed(tmp_path, capsys)
     err = capsys.readouterr().err
     assert f"fine-tuning ViT-w192-d1-h3/4 from {bare} (16x16 px)" in err, err
     assert "on digits:" in err and str(out) in err
+
+
+def test_every_reading_command_takes_the_setting_a_file_needs(tmp_path, capsys):
+    """A bare file that cannot be read without its heads (a width timm does not register) is
+    read by every command that reads a checkpoint once they are stated, as ``-o num_heads=N``
+    (finetune's only way, and the same option everywhere) or ``--num-heads N``."""
+    import sys
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from references import import_reference
+
+    timm = import_reference("timm")
+    m = timm.create_model(
+        "vit_tiny_patch16_224",
+        embed_dim=64,
+        num_heads=4,
+        depth=1,
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+    )
+    bare = str(tmp_path / "bare.safetensors")
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, bare)
+    img = tmp_path / "d.png"
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(img)
+    out = tmp_path / "out"
+    commands = {
+        "inspect": ["inspect", bare],
+        "eval": ["eval", "--from", bare, "--data", "digits", "--out", str(out / "ev")],
+        "predict": ["predict", "--from", bare, str(img)],
+        "explain": ["explain", str(img), "--from", bare, "--out", str(out / "ex")],
+        "analyze": ["analyze", "--from", bare, "--out", str(out / "an")],
+        "fewshot": ["fewshot", "--from", bare, "--data", "digits", "--shots", "2", "--seeds", "1"],
+        "convert": ["convert", bare, str(out / "cv"), "--to", "vitkit"],
+        "export": ["export", bare, str(out / "m.onnx")],
+        "finetune": ["finetune", "--from", bare, "--data", "digits", "--smoke", "--no-progress"]
+        + ["--out-dir", str(out / "ft")],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (what else is assumed is said: not this test's)
+        for name, args in commands.items():
+            assert main(args) == 2, name
+            assert "num_heads" in capsys.readouterr().err, name
+            assert main([*args, "-o", "num_heads=4"]) == 0, (name, capsys.readouterr().err)
+            capsys.readouterr()
