@@ -36,7 +36,7 @@ def hf_tower(**kw):
     return perturbed(transformers.SiglipVisionModel(cfg))
 
 
-@pytest.mark.parametrize("act", ["gelu_pytorch_tanh", "gelu"])
+@pytest.mark.parametrize("act", ["gelu_pytorch_tanh", "gelu", "quick_gelu"])
 def test_siglip_vision_model_reads_and_writes_exactly(tmp_path, act):
     transformers = import_reference("transformers")
     ref = hf_tower(hidden_act=act)
@@ -45,7 +45,7 @@ def test_siglip_vision_model_reads_and_writes_exactly(tmp_path, act):
     ckpt = read_checkpoint(tmp_path / "hf")
     cfg = ckpt.model_config
     assert (cfg.pool, cfg.has_class_token, cfg.num_classes) == ("map", False, 0)
-    assert cfg.gelu == ("tanh" if act == "gelu_pytorch_tanh" else "none")
+    assert cfg.gelu == {"gelu_pytorch_tanh": "tanh", "gelu": "none", "quick_gelu": "quick"}[act]
     model = vitkit.load(tmp_path / "hf")
     with torch.no_grad():
         out = ref(pixel_values=x)

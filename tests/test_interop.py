@@ -322,18 +322,26 @@ def hf_config(transformers, **kw):
     return transformers.ViTConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh", "quick_gelu"])
 def test_hf_classifier_logits_match_and_settings_travel(tmp_path, act):
+    """Each ``hidden_act`` is read and written back as itself (quick GELU was refused on
+    reading, and a writer that knew only two would have written it as the exact GELU)."""
     transformers = import_reference("transformers")
     ref = perturbed(transformers.ViTForImageClassification(hf_config(transformers, hidden_act=act)))
     ref.save_pretrained(tmp_path / "hf")
     model, ckpt = load_model(tmp_path / "hf")
     assert ckpt.format == "hf"
     assert model.cfg.layer_norm_eps == 1e-12  # HF's default, honoured rather than assumed
-    assert model.cfg.gelu == ("tanh" if act == "gelu_pytorch_tanh" else "none")
+    gelus = {"gelu_pytorch_tanh": "tanh", "gelu": "none", "quick_gelu": "quick"}
+    assert model.cfg.gelu == gelus[act]
     x = images()
     with torch.no_grad():
         assert max_diff(model(x), ref(x).logits) <= TOL
+    write_checkpoint(ckpt, tmp_path / "back", "hf")
+    again = transformers.ViTForImageClassification.from_pretrained(tmp_path / "back").eval()
+    assert again.config.hidden_act == act or (act, again.config.hidden_act) == ("gelu", "gelu")
+    with torch.no_grad():
+        assert max_diff(again(x).logits, ref(x).logits) <= TOL
 
 
 def test_hf_model_pooler_is_the_pre_logits_layer(tmp_path):

@@ -168,7 +168,8 @@ def write_checkpoint(
         }
         return _write_dir(dst, tower, siglip)
     if to == "hf":
-        if cfg.family_switches:  # DeiT, Dinov2, CLIP (always the 4.x naming)
+        # DeiT, Dinov2, CLIP (always the 4.x naming); every class writes its GELU (hidden_act)
+        if set(cfg.family_switches) - {"gelu"}:
             arch, hub, hsd = hf_family.state_dict_to_family(sd, cfg)
             if not arch.startswith("CLIP"):  # (CLIP's "head" is its projection)
                 hub.update(hf_conv.hf_labels(cfg.num_classes, ckpt.class_names))

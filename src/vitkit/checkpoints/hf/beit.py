@@ -35,6 +35,7 @@ from torch import Tensor
 from vitkit.checkpoints.hf.vit_model import (
     ACTIVATIONS,
     ENCODER_FIELDS,
+    HF_ACT,
     encoder_shape,
     refuse_leftover,
 )
@@ -278,7 +279,7 @@ def vit_to_beit_config(cfg: ViTConfig, arch: str) -> dict[str, Any]:
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim,
-        "hidden_act": {"none": "gelu", "tanh": "gelu_pytorch_tanh"}[cfg.gelu],
+        "hidden_act": HF_ACT[cfg.gelu],
         "layer_norm_eps": cfg.layer_norm_eps,
         "hidden_dropout_prob": cfg.dropout,
         "attention_probs_dropout_prob": cfg.attn_dropout,

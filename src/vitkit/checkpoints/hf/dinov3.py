@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.hf.vit_model import ACTIVATIONS, ENCODER_FIELDS, refuse_leftover
+from vitkit.checkpoints.hf.vit_model import ACTIVATIONS, ENCODER_FIELDS, HF_ACT, refuse_leftover
 from vitkit.errors import VitkitError
 from vitkit.registry.config_checks import eva_only_switches
 from vitkit.registry.model_config import ViTConfig
@@ -249,7 +249,7 @@ def vit_to_dinov3_config(cfg: ViTConfig) -> dict[str, Any]:
         "intermediate_size": cfg.mlp_dim // 2 if gated else cfg.mlp_dim,
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
-        "hidden_act": "silu" if gated else {"none": "gelu", "tanh": "gelu_pytorch_tanh"}[cfg.gelu],
+        "hidden_act": "silu" if gated else HF_ACT[cfg.gelu],
         "use_gated_mlp": gated,
         "layer_norm_eps": cfg.layer_norm_eps,
         "rope_theta": cfg.rope_theta,

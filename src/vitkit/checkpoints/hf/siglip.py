@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from vitkit.checkpoints.hf.processor import vit_to_hf_preprocess
-from vitkit.checkpoints.hf.vit_model import ACTIVATIONS, encoder_shape, refuse_leftover
+from vitkit.checkpoints.hf.vit_model import ACTIVATIONS, HF_ACT, encoder_shape, refuse_leftover
 from vitkit.errors import VitkitError
 from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
@@ -139,7 +139,7 @@ def writes_siglip(cfg: ViTConfig) -> bool:
 def state_dict_to_siglip(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
     """vitkit → ``SiglipVisionModel`` weights (transformers 5.x names, no prefix; 4.x reads
     them too)."""
-    other = {k: v for k, v in cfg.family_switches.items() if k != "pool"}
+    other = {k: v for k, v in cfg.family_switches.items() if k not in ("pool", "gelu")}
     if other or cfg.is_hybrid or cfg.representation_size:
         what = ", ".join(other) or ("a ResNet stem" if cfg.is_hybrid else "pre-logits")
         raise VitkitError(f"Hugging Face's SigLIP cannot hold {what}; write timm instead")
@@ -148,8 +148,8 @@ def state_dict_to_siglip(sd: dict[str, Tensor], cfg: ViTConfig) -> dict[str, Ten
             "Hugging Face's SiglipVisionModel has no classifier: write it without the head "
             "(--num-classes 0 keeps the MAP head's features), or write timm"
         )
-    if not cfg.qkv_bias or cfg.gelu not in ("tanh", "none"):
-        raise VitkitError("Hugging Face's SigLIP has q/k/v biases and a tanh or exact GELU")
+    if not cfg.qkv_bias:
+        raise VitkitError("Hugging Face's SigLIP has q/k/v biases")
     d = cfg.width
     out = {
         "embeddings.patch_embedding.weight": sd["patch_embed.proj.weight"],
@@ -196,7 +196,7 @@ def vit_to_siglip_config(cfg: ViTConfig) -> dict[str, Any]:
         "num_channels": cfg.in_chans,
         "image_size": cfg.image_size[0],
         "patch_size": cfg.patch_size[0],
-        "hidden_act": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
+        "hidden_act": HF_ACT[cfg.gelu],
         "layer_norm_eps": cfg.layer_norm_eps,
         "attention_dropout": cfg.attn_dropout,
         "vision_use_head": True,

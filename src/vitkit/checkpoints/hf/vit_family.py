@@ -371,6 +371,7 @@ def family_class(cfg: ViTConfig) -> tuple[Family, str]:
     """(model_type, architecture) of the Hugging Face class that computes what ``cfg`` does;
     a one-line error naming what none of them can hold."""
     switches = dict(cfg.family_switches)
+    switches.pop("gelu", None)  # every class below writes its GELU as hidden_act
     regs, heads = cfg.num_reg_tokens, bool(cfg.num_classes)
     if cfg.is_hybrid:
         raise VitkitError("Hugging Face's ViT family classes have no ResNet stem")

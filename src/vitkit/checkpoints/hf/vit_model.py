@@ -36,7 +36,10 @@ ACTIVATIONS: dict[str, GeluApprox] = {
     "gelu_pytorch_tanh": "tanh",
     "gelu_new": "tanh",
     "gelu_fast": "tanh",
+    "quick_gelu": "quick",  # x * sigmoid(1.702 x), OpenAI CLIP's; any config may name it
 }
+# vitkit's GELU -> the ``hidden_act`` that writes it back exactly
+HF_ACT: dict[GeluApprox, str] = {"none": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
 
 # vitkit name inside block i → (4.x name, 5.x name), without the weight/bias suffix.
 BLOCK = {
@@ -221,10 +224,9 @@ def state_dict_to_hf(
             "Hugging Face's ViT has no ResNet stem and transformers 5 removed ViTHybrid; "
             "write the hybrid as timm or npz"
         )
-    if cfg.family_switches:
-        raise VitkitError(
-            f"Hugging Face's ViT cannot hold {', '.join(cfg.family_switches)}; write timm instead"
-        )
+    other = [k for k in cfg.family_switches if k != "gelu"]  # (hidden_act holds every GELU)
+    if other:
+        raise VitkitError(f"Hugging Face's ViT cannot hold {', '.join(other)}; write timm instead")
     if cfg.representation_size and cfg.num_classes:
         raise VitkitError(
             "Hugging Face's ViTForImageClassification has no pre-logits layer before its "
@@ -280,7 +282,7 @@ def vit_to_hf_config(
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim,
-        "hidden_act": "gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
+        "hidden_act": HF_ACT[cfg.gelu],
         "hidden_dropout_prob": cfg.dropout,
         "attention_probs_dropout_prob": cfg.attn_dropout,
         "layer_norm_eps": cfg.layer_norm_eps,
