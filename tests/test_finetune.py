@@ -231,31 +231,27 @@ def test_mnist_best_smoke_keeps_the_hybrid_root_and_runs_from_the_cli(tmp_path):
     assert report["model_config"]["patch_size"] == [1, 1]
 
 
+def bare_timm(tmp_path: Path, name: str, **kw) -> Path:
+    """A timm model (grayscale digits' shape: 1 channel, patch 4, 16 px, 10 classes unless
+    ``kw`` says otherwise) saved as its state dict alone: no config, no name."""
+    from references import import_reference
+    from safetensors.torch import save_file
+
+    kw = {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 10, "depth": 1, **kw}
+    model = import_reference("timm").create_model(name, **kw)
+    path = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
 def test_a_bare_file_that_needs_its_heads_stated_can_be_finetuned(tmp_path, capsys):
     """A bare timm DeiT (distilled) of width 64, which timm does not register, says nothing of
     its heads: ``finetune -o num_heads=4`` was refused with "pass num_heads (--num-heads N)",
     an option finetune does not have; ``-o num_heads`` now reaches the reading, as
     ``--num-heads`` does for eval and predict, and the file's weights are what trains."""
-    import sys
-
-    from safetensors.torch import save_file
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from references import import_reference
-
-    timm = import_reference("timm")
-    m = timm.create_model(
-        "deit_tiny_distilled_patch16_224",
-        embed_dim=64,
-        num_heads=4,
-        depth=2,
-        img_size=16,
-        patch_size=4,
-        in_chans=1,
-        num_classes=10,
+    bare = bare_timm(
+        tmp_path, "deit_tiny_distilled_patch16_224", embed_dim=64, num_heads=4, depth=2
     )
-    bare = tmp_path / "bare.safetensors"
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(bare))
     args = ["finetune", "--from", str(bare), "--data", "digits", "--smoke", "--no-progress"]
     out = tmp_path / "ft"
     assert main([*args, "--out-dir", str(out)]) == 2
@@ -273,19 +269,7 @@ def test_a_bare_file_that_needs_its_heads_stated_can_be_finetuned(tmp_path, caps
 def test_finetune_says_what_it_starts_from_and_what_it_assumed(tmp_path, capsys):
     """``vitkit finetune`` printed neither a header nor the assumption lines that train, eval
     and inspect print for the same checkpoint (they were silenced with the zero-head warning)."""
-    import sys
-
-    from safetensors.torch import save_file
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from references import import_reference
-
-    timm = import_reference("timm")
-    m = timm.create_model(
-        "deit_tiny_patch16_224", depth=1, img_size=16, patch_size=4, in_chans=1, num_classes=10
-    )
-    bare = tmp_path / "bare.safetensors"
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(bare))
+    bare = bare_timm(tmp_path, "deit_tiny_patch16_224", depth=1)
     out = tmp_path / "ft"
     args = ["finetune", "--from", str(bare), "--data", "digits", "--smoke", "--no-progress"]
     from vitkit.errors import AssumptionWarning
@@ -301,29 +285,12 @@ def test_every_reading_command_takes_the_setting_a_file_needs(tmp_path, capsys):
     """A bare file that cannot be read without its heads (a width timm does not register) is
     read by every command that reads a checkpoint once they are stated, as ``-o num_heads=N``
     (finetune's only way, and the same option everywhere) or ``--num-heads N``."""
-    import sys
     import warnings
 
     import numpy as np
     from PIL import Image
-    from safetensors.torch import save_file
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from references import import_reference
-
-    timm = import_reference("timm")
-    m = timm.create_model(
-        "vit_tiny_patch16_224",
-        embed_dim=64,
-        num_heads=4,
-        depth=1,
-        img_size=8,
-        patch_size=4,
-        in_chans=1,
-        num_classes=10,
-    )
-    bare = str(tmp_path / "bare.safetensors")
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, bare)
+    bare = str(bare_timm(tmp_path, "vit_tiny_patch16_224", embed_dim=64, num_heads=4, img_size=8))
     img = tmp_path / "d.png"
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(img)
     out = tmp_path / "out"

@@ -1,10 +1,14 @@
-"""What the machine computes natively: whether bf16 autocast is fast here.
+"""What the machine computes natively (whether bf16 autocast is fast here) and what it holds.
 
 bf16 autocast pays off only where the hardware multiplies bf16 natively: CUDA GPUs from Ampere
 on, and CPUs with AVX512-BF16 or AMX (oneDNN's bf16 kernels). On a CPU without them (AVX2 only,
 e.g. many AMD EPYC and laptop CPUs) PyTorch emulates bf16 matmuls, measured 15-53x slower
 than fp32, a training step 5x (bench/precision.py). ``precision="auto"`` picks bf16 exactly
 where it is native.
+
+And what the machine holds: a model whose weights (or an input whose sequence) cannot fit in
+the available memory is refused before anything is allocated (:func:`check_fits`), and an
+out-of-memory step is said in one line with what to change.
 """
 
 from __future__ import annotations

@@ -120,17 +120,6 @@ def fresh_directory(
     return out.with_name(f"{out.name}-{n}")
 
 
-__all__ = [
-    "check_destination",
-    "file_mode",
-    "fresh_directory",
-    "fsync_dir",
-    "publish",
-    "read_paths",
-    "set_file_mode",
-]
-
-
 def _holds_run_or_checkpoint(d: Path) -> str:
     """What ``d`` is, if it is a run directory or a checkpoint ("" if neither)."""
     if (d / "checkpoints" / "LATEST").is_file() or (d / "train_config.json").is_file():
@@ -155,3 +144,15 @@ def check_run_dir(out: str | os.PathLike[str]) -> None:
                 f"{out}: lies inside {parent}, {kind}; a run directory is never made inside "
                 "a run or a checkpoint: choose another --out-dir"
             )
+
+
+__all__ = [
+    "check_destination",
+    "check_run_dir",
+    "file_mode",
+    "fresh_directory",
+    "fsync_dir",
+    "publish",
+    "read_paths",
+    "set_file_mode",
+]

@@ -190,6 +190,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         model = Recorder(model)
     model.to(args.device)
     jitter = (args.tta_shift, float(args.tta_rotate), float(args.tta_zoom))
+    max_seq_len = args.max_seq_len  # (per checkpoint: a NaFlex run's own where not given)
     if any(jitter):
         if isinstance(model, Recorder):
             raise VitkitError(f"{engine_line}: --tta-* runs the PyTorch model only")
@@ -200,7 +201,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
             raise VitkitError("--tta-* moves whole images; it does not take --max-seq-len")
         model = JitterTTA(model, *jitter)
     elif not isinstance(model, Recorder):
-        args.max_seq_len = run_max_seq_len(args.max_seq_len, ckpt)
+        max_seq_len = run_max_seq_len(max_seq_len, ckpt)
     data = args.data or ckpt.meta.get("dataset")
     if not data:
         raise VitkitError(f"{ckpt.path}: the checkpoint names no dataset; pass --data")
@@ -216,15 +217,15 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         precision=precision,
         device=args.device,
         num_workers=args.num_workers,
-        max_seq_len=args.max_seq_len,
+        max_seq_len=max_seq_len,
     )
     print(f"{path} ({precision}: {why}):")
     print(format_result(result, names))
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.to_json_dict(), "precision": precision}
     record.update(zip(("tta_shift", "tta_rotate", "tta_zoom"), jitter))
-    if args.max_seq_len is not None:
-        record["max_seq_len"] = args.max_seq_len
+    if max_seq_len is not None:
+        record["max_seq_len"] = max_seq_len
     if isinstance(model, Recorder):
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)
@@ -329,6 +330,8 @@ def _check_sequence_fits(seq: int, cfg: Any) -> None:
     and a few token-sized tensors alive at once), must fit before it is resized and packed."""
     from vitkit.hardware import check_fits
 
+    if not hasattr(cfg, "mlp_dim"):  # (a ResNet: --max-seq-len is refused where it is used)
+        return
     ph, pw = cfg.patch_size
     per_token = ph * pw * cfg.in_chans + cfg.mlp_dim + 8 * cfg.width  # fp32 values
     check_fits(
