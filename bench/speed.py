@@ -17,6 +17,13 @@ this machine at the same precision. Peak memory is what the call held at once be
 before it: on CUDA the allocator's peak; on the CPU the bytes malloc had handed out (glibc
 ``mallinfo2``), sampled every millisecond by a thread.
 
+Levers on vitkit (CUDA), each an impl of its own beside plain ``vitkit``: ``vitkit+cudnn``
+(cuDNN's fused attention, ``vitkit.models.sdpa_backend``), ``vitkit+fp8`` (float8 matmuls in
+the Linear layers of at least 2**20 weights, tensorwise scales, ``vitkit.train.float8``),
+``vitkit+fp8all`` (every Linear whose sides are multiples of 16), ``vitkit+fp8mlp`` (only the
+MLP's), ``vitkit+fp8r`` (rowwise scales), combined with ``+``: ``vitkit+fp8+cudnn``. The
+levers' rows go to a table of their own, each against timm and plain vitkit in the same rounds.
+
     python bench/speed.py                                   # MNIST model + Ti/16, quick
     python bench/speed.py --models mnist,Ti/16,S/16,B/16 --modes eager,compiled --rounds 5
 """
@@ -46,8 +53,50 @@ import vitkit  # noqa: E402
 from vitkit.checkpoints.hf import vit_model as hf_conv  # noqa: E402
 from vitkit.checkpoints.timm import vision_transformer as timm_conv  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
+from vitkit.models.sdpa_backend import sdpa_backend  # noqa: E402
 from vitkit.registry.counts import count_flops  # noqa: E402
+from vitkit.train.float8 import FP8_MIN_PARAMS, check_fp8_device, convert_to_fp8  # noqa: E402
 from vitkit.train.recipes import MNIST  # noqa: E402
+
+# lever -> (fp8 recipe or None, fp8 min_params, attention backend or None)
+LEVERS: dict[str, tuple[str | None, int, str | None]] = {
+    "cudnn": (None, 0, "cudnn"),
+    "flash": (None, 0, "flash"),
+    "fp8": ("tensorwise", FP8_MIN_PARAMS, None),
+    "fp8all": ("tensorwise", 0, None),
+    "fp8mlp": ("tensorwise", 2 * FP8_MIN_PARAMS, None),
+    "fp8r": ("rowwise", FP8_MIN_PARAMS, None),
+}
+
+
+def task_kind(task: str) -> str:
+    """``infer_b1``, ``infer`` (at the batch) or ``train``: what ``--tasks`` names."""
+    return task if task in ("infer_b1", "train") else "infer"
+
+
+def split_impl(impl: str) -> tuple[str, list[str]]:
+    """``vitkit+fp8+cudnn`` -> ("vitkit", ["fp8", "cudnn"]); levers apply to vitkit only."""
+    base, *levers = impl.split("+")
+    unknown = [lever for lever in levers if lever not in LEVERS]
+    if unknown or (levers and base != "vitkit"):
+        raise SystemExit(f"speed.py: unknown impl {impl!r} (levers: {', '.join(LEVERS)})")
+    return base, levers
+
+
+def lever_model(model: torch.nn.Module, levers: list[str], device) -> tuple:
+    """A copy of vitkit's model with the impl's float8 layers, and its attention backend."""
+    import copy
+
+    fp8 = [LEVERS[lever] for lever in levers if LEVERS[lever][0]]
+    attention = next((LEVERS[lever][2] for lever in levers if LEVERS[lever][2]), "auto")
+    if not fp8:
+        return model, attention
+    check_fp8_device(device)
+    recipe, min_params, _ = fp8[0]
+    model = copy.deepcopy(model)
+    layers = convert_to_fp8(model, recipe, min_params)
+    print(f"{'+'.join(levers)}: {len(layers)} Linear layers in float8 ({recipe})", file=sys.stderr)
+    return model, attention
 
 
 def model_cfg(name: str) -> vitkit.ViTConfig:
@@ -63,8 +112,8 @@ def model_cfg(name: str) -> vitkit.ViTConfig:
     return vitkit.model_config(name, image_size=224, num_classes=1000, gelu="none")
 
 
-def build(name: str, device: torch.device) -> dict[str, torch.nn.Module]:
-    """The same network and weights in vitkit, timm and transformers."""
+def build(name: str, device: torch.device, impls: set[str]) -> dict[str, torch.nn.Module]:
+    """The same network and weights in vitkit, timm and transformers (those in ``impls``)."""
     cfg = model_cfg(name)
     torch.manual_seed(0)
     ours = vitkit.create_model(cfg)
@@ -72,10 +121,13 @@ def build(name: str, device: torch.device) -> dict[str, torch.nn.Module]:
         for p in ours.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     models = {"vitkit": ours}
-    timm = import_reference("timm")
-    t = timm.create_model("vit_base_patch16_224", **timm_conv.timm_model_args(cfg))
-    t.load_state_dict(timm_conv.state_dict_to_timm(ours.state_dict(), cfg))
-    models["timm"] = t
+    if "timm" in impls:
+        timm = import_reference("timm")
+        t = timm.create_model("vit_base_patch16_224", **timm_conv.timm_model_args(cfg))
+        t.load_state_dict(timm_conv.state_dict_to_timm(ours.state_dict(), cfg))
+        models["timm"] = t
+    if "hf" not in impls:
+        return {k: m.to(device).eval() for k, m in models.items()}
     transformers = import_reference("transformers")
     arch, hsd = hf_conv.state_dict_to_hf(ours.state_dict(), cfg, "5")
     hc = transformers.ViTConfig(
@@ -188,7 +240,10 @@ def sync(device: torch.device) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mnist,Ti/16")
-    ap.add_argument("--impls", default="vitkit,timm,hf")
+    ap.add_argument(
+        "--impls", default="vitkit,timm,hf", help="libraries, and vitkit with levers (above)"
+    )
+    ap.add_argument("--tasks", default="infer_b1,infer,train", help="what to time")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--modes", default="eager", help="eager and/or compiled")
     ap.add_argument("--batch", type=int, default=32, help="batch for throughput and training")
@@ -226,9 +281,10 @@ def main() -> None:
         for p in precisions
     }
     compiled_impls = (args.compiled_impls or args.impls).split(",")
-    rows = []
+    rows: list[dict] = []
+    failed: list[dict] = []
     for name in args.models.split(","):
-        models = build(name, device)
+        models = build(name, device, {split_impl(i)[0] for i in args.impls.split(",")})
         cfg = model_cfg(name)
         batch = args.mnist_batch if name == "mnist" else args.batch
         fns: dict[tuple[str, str, str, str], Callable[[], None]] = {}
@@ -237,18 +293,38 @@ def main() -> None:
                 for mode in args.modes.split(","):
                     if mode == "compiled" and impl not in compiled_impls:
                         continue
-                    fns.update(make_fns(impl, models[impl], cfg, prec, mode, batch, device, args))
+                    base, levers = split_impl(impl)
+                    try:
+                        model, attention = lever_model(models[base], levers, device)
+                    except Exception as err:
+                        failed.append({"model": name, "key": [impl, prec, mode, "build"],
+                                       "error": one_line(err)})  # fmt: skip
+                        print(f"{name} {impl}: FAILED {one_line(err)}", file=sys.stderr)
+                        continue
+                    fns.update(
+                        make_fns(impl, model, cfg, prec, mode, batch, device, args, attention)
+                    )
         if not args.compiled_b1:
             fns = {k: f for k, f in fns.items() if not (k[2] == "compiled" and k[3] == "infer_b1")}
+        tasks = args.tasks.split(",")
+        fns = {k: f for k, f in fns.items() if task_kind(k[3]) in tasks}
+        first: dict[tuple[str, str, str, str], float] = {}
         if args.onnx and device.type == "cpu" and "fp32" in precisions:
             fns.update(onnx_fns(models["vitkit"], cfg, batch))
         times: dict[tuple[str, str, str, str], list[float]] = {k: [] for k in fns}
         peaks: dict[tuple[str, str, str, str], int] = {}
-        for key, fn in fns.items():  # warm up (and compile) everything first
+        for key, fn in list(fns.items()):  # warm up (and compile) everything first
             start = time.perf_counter()
-            fn()
-            sync(device)
-            print(f"{name} {key}: first call {time.perf_counter() - start:.1f} s", file=sys.stderr)
+            try:
+                fn()
+                sync(device)
+            except Exception as err:  # a lever the card or library refuses: say so, go on
+                failed.append({"model": name, "key": list(key), "error": one_line(err)})
+                print(f"{name} {key}: FAILED {one_line(err)}", file=sys.stderr)
+                del fns[key]
+                continue
+            first[key] = time.perf_counter() - start
+            print(f"{name} {key}: first call {first[key]:.1f} s", file=sys.stderr)
             with PeakMemory(device) as mem:
                 fn()
             peaks[key] = mem.peak
@@ -279,14 +355,15 @@ def main() -> None:
                     "images_per_s": n / med,
                     "mfu": work / med / ceilings[prec],
                     "peak_memory_bytes": peaks[(impl, prec, mode, task)],
+                    "first_call_s": first[(impl, prec, mode, task)],
                     "rounds": ts,
                 }
             )
         print(f"{name}: done", file=sys.stderr)
-    write(rows, ceilings, args)
+    write(rows, ceilings, args, failed)
 
 
-def make_fns(impl, model, cfg, prec, mode, batch, device, args) -> dict:
+def make_fns(impl, model, cfg, prec, mode, batch, device, args, attention="auto") -> dict:
     # static shapes: each batch size gets its own graph, as a trainer at a fixed batch sees it
     net = (
         torch.compile(model, dynamic=False, mode=args.compile_mode) if mode == "compiled" else model
@@ -299,7 +376,7 @@ def make_fns(impl, model, cfg, prec, mode, batch, device, args) -> dict:
 
     def infer(x):
         def fn():
-            with torch.inference_mode(), amp_ctx():
+            with torch.inference_mode(), amp_ctx(), sdpa_backend(attention):
                 logits_of(impl, net, x)
 
         return fn
@@ -313,7 +390,7 @@ def make_fns(impl, model, cfg, prec, mode, batch, device, args) -> dict:
 
     def train():
         model.train()
-        with amp_ctx():
+        with amp_ctx(), sdpa_backend(attention):
             loss = torch.nn.functional.cross_entropy(logits_of(impl, net, xb).float(), y)
         loss.backward()
         opt.step()
@@ -378,7 +455,14 @@ def mfu_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace) -> None:
+def one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    return text[0][:300] if text else type(err).__name__
+
+
+def write(
+    rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace, failed: list[dict]
+) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
@@ -393,7 +477,7 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
     }
     summary = mfu_summary(rows)
     out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1)
+        json.dumps({"meta": meta, "summary": summary, "rows": rows, "failed": failed}, indent=1)
     )
     by = {(r["model"], r["impl"], r["precision"], r["mode"], r["task"]): r for r in rows}
     lines = [
@@ -428,8 +512,34 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
             f"{ratio(t)} | {ratio(h)} | {100 * r['mfu']:.0f} % | "
             f"{mib(r)} / {mib(t)} / {mib(h)} | {ips(o)} |"
         )
+    lines += lever_table(rows, by)
+    lines += [f"\nFAILED {' '.join(f['key'])} ({f['model']}): {f['error']}" for f in failed]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def lever_table(rows: list[dict], by: dict) -> list[str]:
+    """The levers' rows: each against timm and plain vitkit in the same rounds."""
+    levers = [r for r in rows if "+" in r["impl"]]
+    if not levers:
+        return []
+    lines = [
+        "",
+        "| model | precision | mode | task | impl | img/s | vs timm | vs vitkit | MFU "
+        "| peak MiB | first call s |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in levers:
+        t, v = (by.get((r["model"], i, *(r[k] for k in ("precision", "mode", "task"))))
+                for i in ("timm", "vitkit"))  # fmt: skip
+        peak = r["peak_memory_bytes"]
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {r['mode']} | {r['task']} | {r['impl']} | "
+            f"{r['images_per_s']:.1f} | {f'{paired_ratio(r, t):.2f}' if t else '-'} | "
+            f"{f'{paired_ratio(r, v):.2f}' if v else '-'} | {100 * r['mfu']:.0f} % | "
+            f"{'-' if peak is None else f'{peak / 2**20:.0f}'} | {r['first_call_s']:.1f} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ cuDNN convolutions (the patch embedding), so fp32 parity is to 2e-3 relative the
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -157,14 +158,27 @@ def test_resume_from_a_checkpoint_on_the_device(device: str, tmp_path: Path) -> 
         ["--pin-memory", "--num-workers", "2"],
         ["--nproc-per-node", "1", "--strategy", "ddp"],
         ["--nproc-per-node", "1", "--strategy", "fsdp"],
+        ["--precision", "fp8", "--fp8-min-params", "0"],
+        ["--precision", "fp8", "--fp8-min-params", "0", "--compile", "--batch-size", "24"],
+        ["--attention-backend", "cudnn"],
     ],
-    ids=["compile", "accum", "pinned-workers", "torchrun-ddp", "torchrun-fsdp"],
+    ids=[
+        "compile",
+        "accum",
+        "pinned-workers",
+        "torchrun-ddp",
+        "torchrun-fsdp",
+        "fp8",
+        "fp8-compile-padded",
+        "cudnn-attention",
+    ],
 )
 def test_training_paths_on_cuda_match_the_plain_run(
     device: str, extra: list[str], tmp_path: Path
 ) -> None:
     """Each training path on CUDA ends within noise of the plain run with the same seed (the
-    CPU versions of these are in test_trainer, test_cli and test_distributed). Ten epochs: at
+    CPU versions of these are in test_trainer, test_cli and test_distributed; fp8 swaps every
+    Linear of the tiny model, and at batch 24 pads the weight gradient's matmul). Ten epochs: at
     three (the first version) the plain run was at 0.32 on an H100 and 0.42 on the CPU, short of
     the 0.6 asked, though every path matched it (0.25-0.32). At ten, on the CPU: plain 0.79,
     compile 0.77, accumulation 0.71, DDP 0.79, FSDP 0.81; rounding differences grow over the
@@ -179,6 +193,43 @@ def test_training_paths_on_cuda_match_the_plain_run(
         runs[name] = json.loads((out / "report.json").read_text())["test_top1"]
     assert runs["path"] > 0.6
     assert abs(runs["path"] - runs["plain"]) < 0.12
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_cudnn_attention_equals_the_explicit_softmax(device: str) -> None:
+    """cuDNN's fused attention (``--attention-backend cudnn``) against ``forward_explicit`` in
+    bf16 at ViT's 197 tokens, forward and input gradients."""
+    from vitkit.models.sdpa_backend import sdpa_backend
+
+    torch.manual_seed(0)
+    attn = create_model("Ti/8", width=128, num_heads=2).blocks[0].attn.to(device, torch.bfloat16)
+    x = torch.randn(4, 197, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with sdpa_backend("cudnn"):
+        fused = attn(x)
+        (g_fused,) = torch.autograd.grad(fused.float().square().sum(), x)
+    explicit = attn.forward_explicit(x)[0]
+    (g_explicit,) = torch.autograd.grad(explicit.float().square().sum(), x)
+    assert _relative(fused, explicit) < 2e-2
+    assert _relative(g_fused, g_explicit) < 5e-2
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_naflex_bf16_training_on_cuda_learns(
+    device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaFlex batches (a padding mask in every attention) in bf16 on CUDA: finite losses that
+    fall, and the test split learnt (3 classes, chance 1/3; the CPU run reaches 1.0 in fp32)."""
+    from test_naflex_train import naflex_train, write_folder
+
+    folder = write_folder(tmp_path / "data", {"train": 48, "test": 18})
+    args = naflex_train(folder, tmp_path / "run", "--device", device, "--precision", "bf16")
+    args[args.index("--epochs") + 1] = "8"
+    assert main(args) == 0
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    losses = [r["train_loss"] for r in records if "train_loss" in r]
+    assert all(map(math.isfinite, losses)) and losses[-1] < 0.5 * losses[0]
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["test_top1"] > 0.8
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("device", [CUDA])

@@ -316,11 +316,17 @@ def banner(trainer: Any, env: Any) -> str:
     if cfg.max_seq_len is not None:  # --naflex
         size = f"NaFlex: each image at its aspect ratio, at most {cfg.max_seq_len} patches"
     start = f" from {cfg.init_from}" if cfg.init_from else ""
+    precision = cfg.precision
+    if precision == "fp8":
+        n = len(getattr(trainer, "fp8_layers", ()))
+        precision = f"fp8 ({cfg.fp8_recipe}: {count(n, 'Linear layer')} in float8, the rest bf16)"
+    if cfg.attention_backend != "auto":
+        precision += f", {cfg.attention_backend} attention"
     return (
         f"{'fine-tuning' if cfg.init_from else 'training'} {mc.short_name}{start} ({size}) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
-        f"{count(trainer.total_steps, 'step')}, {trainer.cfg.precision}, "
+        f"{count(trainer.total_steps, 'step')}, {precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
 

@@ -11,7 +11,6 @@ from typing import Any
 from vitkit.cli.options import (
     DATA_KINDS,
     add_bad_image,
-    add_precision,
     add_threads_device,
     dataset,
     fraction_or_count,
@@ -205,12 +204,28 @@ def _add_optimisation(g: Any) -> None:
     g.add_argument(
         "--cutmix", type=non_negative_float, dest="cutmix_alpha", help="CutMix alpha (0: off)"
     )
-    add_precision(
-        g,
-        default=None,
+    g.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16", "fp8"],
         help="bf16: autocast; auto: bf16 where the device has it natively (AVX512-BF16/AMX, "
-        "CUDA), else fp32 (default: the recipe's)",
-        auto=True,
+        "CUDA), else fp32; fp8: bf16 with float8 matmuls in the large Linear layers (NVIDIA, "
+        "compute capability 8.9+; the 'fp8' extra) (default: the recipe's)",
+    )
+    g.add_argument(
+        "--fp8-recipe",
+        choices=["tensorwise", "rowwise"],
+        help="fp8 scaling: one scale per tensor (fastest) or per row (default: tensorwise)",
+    )
+    g.add_argument(
+        "--fp8-min-params",
+        type=non_negative_int,
+        metavar="N",
+        help="fp8: only Linear layers holding at least N weights (default: 1048576, 2**20)",
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=["auto", "flash", "efficient", "cudnn", "math"],
+        help="scaled_dot_product_attention's kernel (default: auto, PyTorch's choice)",
     )
 
 
@@ -269,7 +284,8 @@ _TRAIN_FIELDS = (
     "batch_size accum_steps optimizer lr weight_decay warmup_epochs warmup_steps schedule "
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
-    "cutmix_alpha compile threads early_stop tta_shift tta_rotate tta_zoom"
+    "cutmix_alpha compile threads early_stop tta_shift tta_rotate tta_zoom fp8_recipe "
+    "fp8_min_params attention_backend"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 

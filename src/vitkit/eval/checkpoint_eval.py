@@ -74,6 +74,8 @@ def checkpoint_precision(ckpt: Checkpoint, precision: str | None) -> tuple[str, 
     run = ckpt.meta.get("train_config")
     if isinstance(run, dict) and run.get("precision") in ("fp32", "bf16"):
         return str(run["precision"]), "the run's; --precision to change"
+    if isinstance(run, dict) and run.get("precision") == "fp8":
+        return "bf16", "the run's fp8 is bf16 outside its float8 matmuls; --precision to change"
     return "fp32", "the checkpoint names none"
 
 

@@ -141,8 +141,9 @@ def evaluate_classification(
 ) -> ClassificationResult:
     """Run ``model`` over ``loader`` once and measure it.
 
-    The model runs in eval mode under ``torch.inference_mode()``; the training flag of every
-    submodule is restored afterwards. ``autocast_dtype`` (e.g. ``torch.bfloat16``) turns on
+    The model runs in eval mode under ``torch.inference_mode()`` (``torch.no_grad()`` for a
+    model holding torchao's float8 layers, an fp8 run's own, whose tensors autocast cannot cast
+    in inference mode); the training flag of every submodule is restored afterwards. ``autocast_dtype`` (e.g. ``torch.bfloat16``) turns on
     ``torch.autocast`` for the forward pass; the loss is always computed in float64.
     ``max_batches`` stops after that many batches (``None``: the whole loader).
     """
@@ -157,7 +158,8 @@ def evaluate_classification(
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        with torch.inference_mode():
+        float8 = any(type(m).__name__ == "Float8Linear" for m in model.modules())
+        with torch.no_grad() if float8 else torch.inference_mode():
             sums = _accumulate(model, batches, num_classes, device, prepare, autocast_dtype)
     finally:
         for module, training in modes:

@@ -11,8 +11,10 @@ in a distributed run).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from vitkit.data.naflex_batches import PackedImages
 from vitkit.errors import VitkitError
 from vitkit.eval.checkpoint_eval import non_finite_weights
 from vitkit.hardware import resolve_precision
+from vitkit.models.sdpa_backend import check_sdpa_backend, sdpa_backend
 from vitkit.models.vit import build_model
 from vitkit.registry.model_config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.train import distributed as D
@@ -34,11 +37,12 @@ from vitkit.train.augment import augment_batch
 from vitkit.train.checkpoint_manager import CheckpointManager
 from vitkit.train.compile import compile_for_training
 from vitkit.train.ema import WeightAverage
+from vitkit.train.float8 import check_fp8_device, convert_to_fp8, torchao_float8
 from vitkit.train.metrics import MetricsLog
 from vitkit.train.naflex_runs import check_naflex_run, naflex_loader, prepare_packed
 from vitkit.train.optim import build_optimizer
 from vitkit.train.schedules import warmup_decay
-from vitkit.train.train_config import TrainConfig
+from vitkit.train.train_config import Precision, TrainConfig
 
 
 def _device(name: str) -> torch.device:
@@ -78,7 +82,13 @@ class TrainingRun:
         self.device = _device(D.device_for(cfg.device, self.dist))
         # Recorded as they resolve here (see resume): the thread count, and "auto" precision
         # as bf16 where this device multiplies bf16 natively, else fp32 (vitkit.hardware).
-        precision = resolve_precision(cfg.precision, self.device)
+        precision: Precision = "fp8"  # bf16 autocast with float8 matmuls (train.float8)
+        if cfg.precision == "fp8":
+            check_fp8_device(self.device)
+            torchao_float8()
+        else:
+            precision = resolve_precision(cfg.precision, self.device)
+        check_sdpa_backend(cfg.attention_backend, self.device)
         cfg = dataclasses.replace(cfg, threads=torch.get_num_threads(), precision=precision)
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
@@ -114,6 +124,13 @@ class TrainingRun:
         self.model = build_model(self.model_cfg).to(self.device)
         if self.init is not None:
             load_state_dict_strict(self.model, self.init.state_dict, source=str(cfg.init_from))
+        # The float8 layers hold the same weights as the Linears they replace: checkpoints are
+        # unchanged. Swapped before the wrappers and the compiler see the model.
+        self.fp8_layers: list[str] = []
+        if cfg.precision == "fp8":
+            self.fp8_layers = convert_to_fp8(
+                self.model, cfg.fp8_recipe, cfg.fp8_min_params, batch=self.micro_batch
+            )
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(self._units())
         # What a training step calls: the model itself, DDP around it, or it sharded by FSDP2
@@ -126,7 +143,7 @@ class TrainingRun:
                 self.model,
                 self.strategy,
                 self.device,
-                bf16=cfg.precision == "bf16",
+                bf16=cfg.precision in ("bf16", "fp8"),
                 blocks=self._units(),
             )
         if cfg.compile is not None:
@@ -265,10 +282,16 @@ class TrainingRun:
             elastic=self.cfg.elastic,
         )
 
-    def _autocast(self) -> Any:
-        if self.cfg.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return torch.autocast(self.device.type, enabled=False)
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        """What a training step computes in: bf16 autocast (also under fp8, whose float8
+        matmuls sit inside the swapped layers), and the chosen attention kernel."""
+        bf16 = self.cfg.precision in ("bf16", "fp8")
+        with (
+            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16),
+            sdpa_backend(self.cfg.attention_backend),
+        ):
+            yield
 
     # ----- checkpoints -------------------------------------------------------------------
 

@@ -10,14 +10,16 @@ from typing import Any, Literal
 from vitkit.errors import VitkitError
 from vitkit.eval.tta import check_jitter
 from vitkit.models.posemb_resample import Resample
+from vitkit.models.sdpa_backend import SDPA_BACKENDS
 from vitkit.registry.model_config import check_fields
 from vitkit.selfsup.objective_config import objective_config
 from vitkit.train import distributed as D
 from vitkit.train.compile import COMPILE_MODES, CompileMode
+from vitkit.train.float8 import FP8_MIN_PARAMS, FP8_RECIPES
 from vitkit.train.optim import OptimizerName
 from vitkit.train.schedules import Decay
 
-Precision = Literal["auto", "fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16", "fp8"]
 Objective = Literal["classify", "mpp", "mae"]
 Augment = Literal["none", "digits", "inception"]
 
@@ -82,6 +84,13 @@ class TrainConfig:
     mixup_alpha: float = 0.0  # Mixup Beta(alpha, alpha); 0: off
     cutmix_alpha: float = 0.0  # CutMix Beta(alpha, alpha); 0: off (both: one per batch)
     precision: Precision = "fp32"  # "bf16": autocast; "auto": bf16 where native (vitkit.hardware)
+    # "fp8" precision (CUDA, capability 8.9+): bf16 autocast with float8 matmuls in the Linear
+    # layers of at least fp8_min_params weights, scaled per tensor or per row (train.float8)
+    fp8_recipe: str = "tensorwise"
+    fp8_min_params: int = FP8_MIN_PARAMS
+    # scaled_dot_product_attention's kernel: auto (PyTorch's choice), flash, efficient, cudnn,
+    # math (models.sdpa_backend)
+    attention_backend: str = "auto"
     # stop after this many evaluations (epochs) without a new lowest validation loss, and report
     # the best evaluation's weights (train.convergence); None: off, train the whole budget
     early_stop: int | None = None
@@ -128,8 +137,19 @@ class TrainConfig:
             raise VitkitError(
                 f"batch size {self.batch_size} is not divisible by accum_steps {self.accum_steps}"
             )
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise VitkitError(f"precision must be auto, fp32 or bf16, got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp8"):
+            raise VitkitError(f"precision must be auto, fp32, bf16 or fp8, got {self.precision!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise VitkitError(
+                f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}"
+            )
+        if self.fp8_min_params < 0:
+            raise VitkitError(f"fp8_min_params must be at least 0, got {self.fp8_min_params}")
+        if self.attention_backend not in SDPA_BACKENDS:
+            raise VitkitError(
+                f"attention_backend must be one of {', '.join(SDPA_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         if self.augment not in ("none", "digits", "inception"):
             raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
         if self.strategy not in ("auto", "ddp", "fsdp"):
@@ -244,6 +264,7 @@ RESUMABLE_CHANGES = frozenset(
         "strategy",
         "activation_checkpointing",
         "compile",
+        "attention_backend",
         "device",
         "log_every",
         "out_dir",
@@ -254,7 +275,15 @@ RESUMABLE_CHANGES = frozenset(
 # for ImageFolder data, the generators augmentation draws from: a resumed run that changes one
 # still trains the same run, but its weights are not bitwise those of an uninterrupted run.
 NUMERIC_CHANGES = frozenset(
-    {"threads", "device", "compile", "num_workers", "persistent_workers", "strategy"}
+    {
+        "threads",
+        "device",
+        "compile",
+        "attention_backend",
+        "num_workers",
+        "persistent_workers",
+        "strategy",
+    }
 )
 # Of those, the ones that matter only where DataLoader workers decode and augment (ImageFolder,
 # shards): in-memory data is gathered and augmented in the main process whatever the workers.

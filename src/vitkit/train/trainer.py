@@ -220,7 +220,7 @@ class Trainer(TrainingRun):
                 self.info.num_classes,
                 device=self.device,
                 prepare=self.prepare,
-                autocast_dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
+                autocast_dtype=torch.bfloat16 if self.cfg.precision in ("bf16", "fp8") else None,
                 progress=self.cfg.progress and self.dist.is_main,
             )
 
