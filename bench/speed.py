@@ -53,7 +53,7 @@ import vitkit  # noqa: E402
 from vitkit.checkpoints.hf import vit_model as hf_conv  # noqa: E402
 from vitkit.checkpoints.timm import vision_transformer as timm_conv  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
-from vitkit.models.sdpa_backend import sdpa_backend  # noqa: E402
+from vitkit.models.sdpa_backend import sdpa_backend, set_attention_backend  # noqa: E402
 from vitkit.registry.counts import count_flops  # noqa: E402
 from vitkit.train.float8 import FP8_MIN_PARAMS, check_fp8_device, convert_to_fp8  # noqa: E402
 from vitkit.train.recipes import MNIST  # noqa: E402
@@ -89,13 +89,20 @@ def lever_model(model: torch.nn.Module, levers: list[str], device) -> tuple:
 
     fp8 = [LEVERS[lever] for lever in levers if LEVERS[lever][0]]
     attention = next((LEVERS[lever][2] for lever in levers if LEVERS[lever][2]), "auto")
-    if not fp8:
+    if not levers:
         return model, attention
-    check_fp8_device(device)
-    recipe, min_params, _ = fp8[0]
+    if fp8:
+        check_fp8_device(device)
+    # a model of its own: torch.compile reuses a model's graph whatever context is around it
     model = copy.deepcopy(model)
-    layers = convert_to_fp8(model, recipe, min_params)
-    print(f"{'+'.join(levers)}: {len(layers)} Linear layers in float8 ({recipe})", file=sys.stderr)
+    n = set_attention_backend(model, attention)
+    if attention != "auto":
+        print(f"{'+'.join(levers)}: {n} attention layers on {attention}", file=sys.stderr)
+    if fp8:
+        recipe, min_params, _ = fp8[0]
+        layers = convert_to_fp8(model, recipe, min_params)
+        print(f"{'+'.join(levers)}: {len(layers)} Linear layers in float8 ({recipe})",
+              file=sys.stderr)  # fmt: skip
     return model, attention
 
 

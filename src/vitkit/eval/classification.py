@@ -143,8 +143,9 @@ def evaluate_classification(
 
     The model runs in eval mode under ``torch.inference_mode()`` (``torch.no_grad()`` for a
     model holding torchao's float8 layers, an fp8 run's own, whose tensors autocast cannot cast
-    in inference mode); the training flag of every submodule is restored afterwards. ``autocast_dtype`` (e.g. ``torch.bfloat16``) turns on
-    ``torch.autocast`` for the forward pass; the loss is always computed in float64.
+    in inference mode); the training flag of every submodule is restored afterwards.
+    ``autocast_dtype`` (e.g. ``torch.bfloat16``) turns on ``torch.autocast`` for the forward pass;
+    the loss is always computed in float64.
     ``max_batches`` stops after that many batches (``None``: the whole loader).
     """
     if num_classes < 1:

@@ -6,7 +6,11 @@ memory-efficient kernel, then cuDNN's, then the plain math). ``cudnn`` asks for 
 attention (Hopper's fastest at ViT's head size 64 in some PyTorch releases: ``bench/speed.py``'s
 ``vitkit+cudnn`` measures it); ``flash``, ``efficient`` and ``math`` pin the others. Pinning a
 kernel that cannot run the inputs fails at the first attention call with PyTorch's own reasons.
-The choice is made when a model is traced, so ``torch.compile`` keeps the kernel it saw.
+
+``torch.compile`` does not see a context entered around a compiled call (its graph keeps the
+kernel chosen when it was traced, without a guard), so the choice is also an attribute of
+every attention layer, ``Attention.attention_backend``, set by :func:`set_attention_backend`; the
+layer enters the context itself, inside the traced code.
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ def check_sdpa_backend(name: str, device: torch.device) -> None:
             f"attention backend {name} runs on CUDA GPUs only; this run's device is "
             f"{device.type}: use auto, flash or math"
         )
+
+
+def set_attention_backend(model: torch.nn.Module, name: str) -> int:
+    """Set every attention layer of ``model`` that takes the choice to ``name``; returns how
+    many did (0 for a model whose attention has no such layer: the families whose attention is
+    a function of their own, such as the parallel blocks, follow the context alone)."""
+    if name not in SDPA_BACKENDS:
+        choices = ", ".join(SDPA_BACKENDS)
+        raise VitkitError(f"attention backend must be one of {choices}, got {name!r}")
+    layers: list[Any] = [m for m in model.modules() if hasattr(m, "attention_backend")]
+    for m in layers:
+        m.attention_backend = name
+    return len(layers)
 
 
 def sdpa_backend(name: str) -> Any:

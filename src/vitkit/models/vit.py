@@ -73,6 +73,7 @@ from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, P
 from vitkit.models.posemb_resample import Resample, resample_pos_embed
 from vitkit.models.relpos import attention_biases, make_rel_pos
 from vitkit.models.rope import RotaryEmbedding, rotate
+from vitkit.models.sdpa_backend import sdpa_backend
 from vitkit.models.weight_init import init_weights
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, ViTConfig, model_config
 
@@ -171,6 +172,9 @@ class Attention(nn.Module):
         qk_norm = cfg.qk_norm
         self.q_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
+        # scaled_dot_product_attention's kernel (vitkit.models.sdpa_backend): an attribute, so
+        # that torch.compile traces the choice (a context around a compiled call is not seen)
+        self.attention_backend = "auto"
 
     def _split_heads(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
@@ -219,7 +223,9 @@ class Attention(nn.Module):
             return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
         mask = None if bias is None else logit_bias(bias, q.dtype)
-        return self._merge_heads(F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p))
+        with sdpa_backend(self.attention_backend):
+            out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
+        return self._merge_heads(out)
 
     def forward_explicit(
         self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None

@@ -27,7 +27,7 @@ from vitkit.data.naflex_batches import PackedImages
 from vitkit.errors import VitkitError
 from vitkit.eval.checkpoint_eval import non_finite_weights
 from vitkit.hardware import resolve_precision
-from vitkit.models.sdpa_backend import check_sdpa_backend, sdpa_backend
+from vitkit.models.sdpa_backend import check_sdpa_backend, sdpa_backend, set_attention_backend
 from vitkit.models.vit import build_model
 from vitkit.registry.model_config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.train import distributed as D
@@ -126,6 +126,7 @@ class TrainingRun:
             load_state_dict_strict(self.model, self.init.state_dict, source=str(cfg.init_from))
         # The float8 layers hold the same weights as the Linears they replace: checkpoints are
         # unchanged. Swapped before the wrappers and the compiler see the model.
+        set_attention_backend(self.model, cfg.attention_backend)  # seen by torch.compile
         self.fp8_layers: list[str] = []
         if cfg.precision == "fp8":
             self.fp8_layers = convert_to_fp8(

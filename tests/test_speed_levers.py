@@ -191,3 +191,26 @@ def test_an_fp8_run_is_evaluated_in_bf16() -> None:
     precision, why = checkpoint_precision(ckpt, None)  # type: ignore[arg-type]
     assert precision == "bf16" and "float8" in why
     assert checkpoint_precision(ckpt, "fp32")[0] == "fp32"  # type: ignore[arg-type]
+
+
+def test_the_attention_backend_is_traced_by_torch_compile() -> None:
+    """A context around a compiled call is not seen by the compiled graph (PyTorch does not
+    guard on it), so each attention layer carries the choice and enters it itself: with
+    ``efficient`` (no CPU kernel) set on the layers, the compiled model fails as the eager one
+    does; the same context around the compiled plain model changes nothing."""
+    from vitkit.models.sdpa_backend import set_attention_backend
+
+    torch.manual_seed(0)
+    model = create_model("Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10,
+                         image_size=(16, 16)).eval()  # fmt: skip
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        expected = compiled(x)
+        with sdpa_backend("efficient"):  # around the call: the traced graph keeps its kernel
+            assert torch.allclose(compiled(x), expected)
+        assert set_attention_backend(model, "efficient") == 1
+        with pytest.raises(Exception, match="No (available kernel|viable backend)"):
+            compiled(x)
+        set_attention_backend(model, "math")
+        assert torch.allclose(compiled(x), expected, atol=1e-5)
