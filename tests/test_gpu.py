@@ -183,7 +183,11 @@ def test_training_paths_on_cuda_match_the_plain_run(
     the 0.6 asked, though every path matched it (0.25-0.32). At ten, on the CPU: plain 0.79,
     compile 0.77, accumulation 0.71, DDP 0.79, FSDP 0.81; rounding differences grow over the
     run, hence 0.12 between equivalent runs."""
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # the caller's path kept: a carried package (torchao for fp8) lives there
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+    }
     base = [sys.executable, "-m", "vitkit", "train", *DIGITS, "--epochs", "10", "--lr", "3e-3"]
     base += ["--device", device, "--precision", "bf16"]
     runs = {}

@@ -172,9 +172,7 @@ class Attention(nn.Module):
         qk_norm = cfg.qk_norm
         self.q_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = make_norm(cfg, self.head_dim) if qk_norm else nn.Identity()
-        # scaled_dot_product_attention's kernel (vitkit.models.sdpa_backend): an attribute, so
-        # that torch.compile traces the choice (a context around a compiled call is not seen)
-        self.attention_backend = "auto"
+        self.attention_backend = "auto"  # SDPA's kernel (models.sdpa_backend), traced per layer
 
     def _split_heads(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
@@ -223,9 +221,8 @@ class Attention(nn.Module):
             return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
         mask = None if bias is None else logit_bias(bias, q.dtype)
-        with sdpa_backend(self.attention_backend):
-            out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
-        return self._merge_heads(out)
+        with sdpa_backend(self.attention_backend):  # inside the code torch.compile traces
+            return self._merge_heads(F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p))
 
     def forward_explicit(
         self, x: Tensor, rope: Tensor | None = None, bias: Tensor | None = None
