@@ -528,9 +528,14 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     Overrides: ``image_size``, ``num_classes``, ``pre_logits``, ``resample`` (see
     :func:`read_checkpoint`; they change the weights), ``format``, ``num_heads``, ``grid``
     (reading hints), and any config field that does not change the weights (``dropout=0.1``).
-    The model is in eval mode.
+    ``features_only=True`` (``out_indices``, ``output_fmt``, ``feature_norm``): timm's
+    features-only model of it (:class:`vitkit.models.features.FeaturesModel`). The model is in
+    eval mode.
     """
+    from vitkit.models.features import features_model, pop_features_options
     from vitkit.models.vit import build_model
+
+    options = pop_features_options(overrides)
 
     read_keys = (
         "format",
@@ -546,6 +551,8 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     model = build_model(ckpt.model_config)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
+    if options is not None:
+        model = features_model(model, options)
     return model.eval(), ckpt
 
 
