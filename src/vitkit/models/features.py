@@ -33,7 +33,7 @@ from vitkit.errors import VitkitError
 from vitkit.models import naflex_packing as naflex
 
 Indices = int | Sequence[int] | None
-FEATURES_KEYS = ("features_only", "out_indices", "output_fmt", "feature_norm")
+FEATURES_KEYS = ("features_only", "out_indices", "output_fmt", "feature_norm", "norm_last")
 FORMATS = ("NCHW", "NLC")
 
 
@@ -203,10 +203,16 @@ class FeaturesModel(nn.Module):
     ViT pruned after the last block of ``out_indices`` (head and, unless ``norm``, the final
     norm cut away); ``forward(x)`` returns the list of those blocks' features, maps [B, D, h, w]
     (``output_fmt="NCHW"``) or [B, h*w, D]. ``model`` is the pruned ViT; its state dict keys
-    are ``model.<the ViT's keys>``."""
+    are ``model.<the ViT's keys>``. ``norm_last``: the final norm on the output of the model's
+    last block even without ``norm`` (Hugging Face's ``DINOv3ViTBackbone`` does so)."""
 
     def __init__(
-        self, model: Any, out_indices: Indices = 3, output_fmt: str = "NCHW", norm: bool = False
+        self,
+        model: Any,
+        out_indices: Indices = 3,
+        output_fmt: str = "NCHW",
+        norm: bool = False,
+        norm_last: bool = False,
     ) -> None:
         super().__init__()
         _check_fmt(output_fmt)
@@ -215,13 +221,16 @@ class FeaturesModel(nn.Module):
                 f"features_only takes a Vision Transformer; {type(model).__name__} has no "
                 "transformer blocks"
             )
-        self.out_indices = prune_intermediate_layers(model, out_indices, prune_norm=not norm)
+        last = len(model.blocks) - 1
+        self.norm_last = norm_last and not norm and last in take_indices(last + 1, out_indices)[0]
+        prune_norm = not (norm or self.norm_last)
+        self.out_indices = prune_intermediate_layers(model, out_indices, prune_norm=prune_norm)
         self.model = model
         self.output_fmt, self.norm = output_fmt, norm
         self.feature_info = FeatureInfo(block_feature_info(model), self.out_indices)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        return forward_intermediates(
+        out: list[Tensor] = forward_intermediates(
             self.model,
             x,
             self.out_indices,
@@ -229,6 +238,15 @@ class FeaturesModel(nn.Module):
             output_fmt=self.output_fmt,
             intermediates_only=True,
         )
+        if self.norm_last:  # (per token: the prefix tokens cut off or not, the same)
+            i = self.out_indices.index(len(self.model.blocks) - 1)
+            if self.output_fmt == "NLC":
+                out[i] = self.model.norm(out[i])
+            else:
+                out[i] = (
+                    self.model.norm(out[i].permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
+                )
+        return out
 
 
 def pop_features_options(options: dict[str, Any]) -> dict[str, Any] | None:
@@ -249,4 +267,5 @@ def features_model(model: nn.Module, options: dict[str, Any]) -> FeaturesModel:
         options.get("out_indices", 3),
         options.get("output_fmt", "NCHW"),
         bool(options.get("feature_norm", False)),
+        bool(options.get("norm_last", False)),
     )
