@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the torchvision-op shim for importing timm
 sys.path.insert(0, str(ROOT / "bench"))
 
+import coverage_features  # noqa: E402
 import coverage_models as cm  # noqa: E402
 import coverage_report as report  # noqa: E402
 from references import import_reference  # noqa: E402
@@ -118,7 +119,7 @@ def vitkit_side(
                     out64, out32 = model.forward_features(x64), model32.forward_features(x32)
                 else:
                     out64, out32 = model(x64), model32(x32)
-            out = {"out64": out64, "out32": out32, "config": ckpt.model_config}
+            out = {"out64": out64, "out32": out32, "config": ckpt.model_config, "model": model}
         except VitkitError as e:  # the reason without the temporary path
             out = {"status": "refused", "reason": _scrub(str(e).strip().splitlines()[0], path)}
         except Exception as e:  # noqa: BLE001 - every other exception is a bug to list
@@ -206,9 +207,11 @@ def check_timm(
     mode: str = "hub",
     seed: int = 0,
     ref: dict[str, Any] | None = None,
+    features: bool = True,
 ) -> dict[str, Any]:
     """One timm name in one mode: build small (or take ``ref`` from :func:`build_timm`), write
-    it (hub: ``save_for_hf``; bare: the state dict alone), read it with vitkit, score it."""
+    it (hub: ``save_for_hf``; bare: the state dict alone), read it with vitkit, score it; in
+    hub mode with ``features`` also the features column (:mod:`coverage_features`)."""
     from timm.models._hub import save_for_hf
 
     ref = ref if ref is not None else build_timm(timm, name, seed)
@@ -241,6 +244,16 @@ def check_timm(
     if read_kw:
         out["read_kw"] = read_kw
     out.update(score(ref["ref64"], ref["ref32"], got))
+    if mode == "hub" and features:  # (the same weights either way: one mode is enough)
+        if "model" in got and out["status"] == "exact":
+            kw = cm.timm_kwargs(args)
+            out["features"] = coverage_features.check(
+                timm, name, kw, ref["model"], got["model"], ref["x64"]
+            )
+        else:  # (no features where the logits are not exact)
+            why = "the checkpoint is refused" if out["status"] == "refused" else out["status"]
+            out["features"] = {"status": "refused" if why != out["status"] else "differ"}
+            out["features"]["reason"] = why
     if mode == "bare":
         native = cm.native_heads_check(timm, name)
         out["heads_native"] = native

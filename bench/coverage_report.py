@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 OUTCOMES = ("exact", "warned", "silent", "refused", "crashed", "harness")
+FEATURES = ("exact", "differ", "refused", "crashed")  # the features column (hub rows)
 SAID_CHARS = 90  # an AssumptionWarning line in the rows: its first characters
 
 
@@ -30,12 +31,31 @@ def summary(rows: dict[str, dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
+def feature_counts(res: dict[str, Any]) -> collections.Counter[str]:
+    """The features column's outcomes over the timm hub rows that have one."""
+    rows = res["timm"].get("hub", {}).values()
+    return collections.Counter(r["features"]["status"] for r in rows if "features" in r)
+
+
+def features_summary(res: dict[str, Any]) -> str:
+    """``"features (timm's forward_intermediates): 300 exact, 0 differ, 22 refused"``, or ""."""
+    c = feature_counts(res)
+    if not c:
+        return ""
+    parts = [f"{c[s]} {s}" for s in FEATURES if c[s] or s in ("exact", "differ")]
+    return "features (timm's forward_intermediates): " + ", ".join(parts)
+
+
 def headline(res: dict[str, Any]) -> str:
-    """The report's first line: silent counts first, then every count, for each mode."""
+    """The report's first line: silent counts first, then every count, for each mode, then the
+    features column."""
     modes = [m for m in res["timm"] if _all_rows(res, m)]
     silent = ", ".join(f"{m} {counts(_all_rows(res, m))['silent']}" for m in modes)
     each = "; ".join(f"{m}: {summary(_all_rows(res, m))}" for m in modes)
-    return f"# Coverage: SILENT (loads, wrong numbers, nothing said): {silent}. {each}."
+    feats = features_summary(res)
+    return f"# Coverage: SILENT (loads, wrong numbers, nothing said): {silent}. {each}." + (
+        f" {feats[0].upper()}{feats[1:]}." if feats else ""
+    )
 
 
 def reason_counts(rows: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
@@ -63,8 +83,20 @@ def _said(r: dict[str, Any]) -> str:
     return "; ".join(_cell(w if len(w) <= SAID_CHARS else w[: SAID_CHARS - 1] + "…") for w in lines)
 
 
+def _features_cell(r: dict[str, Any]) -> str:
+    f = r.get("features")
+    if f is None:
+        return ""
+    if f["status"] != "exact":
+        return _cell(f"{f['status']}: {f.get('reason', '')}")
+    second = f.get("second")
+    size = f"; {second['size'][0]}x{second['size'][1]} too" if isinstance(second, dict) else ""
+    return f"exact ({f['own']['settings']} settings{size})"
+
+
 def row(name: str, module: str, r: dict[str, Any]) -> str:
     mark = {"silent": " (!!)", "crashed": " (!)"}.get(r["status"], "")
+    feats = f" {_features_cell(r)} |" if "features" in r else ""
     if "rel_f64" in r:
         sw = ", ".join(f"{k}={v}" for k, v in r.get("switches", {}).items())
         sw = f"heads={r.get('heads')}" + (f", {sw}" if sw else "")
@@ -72,10 +104,10 @@ def row(name: str, module: str, r: dict[str, Any]) -> str:
             sw = f"{r['reason']}; {sw}"
         return (
             f"| {name} | {module} | {r['status']}{mark} | {r['rel_f64']:.1e} | "
-            f"{r['rel_f32']:.1e} | {_cell(sw)} | {_said(r)} |"
+            f"{r['rel_f32']:.1e} | {_cell(sw)} | {_said(r)} |{feats}"
         )
     reason = _cell(r.get("reason", ""))
-    return f"| {name} | {module} | {r['status']}{mark} | | | {reason} | {_said(r)} |"
+    return f"| {name} | {module} | {r['status']}{mark} | | | {reason} | {_said(r)} |{feats}"
 
 
 def _module_table(res: dict[str, Any], mode: str) -> list[str]:
@@ -184,14 +216,59 @@ def markdown(res: dict[str, Any]) -> str:
                     "other heads: " + ", ".join(wrong),
                     "",
                 ]
+    lines += _features_section(res)
     for mode in modes:
+        feats = mode == "hub" and bool(feature_counts(res))
         lines += [
             f"## {mode}: rows",
             "",
-            "| name | module | result | rel f64 | rel f32 | switches / reason | said |",
-            "| --- | --- | --- | ---: | ---: | --- | --- |",
+            "| name | module | result | rel f64 | rel f32 | switches / reason | said |"
+            + (" features |" if feats else ""),
+            "| --- | --- | --- | ---: | ---: | --- | --- |" + (" --- |" if feats else ""),
         ]
         for name, r in _all_rows(res, mode).items():
-            lines.append(row(name, res["modules"].get(name, "transformers"), r))
+            cells = row(name, res["modules"].get(name, "transformers"), r)
+            if feats and "features" not in r:
+                cells += " |"
+            lines.append(cells)
         lines.append("")
     return "\n".join(lines)
+
+
+def _features_section(res: dict[str, Any]) -> list[str]:
+    """Per module: the features column's counts, then every row that is not exact."""
+    rows = {n: r for n, r in res["timm"].get("hub", {}).items() if "features" in r}
+    if not rows:
+        return []
+    by_module: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for name, r in rows.items():
+        by_module[res["modules"].get(name, "?")][r["features"]["status"]] += 1
+    lines = [
+        f"## hub: {features_summary(res)}",
+        "",
+        "Each hub row that loads exactly: vitkit's `forward_intermediates` against timm's on the "
+        "same float64 weights (bench/coverage_features.py): block indices None, 1, 2, [0], [-1], "
+        "[1, 0], [0, -1] x NCHW / NLC x norm off / on x prefix tokens apart or not, plus "
+        "intermediates_only and stop_early (58 settings), and `feature_info`; at the copy's own "
+        "size and, where timm's module runs another size (`dynamic_img_size`; NaFlexVit), at a "
+        "3x4 patch grid. exact: every tensor within 1e-8 of timm's, relative to its max (RoPE at "
+        "the second size 1e-7: timm's dynamic path rounds its float64 angles' sin / cos to "
+        "float32). E_pos at the second size is timm's own resample (antialiased bicubic), which "
+        "vitkit's on-the-fly resample (plain bicubic, as Hugging Face) is not. A row whose "
+        "checkpoint is refused is refused here too.",
+        "",
+        "| module | " + " | ".join(FEATURES) + " | total |",
+        "| --- |" + " ---: |" * (len(FEATURES) + 1),
+    ]
+    for module, c in by_module.items():
+        lines.append(
+            f"| {module} | " + " | ".join(str(c[s]) for s in FEATURES) + f" | {sum(c.values())} |"
+        )
+    second = sum(isinstance(r["features"].get("second"), dict) for r in rows.values())
+    lines += ["", f"At a second input size too: {second} of {len(rows)} rows.", ""]
+    odd = [
+        f"- {n}: {r['features']['status']}: {r['features'].get('reason', '')}"
+        for n, r in rows.items()
+        if r["features"]["status"] not in ("exact", "refused")
+    ]
+    return lines + (odd + [""] if odd else [])

@@ -217,7 +217,7 @@ def measured_flops(model: torch.nn.Module, cfg: ViTConfig, batch: int) -> int:
     x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         # The explicit-softmax path, so that q k^T and (weights) v run as visible matmuls.
-        model.forward_intermediates(x)
+        model.forward_with_attentions(x)
     return counter.get_total_flops()
 
 

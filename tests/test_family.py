@@ -54,7 +54,7 @@ def test_counts_are_exact(name):
     model = vitkit.create_model(cfg).eval()
     assert sum(p.numel() for p in model.parameters()) == count_params(cfg)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.forward_intermediates(torch.randn(1, 3, 32, 32))
+        model.forward_with_attentions(torch.randn(1, 3, 32, 32))
     assert counter.get_total_flops() == count_flops(cfg)
 
 
@@ -116,7 +116,7 @@ def test_old_configs_load_with_the_papers_switches():
 def test_registers_stay_out_of_the_grid_and_resampling():
     cfg = tiny(num_reg_tokens=4)  # class token + 4 registers, all with E_pos rows
     model = perturbed(vitkit.create_model(cfg))
-    out = model.forward_intermediates(torch.randn(1, 3, 32, 32))
+    out = model.forward_with_attentions(torch.randn(1, 3, 32, 32))
     assert out.attentions[0].shape[-1] == 1 + 4 + 16
     grid = patch_map(out.attentions[0], cfg)
     assert grid.shape[-2:] == (4, 4) and torch.allclose(grid.sum((-2, -1)), torch.tensor(1.0))

@@ -57,7 +57,7 @@ def test_counts_are_exact_and_equal_timms(name):
     assert sum(p.numel() for p in model.parameters()) == count_params(cfg)
     assert sum(p.numel() for p in timm_model(cfg).parameters()) == count_params(cfg)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.forward_intermediates(torch.randn(1, 3, 32, 32))
+        model.forward_with_attentions(torch.randn(1, 3, 32, 32))
     assert counter.get_total_flops() == count_flops(cfg)
 
 
@@ -93,17 +93,17 @@ def test_timm_logits_match_both_ways(tmp_path, name):
 
 def test_map_head_attention_is_the_pooling():
     """The MAP probe's attention sums to one over the patch tokens (registers left out), and
-    the logits of forward_intermediates are forward's."""
+    the logits of forward_with_attentions are forward's."""
     cfg = tiny(pool="map", num_reg_tokens=2)
     model = perturbed(vitkit.create_model(cfg))
     x = images(3, torch.float32)
     with torch.no_grad():
-        out = model.forward_intermediates(x)
+        out = model.forward_with_attentions(x)
         assert torch.allclose(out.logits, model(x), atol=1e-5)
     assert out.pool_attention is not None
     assert out.pool_attention.shape == (3, 4, cfg.num_patches)
     assert torch.allclose(out.pool_attention.sum(-1), torch.ones(3, 4))
-    assert vitkit.create_model(tiny()).forward_intermediates(x).pool_attention is None
+    assert vitkit.create_model(tiny()).forward_with_attentions(x).pool_attention is None
 
 
 def test_deit_training_outputs_equal_timms_distilled_training():

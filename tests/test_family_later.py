@@ -76,7 +76,7 @@ def test_counts_are_exact(name):
     ref = timm.create_model(timm_conv.timm_architecture(cfg), **timm_conv.timm_model_args(cfg))
     assert sum(p.numel() for p in ref.parameters()) == count_params(cfg)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.forward_intermediates(torch.randn(1, 3, 32, 32))
+        model.forward_with_attentions(torch.randn(1, 3, 32, 32))
     assert counter.get_total_flops() == count_flops(cfg)
 
 
@@ -102,7 +102,7 @@ def test_timm_logits_match_both_ways(tmp_path, name):
         diff = (model(x) - want).abs().max().item()
     assert diff <= 1e-12 * want.abs().max().item(), diff
     with torch.no_grad():  # the analysis path (explicit softmax) computes the same
-        assert torch.allclose(model.forward_intermediates(x).logits, model(x), atol=1e-12)
+        assert torch.allclose(model.forward_with_attentions(x).logits, model(x), atol=1e-12)
     if name in ("aimv2", "beit3", "rpn"):
         family = {"aimv2": "AIMv2", "beit3": "BEiT-3", "rpn": "post-norm ViT"}[name]
         assert family_name(cfg).startswith(family)

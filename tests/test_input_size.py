@@ -118,7 +118,7 @@ def test_the_analysis_follows_the_input_grid(tmp_path):
     converted = vitkit.load(tmp_path / "ckpt", image_size=(24, 32))
     x = pixels((24, 32))
     with torch.no_grad():
-        out = model.forward_intermediates(x)
+        out = model.forward_with_attentions(x)
     assert [h.shape[1] for h in out.hidden_states] == [1 + 6 * 8] * 3
     found, want = explain(model, x), explain(converted, x)
     assert found.layer_maps.shape == (2, 2, 2, 6, 8) and found.rollout.shape == (2, 6, 8)

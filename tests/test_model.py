@@ -200,7 +200,7 @@ def test_whole_model_fused_equals_explicit(pool):
     wrt = [x, *model.parameters()]
     logits = model(x)
     features = model.forward_features(x)
-    inter = model.forward_intermediates(x)
+    inter = model.forward_with_attentions(x)
     torch.testing.assert_close(logits, inter.logits, rtol=0, atol=1e-10)
     torch.testing.assert_close(features, inter.features, rtol=0, atol=1e-10)
     w_logits = torch.randn_like(logits)
@@ -217,7 +217,7 @@ def test_intermediates_shapes_and_attention_rows():
     cfg = tiny(depth=3, num_heads=3)
     model = build(cfg).eval()
     x = images(cfg, batch=2)
-    inter = model.forward_intermediates(x)
+    inter = model.forward_with_attentions(x)
     t = cfg.seq_len
     assert len(inter.attentions) == cfg.depth
     assert len(inter.hidden_states) == cfg.depth + 1
@@ -469,7 +469,7 @@ def test_eval_is_deterministic_and_ignores_dropout():
     a, b = model(x), model(x)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     torch.testing.assert_close(a, plain(x))
-    torch.testing.assert_close(model.forward_intermediates(x).logits, plain(x))
+    torch.testing.assert_close(model.forward_with_attentions(x).logits, plain(x))
 
 
 @pytest.mark.parametrize(
@@ -481,14 +481,14 @@ def test_train_mode_applies_each_kind_of_dropout(changes):
     x = images(cfg, batch=4)
     model.eval()
     ref = model(x)
-    ref_explicit = model.forward_intermediates(x).logits
+    ref_explicit = model.forward_with_attentions(x).logits
     model.train()
     torch.manual_seed(1)
     a = model(x)
     b = model(x)
     assert _outputs_differ(a, b)
     assert _outputs_differ(a, ref)
-    c = model.forward_intermediates(x).logits
+    c = model.forward_with_attentions(x).logits
     assert _outputs_differ(c, ref_explicit)
 
 
@@ -525,7 +525,7 @@ def test_train_mode_without_dropout_equals_eval():
     model = build(cfg)
     x = images(cfg)
     train_out = model.train()(x)
-    train_explicit = model.forward_intermediates(x).logits
+    train_explicit = model.forward_with_attentions(x).logits
     eval_out = model.eval()(x)
     torch.testing.assert_close(train_out, eval_out)
     torch.testing.assert_close(train_explicit, eval_out)

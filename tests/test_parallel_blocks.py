@@ -58,7 +58,7 @@ def test_counts_are_exact_and_equal_timms(name):
     assert sum(p.numel() for p in model.parameters()) == count_params(cfg)
     assert sum(p.numel() for p in timm_model(timm, cfg).parameters()) == count_params(cfg)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.forward_intermediates(torch.randn(1, 3, 32, 32))
+        model.forward_with_attentions(torch.randn(1, 3, 32, 32))
     assert counter.get_total_flops() == count_flops(cfg)
 
 
@@ -79,7 +79,7 @@ def test_timm_logits_match_both_ways(tmp_path, name):
     with torch.no_grad():
         assert (model(x) - ref(x)).abs().max().item() <= 1e-12 * ref(x).abs().max().item()
         # the explicit path (analysis) computes the same, with [B, heads, T, T] weights
-        out = model.forward_intermediates(x)
+        out = model.forward_with_attentions(x)
     assert (out.logits - ref(x)).abs().max().item() <= 1e-12 * ref(x).abs().max().item()
     assert out.attentions[0].shape == (2, 4, cfg.seq_len, cfg.seq_len)
     # vitkit → timm folder → vitkit: the same config, bitwise the same tensors; timm runs it
@@ -158,7 +158,7 @@ def test_the_fused_path_equals_the_explicit_one_gradients_included(name):
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, requires_grad=True)
     fused = model(x)
     (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
-    explicit = model.forward_intermediates(x).logits
+    explicit = model.forward_with_attentions(x).logits
     (grad_explicit,) = torch.autograd.grad(explicit.square().sum(), x)
     assert torch.allclose(fused, explicit, rtol=0, atol=1e-12)
     assert torch.allclose(grad_fused, grad_explicit, rtol=0, atol=1e-12)

@@ -88,7 +88,7 @@ def test_timm_logits_match_both_ways(tmp_path, case):
         want, got = ref(x), model(x)
         assert _rel(got, want) <= 1e-12
         # the analysis path (explicit softmax + the same bias) computes the same
-        assert _rel(model.forward_intermediates(x).logits, want) <= 1e-12
+        assert _rel(model.forward_with_attentions(x).logits, want) <= 1e-12
     # vitkit → timm: timm's own keys, read back bitwise, run by timm itself
     ours = Checkpoint(Path("mem"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
     assert tr.state_dict_to_relpos(ours.state_dict, cfg).keys() == ref.state_dict().keys()
@@ -119,7 +119,7 @@ def test_an_mlp_bias_follows_the_input_grid(tmp_path, case):
         x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(2)).double()
         with torch.no_grad():
             assert _rel(model(x), other(x)) <= 1e-12
-            assert _rel(model.forward_intermediates(x).logits, other(x)) <= 1e-12
+            assert _rel(model.forward_with_attentions(x).logits, other(x)) <= 1e-12
 
 
 def test_a_table_bias_refuses_another_size(tmp_path):

@@ -73,7 +73,7 @@ def test_timm_eva_folder_is_exact(tmp_path, name):
         with torch.no_grad():
             want = ref(x)
             assert rel(model(x), want) <= 1e-12, size
-            assert rel(model.forward_intermediates(x).logits, want) <= 1e-12
+            assert rel(model.forward_with_attentions(x).logits, want) <= 1e-12
 
 
 def test_second_size_of_a_fixed_size_entry(tmp_path):

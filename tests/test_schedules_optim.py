@@ -10,7 +10,7 @@ from torch import nn
 
 import vitkit
 from vitkit.errors import VitkitError
-from vitkit.models.vit import LayerScale
+from vitkit.models.block_parts import LayerScale
 from vitkit.train.optim import build_optimizer, param_groups
 from vitkit.train.schedules import warmup_decay
 

@@ -66,7 +66,7 @@ def test_timm_entry_is_exact(tmp_path, name):
     with torch.no_grad():
         assert rel(model(x), ref(x)) <= 1e-12
         assert rel(model.forward_features(x), ref.forward_features(x)) <= 1e-12
-        assert rel(model.forward_intermediates(x).logits, ref(x)) <= 1e-12
+        assert rel(model.forward_with_attentions(x).logits, ref(x)) <= 1e-12
     if "sapiens2" in name:  # timm's dynamic_img_size entry: RoPE follows the input's grid
         x = torch.randn(2, 3, 48, 80, dtype=torch.float64)
         with torch.no_grad():
@@ -232,7 +232,7 @@ def test_analysis_of_a_map_head_over_the_class_token(tmp_path):
 
     _, folder = timm_folder(tmp_path, "vit_pe_core_tiny_patch16_384", **small("pe"))
     model = ours(read_checkpoint(folder)).float()
-    out = model.forward_intermediates(torch.randn(1, 3, 64, 64))
+    out = model.forward_with_attentions(torch.randn(1, 3, 64, 64))
     assert out.pool_attention is not None and out.pool_attention.shape == (1, 8, 17)
     row = pooled_row(out.attentions[-1], model.cfg, out.pool_attention)
     assert row.shape == (1, 4, 17) and torch.allclose(row.sum(-1), torch.ones(1, 4))

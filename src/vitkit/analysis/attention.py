@@ -1,7 +1,7 @@
 """What the attention looks at: per-layer maps, attention rollout, mean attention distance.
 
 - **Attention maps.** Every block's softmax weights [B, heads, T, T] come from
-  :meth:`VisionTransformer.forward_intermediates` (the explicit-softmax path).
+  :meth:`VisionTransformer.forward_with_attentions` (the explicit-softmax path).
   :func:`patch_map` reads, from a [.., T, T] matrix, what the model's output looks at over the
   patch grid (:func:`pooled_row`): the class token's row for ``pool="token"`` (DeiT: the mean
   of the class and distillation tokens' rows, whose heads are averaged), the mean row over the
@@ -43,7 +43,7 @@ ATTENTION_BYTES = 1 << 30  # analysis batches hold at most about this much atten
 
 def safe_batch_size(cfg: ViTConfig, batch_size: int) -> int:
     """``batch_size``, lowered so one batch's attention maps (every layer's [heads, T, T] per
-    image, as ``forward_intermediates`` returns them) stay under ``ATTENTION_BYTES``: 32 images
+    image, as ``forward_with_attentions`` returns them) stay under ``ATTENTION_BYTES``: 32 images
     of B/16 at 224 px fit, an L/16 at 384 px goes a few images at a time."""
     per_image = cfg.depth * cfg.num_heads * cfg.seq_len**2 * 4
     return max(1, min(batch_size, ATTENTION_BYTES // per_image))
@@ -82,7 +82,7 @@ def attention_outputs(
     over the patch tokens [B, heads, N] (else None)."""
     device = next(model.parameters()).device
     with eval_mode(model), torch.inference_mode():
-        out = model.forward_intermediates(x.to(device))
+        out = model.forward_with_attentions(x.to(device))
     pool = None if out.pool_attention is None else out.pool_attention.float().cpu()
     return [a.float().cpu() for a in out.attentions], out.logits.float().cpu(), pool
 

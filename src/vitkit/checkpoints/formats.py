@@ -23,6 +23,7 @@ names them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pickle
 import re
@@ -40,6 +41,7 @@ from torch import Tensor, nn
 from vitkit.checkpoints.adapt import adapt
 from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
 from vitkit.checkpoints.google import npz as npz_conv
+from vitkit.checkpoints.hf import backbone as hf_backbone
 from vitkit.checkpoints.hf import beit as hf_beit
 from vitkit.checkpoints.hf import dinov3 as hf_dinov3
 from vitkit.checkpoints.hf import siglip as hf_siglip
@@ -416,6 +418,15 @@ def _read_hf(p: Path) -> Checkpoint:
     hf = _read_json(p / CONFIG)
     if not isinstance(hf, dict):
         raise VitkitError(f"{p / CONFIG}: not a JSON object")
+    if not hf_backbone.is_backbone(hf):
+        return _read_hf_model(p, hf)
+    # Dinov2Backbone, DINOv3ViTBackbone: their model class's weights; the features they return
+    meta = hf_backbone.backbone_meta(hf, str(p / CONFIG))
+    ckpt = _read_hf_model(p, hf_backbone.as_model_config(hf))
+    return dataclasses.replace(ckpt, meta={**ckpt.meta, "backbone": meta})
+
+
+def _read_hf_model(p: Path, hf: dict[str, Any]) -> Checkpoint:
     odd = [a for a in hf.get("architectures") or [] if a not in _HF_CLASSES]
     if odd:  # a class vitkit does not read is never read as the nearest one it does
         raise VitkitError(
@@ -528,9 +539,14 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     Overrides: ``image_size``, ``num_classes``, ``pre_logits``, ``resample`` (see
     :func:`read_checkpoint`; they change the weights), ``format``, ``num_heads``, ``grid``
     (reading hints), and any config field that does not change the weights (``dropout=0.1``).
-    The model is in eval mode.
+    ``features_only=True`` (``out_indices``, ``output_fmt``, ``feature_norm``): timm's
+    features-only model of it (:class:`vitkit.models.features.FeaturesModel`). The model is in
+    eval mode.
     """
+    from vitkit.models.features import features_model, pop_features_options
     from vitkit.models.vit import build_model
+
+    options = pop_features_options(overrides)
 
     read_keys = (
         "format",
@@ -546,6 +562,9 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     model = build_model(ckpt.model_config)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
+    if options is not None:
+        hf_backbone.features_options(ckpt.meta, options, str(ckpt.path))
+        model = features_model(model, options)
     return model.eval(), ckpt
 
 

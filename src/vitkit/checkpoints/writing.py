@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints.google import npz as npz_conv
+from vitkit.checkpoints.hf import backbone as hf_backbone
 from vitkit.checkpoints.hf import beit as hf_beit
 from vitkit.checkpoints.hf import dinov3 as hf_dinov3
 from vitkit.checkpoints.hf import siglip as hf_siglip
@@ -138,6 +139,8 @@ def write_checkpoint(
             cfg, ckpt.preprocess, ckpt.class_names
         )
         return _write_dir(dst, {CONFIG: hub}, tsd)
+    if to == "hf" and "backbone" in ckpt.meta:  # Dinov2Backbone, DINOv3ViTBackbone
+        return _write_dir(dst, *hf_backbone.backbone_files(ckpt))
     if to == "hf" and hf_dinov3.writes_dinov3(cfg):  # DINOv3's RoPE: DINOv3ViTModel
         dino = {
             CONFIG: hf_dinov3.vit_to_dinov3_config(cfg),

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.models.vit import Mlp
+from vitkit.models.block_parts import Mlp
 
 ENV = "VITKIT_ONEDNN"
 
@@ -73,7 +73,8 @@ class OneDNNMlp(Mlp):
     """Eq. 3's MLP with ``GELU(fc1(x))`` as one oneDNN call (the GELU fused into the matmul's
     output, erf or tanh as the model's ``gelu`` says) in fp32 CPU inference: one pass less
     over the widest activation, 12 % of Ti/16's inference time measured. Any other case (a
-    SwiGLU, QuickGELU or BEiT-3's sub-norm, training) is :class:`~vitkit.models.vit.Mlp` itself."""
+    SwiGLU, QuickGELU or BEiT-3's sub-norm, training) is
+    :class:`~vitkit.models.block_parts.Mlp` itself."""
 
     def forward(self, x: Tensor) -> Tensor:
         fc1 = self.fc1

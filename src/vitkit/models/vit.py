@@ -66,8 +66,9 @@ from torch import Tensor, nn
 
 from vitkit.errors import VitkitError
 from vitkit.hardware import check_model_fits
+from vitkit.models import features
 from vitkit.models import naflex_packing as naflex
-from vitkit.models.block_parts import drop_path, logit_bias, make_norm
+from vitkit.models.block_parts import LayerScale, Mlp, drop_path, logit_bias, make_norm
 from vitkit.models.hybrid_stem import ResNetStem
 from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.models.posemb_resample import Resample, resample_pos_embed
@@ -239,47 +240,6 @@ class Attention(nn.Module):
         return dropped @ v, weights
 
 
-class QuickGELU(nn.Module):
-    """CLIP's GELU approximation x * sigmoid(1.702 x) (``gelu="quick"``; not the paper's)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-class LayerScale(nn.Module):
-    """Per-channel scale of a residual branch (CaiT, DeiT-III, DINOv2; not the paper's)."""
-
-    def __init__(self, dim: int, init: float) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * self.gamma
-
-
-class Mlp(nn.Module):
-    """The MLP of Eq. 3: two dense layers with a GELU between them."""
-
-    def __init__(self, cfg: ViTConfig, mlp_dim: int | None = None) -> None:
-        super().__init__()
-        mlp_dim = mlp_dim or cfg.mlp_dim  # (the MAP head's may differ: map_mlp_dim)
-        self.fc1 = nn.Linear(cfg.width, mlp_dim, bias=cfg.proj_bias)
-        self.swiglu = cfg.mlp == "swiglu"  # DINOv2-giant: SiLU(x1) * x2 from one packed fc1
-        self.act: nn.Module = nn.SiLU() if self.swiglu else nn.GELU(approximate=cfg.gelu)
-        self.act = QuickGELU() if cfg.gelu == "quick" and not self.swiglu else self.act
-        hidden = mlp_dim // 2 if self.swiglu else mlp_dim
-        # BEiT-3's sub-LayerNorm on the hidden units, after the activation
-        self.norm = make_norm(cfg, hidden) if cfg.scale_mlp_norm else nn.Identity()
-        self.fc2 = nn.Linear(hidden, cfg.width, bias=cfg.proj_bias)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.swiglu:
-            x1, x2 = self.fc1(x).chunk(2, dim=-1)
-            return self.drop(self.fc2(self.norm(self.drop(self.act(x1) * x2))))
-        return self.drop(self.fc2(self.norm(self.drop(self.act(self.fc1(x))))))
-
-
 class Block(nn.Module):
     """One pre-LayerNorm encoder block: Eq. 2 then Eq. 3. With ``block="post"`` the norm
     moves onto the branch's output, z + LN(F(z)) (timm's ``ResPostBlock``; not the paper's)."""
@@ -374,8 +334,8 @@ class MAPHead(nn.Module):
 
 
 @dataclass
-class Intermediates:
-    """What :meth:`VisionTransformer.forward_intermediates` returns.
+class WithAttentions:
+    """What :meth:`VisionTransformer.forward_with_attentions` returns.
 
     hidden_states: z_0 (embeddings) then the output z_l of every block: depth + 1 tensors [B, T, D].
     attentions: every block's attention weights [B, heads, T, T] (softmax over the last axis).
@@ -555,7 +515,34 @@ class VisionTransformer(nn.Module):
         tokens = self.forward_features(x)
         return self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
 
-    def forward_intermediates(self, x: Tensor) -> Intermediates:
+    def forward_intermediates(
+        self,
+        x: Tensor | dict[str, Tensor],
+        indices: features.Indices = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Any:
+        """timm's ``forward_intermediates``: chosen blocks' features as maps or token lists
+        (:func:`vitkit.models.features.forward_intermediates`)."""
+        return features.forward_intermediates(
+            self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
+        )
+
+    def prune_intermediate_layers(
+        self, indices: features.Indices = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's: drop the blocks after ``indices`` (:mod:`vitkit.models.features`)."""
+        return features.prune_intermediate_layers(self, indices, prune_norm, prune_head)
+
+    @property
+    def feature_info(self) -> list[dict[str, Any]]:
+        """timm's per-block ``{"num_chs", "reduction", "module"}`` (``blocks.i``)."""
+        return features.block_feature_info(self)
+
+    def forward_with_attentions(self, x: Tensor) -> WithAttentions:
         """Every hidden state and attention map, through the explicit-softmax attention."""
         grid = self.patch_embed.grid_for((x.shape[-2], x.shape[-1]))
         ropes = self.rope_for(grid)
@@ -571,11 +558,11 @@ class VisionTransformer(nn.Module):
             attentions.append(weights)
         features = self.norm(x)
         if self.attn_pool is None:
-            return Intermediates(hidden, attentions, features, self.forward_head(features))
+            return WithAttentions(hidden, attentions, features, self.forward_head(features))
         prefix = 0 if self.cfg.map_prefix else self.cfg.num_prefix_tokens
         pooled, pool_attention = self.attn_pool.forward_explicit(features[:, prefix:])
         logits = self._classify(self.fc_norm(pooled), features, pre_logits=False)
-        return Intermediates(hidden, attentions, features, logits, pool_attention)
+        return WithAttentions(hidden, attentions, features, logits, pool_attention)
 
 
 def _blocks(model: VisionTransformer) -> Iterable[Block]:
@@ -597,7 +584,13 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 def create_model(name: str | ModelConfig, **overrides: Any) -> nn.Module:
     """A freshly initialised model: ``create_model("B/16")``, ``create_model("vit_s16",
     num_classes=10, image_size=(96, 128))``, the paper's hybrids (``"r50_vit_b16"``), BiT
-    ResNets (``"bit_r50x1"``, ``layers=(1, 1, 1)``), or from a config plus overrides."""
+    ResNets (``"bit_r50x1"``, ``layers=(1, 1, 1)``), or from a config plus overrides.
+    ``features_only=True`` (with ``out_indices``, default the last 3 blocks, ``output_fmt``,
+    ``feature_norm``) gives timm's features-only model
+    (:class:`~vitkit.models.features.FeaturesModel`)."""
+    options = features.pop_features_options(overrides)
     if isinstance(name, (ViTConfig, ResNetConfig)):
-        return build_model(name.replace(**overrides))
-    return build_model(model_config(name, **overrides))
+        model = build_model(name.replace(**overrides))
+    else:
+        model = build_model(model_config(name, **overrides))
+    return model if options is None else features.features_model(model, options)

@@ -7,8 +7,9 @@ timm's ``VisionTransformer`` (its ``vision_transformer.py`` entries):
   ``bias``), an RMSNorm on the patch embeddings (``patch_embed.norm``: ``patch_norm``), no
   biases in the attention projection and the MLP (``proj_bias=False``), and timm's unpacked
   ``SwiGLU``: ``mlp.fc1_g`` (the gate, through SiLU) and ``mlp.fc1_x``. vitkit's packed ``fc1``
-  is the two stacked, gate first (its :class:`vitkit.models.vit.Mlp` computes SiLU(first half) x
-  second half), exactly as ``SwiGLUPacked``; written back to an ``aimv2_*`` entry it is split.
+  is the two stacked, gate first (its :class:`vitkit.models.block_parts.Mlp` computes
+  SiLU(first half) x second half), exactly as ``SwiGLUPacked``; written back to an ``aimv2_*``
+  entry it is split.
 - BEiT-3 (``beit3_*``): sub-LayerNorms ``blocks.{i}.attn.norm`` (on the heads' output before the
   projection: ``scale_attn_norm``) and ``blocks.{i}.mlp.norm`` (on the hidden units after the
   activation: ``scale_mlp_norm``).

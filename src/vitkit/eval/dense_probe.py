@@ -1,0 +1,172 @@
+"""A dense probe: a small head trained on a frozen ViT's patch features from several depths, the
+way DINOv2 and DINOv3 evaluate segmentation (a linear layer on frozen multi-depth features) and
+DPT reads a ViT (maps from four depths fused coarse to fine).
+
+1. features: ``model.forward_intermediates(x, indices, norm=True, output_fmt="NCHW")`` (timm's
+   feature API, :mod:`vitkit.models.features`), the maps of the chosen blocks concatenated
+   along the channels, computed once (the model is frozen);
+2. a head: ``"linear"`` (BatchNorm then a 1x1 convolution: DINOv2's linear probe) or ``"dpt"``
+   (per depth a 1x1 projection, fused deepest first with residual 3x3 convolutions, then 2x
+   upsampling: a small DPT);
+3. the head's logits upsampled bilinearly to the pixels, cross-entropy against the masks,
+   full-batch Adam;
+4. per-class intersection over union on held-out images, and their mean (mIoU).
+
+``random_features=True`` replaces every feature by Gaussian noise of the same mean and standard
+deviation (per channel): the probe then learns the class frequencies only, the floor a real
+backbone's features must clear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.errors import VitkitError
+
+HEADS = ("linear", "dpt")
+
+
+@dataclass
+class DenseProbeResult:
+    """Per-class IoU on the test images (``class_names`` order), their mean, the final training
+    loss, and the features' channels and grid."""
+
+    iou: list[float]
+    class_names: tuple[str, ...]
+    train_loss: float
+    channels: int
+    grid: tuple[int, int]
+
+    @property
+    def miou(self) -> float:
+        return sum(self.iou) / len(self.iou)
+
+    def table(self) -> str:
+        rows = [f"{n:12s} {v:6.3f}" for n, v in zip(self.class_names, self.iou)]
+        return "\n".join([*rows, f"{'mIoU':12s} {self.miou:6.3f}"])
+
+
+@torch.no_grad()
+def frozen_features(
+    model: Any, images: Tensor, indices: Sequence[int] | int = 4, batch_size: int = 64
+) -> list[Tensor]:
+    """The maps [N, D, h, w] of the blocks ``indices`` (timm's meaning: an int is the last n),
+    final-normed, for every image, in batches; a features-only model (``features_only=True``)
+    gives its own outputs."""
+    was = model.training
+    model.eval()
+    chunks: list[list[Tensor]] = []
+    for start in range(0, len(images), batch_size):
+        x = images[start : start + batch_size]
+        if hasattr(model, "forward_intermediates"):
+            kw: dict[str, Any] = {"norm": True, "output_fmt": "NCHW", "intermediates_only": True}
+            chunks.append(model.forward_intermediates(x, indices, **kw))
+        else:
+            chunks.append(list(model(x)))
+    model.train(was)
+    return [torch.cat(level) for level in zip(*chunks)]
+
+
+class LinearHead(nn.Module):
+    """BatchNorm over the concatenated channels, then a 1x1 convolution (DINOv2's probe)."""
+
+    def __init__(self, channels: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(sum(channels))
+        self.conv = nn.Conv2d(sum(channels), num_classes, 1)
+
+    def forward(self, maps: list[Tensor]) -> Tensor:
+        return self.conv(self.bn(torch.cat(maps, dim=1)))
+
+
+class DPTHead(nn.Module):
+    """A small DPT: each depth projected to ``width`` channels, fused from the deepest up (each
+    step adds the next shallower map, then a residual 3x3 convolution), upsampled 2x, and a 1x1
+    classifier."""
+
+    def __init__(self, channels: Sequence[int], num_classes: int, width: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.ModuleList(nn.Conv2d(c, width, 1) for c in channels)
+        self.fuse = nn.ModuleList(
+            nn.Sequential(nn.ReLU(), nn.Conv2d(width, width, 3, padding=1)) for _ in channels
+        )
+        self.classify = nn.Conv2d(width, num_classes, 1)
+
+    def forward(self, maps: list[Tensor]) -> Tensor:
+        x = torch.zeros(())
+        for i in reversed(range(len(maps))):  # deepest first
+            x = x + self.proj[i](maps[i])
+            x = x + self.fuse[i](x)
+        return self.classify(F.interpolate(x, scale_factor=2.0, mode="bilinear"))
+
+
+def iou_per_class(pred: Tensor, target: Tensor, num_classes: int) -> list[float]:
+    """Intersection over union of each class over every pixel (NaN where a class is absent
+    from both)."""
+    out = []
+    for c in range(num_classes):
+        p, t = pred == c, target == c
+        union = (p | t).sum().item()
+        out.append((p & t).sum().item() / union if union else float("nan"))
+    return out
+
+
+def _noise_like(maps: list[Tensor], seed: int) -> list[Tensor]:
+    g = torch.Generator().manual_seed(seed + 7)
+    out = []
+    for m in maps:
+        mean, std = m.mean(dim=(0, 2, 3), keepdim=True), m.std(dim=(0, 2, 3), keepdim=True)
+        out.append(torch.randn(m.shape, generator=g, dtype=m.dtype) * std + mean)
+    return out
+
+
+def train_dense_probe(
+    model: Any,
+    train: tuple[Tensor, Tensor],
+    test: tuple[Tensor, Tensor],
+    class_names: Sequence[str],
+    indices: Sequence[int] | int = 4,
+    head: str = "linear",
+    steps: int = 300,
+    lr: float = 1e-2,
+    seed: int = 0,
+    random_features: bool = False,
+) -> DenseProbeResult:
+    """Train a ``head`` on ``model``'s frozen features of ``train`` (images, masks) and score it
+    on ``test``: :class:`DenseProbeResult` (see the module's docstring)."""
+    if head not in HEADS:
+        raise VitkitError(f"unknown dense head {head!r} (choose from {', '.join(HEADS)})")
+    (x, y), (xt, yt) = train, test
+    if x.shape[-2:] != y.shape[-2:] or xt.shape[-2:] != yt.shape[-2:]:
+        raise VitkitError(f"images {tuple(x.shape)} and masks {tuple(y.shape)} differ in size")
+    k = len(class_names)
+    if int(max(y.max(), yt.max())) >= k:
+        raise VitkitError(f"the masks hold a class beyond the {k} named ({', '.join(class_names)})")
+    feats, feats_t = frozen_features(model, x, indices), frozen_features(model, xt, indices)
+    if random_features:
+        feats, feats_t = _noise_like(feats, seed), _noise_like(feats_t, seed + 1)
+    torch.manual_seed(seed)
+    chans = [f.shape[1] for f in feats]
+    net: nn.Module = LinearHead(chans, k) if head == "linear" else DPTHead(chans, k)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    size = tuple(y.shape[-2:])
+    loss = torch.zeros(())
+    net.train()
+    for _ in range(steps):
+        logits = F.interpolate(net(feats), size=size, mode="bilinear")
+        loss = F.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    with torch.no_grad():
+        pred = F.interpolate(net(feats_t), size=tuple(yt.shape[-2:]), mode="bilinear").argmax(1)
+    grid = (int(feats[0].shape[-2]), int(feats[0].shape[-1]))
+    iou = iou_per_class(pred, yt, k)
+    return DenseProbeResult(iou, tuple(class_names), loss.item(), sum(chans), grid)

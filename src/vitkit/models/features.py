@@ -1,0 +1,271 @@
+"""The encoder as a backbone for dense tasks: timm's feature API on vitkit's models.
+
+Segmentation, depth and detection heads (DINOv2's and DINOv3's linear probes, DPT, ViTDet)
+take patch features from several blocks as spatial maps. This module gives vitkit's
+:class:`~vitkit.models.vit.VisionTransformer` the calls such code is written against, with
+timm's arguments and outputs exactly (timm's ``vision_transformer.py`` / ``eva.py``):
+
+- :func:`forward_intermediates`: the outputs of chosen blocks (``indices``: an int takes the
+  last n blocks, a list takes those blocks, negative from the end, None every block),
+  optionally through the final norm (``norm``), as maps [B, D, h, w] (``output_fmt="NCHW"``) or
+  token lists [B, h*w, D] (``"NLC"``), the prefix tokens (class, distillation, registers) cut off
+  and returned apart on request (``return_prefix_tokens``: (patches, prefix) pairs), with or
+  without the final-normed tokens of the whole encoder (``intermediates_only``); ``stop_early``
+  skips the blocks after the last one asked for.
+- :func:`prune_intermediate_layers`: cut the blocks after the last index (and the final norm,
+  the head) away; the features of the kept blocks do not change.
+- :class:`FeaturesModel` (``vitkit.create_model(..., features_only=True, out_indices=...)`` and
+  ``vitkit.load(..., features_only=True)``): a pruned model whose ``forward`` returns the list
+  of maps, with :class:`FeatureInfo` (channels, reduction, module name per output).
+
+The attention-returning pass the analysis tools use is
+:meth:`~vitkit.models.vit.VisionTransformer.forward_with_attentions`, a different call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from vitkit.errors import VitkitError
+from vitkit.models import naflex_packing as naflex
+
+Indices = int | Sequence[int] | None
+FEATURES_KEYS = ("features_only", "out_indices", "output_fmt", "feature_norm", "norm_last")
+FORMATS = ("NCHW", "NLC")
+
+
+def take_indices(num_blocks: int, indices: Indices) -> tuple[list[int], int]:
+    """timm's ``feature_take_indices``: the absolute block indices asked for and the largest.
+    None: every block; an int n: the last n; a list: those blocks (negative from the end)."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
+        raise VitkitError(f"indices must be an int, a list of ints or None, got {indices!r}")
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks:
+            raise VitkitError(
+                f"indices={indices} asks for the last {indices} blocks of {num_blocks} "
+                f"(an int must be 1 to {num_blocks}; a list picks blocks)"
+            )
+        taken = list(range(num_blocks - indices, num_blocks))
+    else:
+        taken = []
+        for i in indices:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise VitkitError(f"block indices must be ints, got {i!r} in {list(indices)}")
+            j = num_blocks + i if i < 0 else i
+            if not 0 <= j < num_blocks:
+                raise VitkitError(
+                    f"block index {i} is out of range for {num_blocks} blocks "
+                    f"(0 to {num_blocks - 1}, or -{num_blocks} to -1)"
+                )
+            taken.append(j)
+        if not taken:
+            raise VitkitError("indices is an empty list: name at least one block")
+    return taken, max(taken)
+
+
+def _check_fmt(output_fmt: str) -> None:
+    if output_fmt not in FORMATS:
+        raise VitkitError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+
+
+def forward_intermediates(
+    model: Any,
+    x: Tensor | dict[str, Tensor],
+    indices: Indices = None,
+    return_prefix_tokens: bool = False,
+    norm: bool = False,
+    stop_early: bool = False,
+    output_fmt: str = "NCHW",
+    intermediates_only: bool = False,
+) -> Any:
+    """timm's ``forward_intermediates`` on a vitkit ViT (see the module's docstring).
+
+    Returns ``(final_tokens, intermediates)``, or the list alone with ``intermediates_only``.
+    ``final_tokens`` is ``forward_features``' [B, T, D]; each intermediate is [B, D, h, w]
+    (NCHW) or [B, h*w, D] (NLC), or with ``return_prefix_tokens`` a pair (that, prefix
+    [B, prefix tokens, D]) where the model has prefix tokens (as timm's VisionTransformer).
+    A NaFlex batch dict (:func:`vitkit.models.naflex_packing.pack`) gives NLC only, padding
+    tokens included (each image has its own grid: no one map shape).
+    """
+    _check_fmt(output_fmt)
+    taken, last = take_indices(len(model.blocks), indices)
+    blocks = list(model.blocks)[: last + 1] if stop_early else list(model.blocks)
+    prefix = model.cfg.num_prefix_tokens
+    grid: tuple[int, int] | None = None
+    if isinstance(x, dict):
+        if output_fmt == "NCHW":
+            raise VitkitError(
+                "a NaFlex batch has one patch grid per image: output_fmt='NCHW' has no single "
+                "map shape; use output_fmt='NLC' (or pass images [B, C, H, W])"
+            )
+        if not model.cfg.naflex:
+            raise VitkitError("packed patches need a NaFlex model (ViTConfig.naflex)")
+        missing = [k for k in ("patches", "patch_coord", "patch_valid") if k not in x]
+        if missing:
+            raise VitkitError(f"a NaFlex batch needs {', '.join(missing)}")
+        tokens = naflex.embed(model, x["patches"], x["patch_coord"])
+        mask = naflex.attention_mask(x["patch_valid"].bool(), prefix, tokens.dtype)
+        ropes: list[Tensor | None] = [None] * len(blocks)
+        biases: list[Tensor | None] = [mask] * len(blocks)
+    else:
+        grid = model.patch_embed.grid_for((x.shape[-2], x.shape[-1]))
+        tokens = model.embed(x)
+        ropes, biases = model.rope_for(grid), model.attention_biases(tokens, grid)
+    out = []
+    for i, (block, rope, bias) in enumerate(zip(blocks, ropes, biases)):
+        tokens = block(tokens) if rope is None and bias is None else block(tokens, rope, bias)
+        if i in taken:
+            out.append(model.norm(tokens) if norm else tokens)
+    prefixes = [y[:, :prefix] for y in out]
+    out = [y[:, prefix:] for y in out]
+    if grid is not None and output_fmt == "NCHW":
+        b, h, w = tokens.shape[0], grid[0], grid[1]
+        out = [y.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+    result: list[Any] = list(zip(out, prefixes)) if return_prefix_tokens and prefix else out
+    if intermediates_only:
+        return result
+    return model.norm(tokens), result
+
+
+def prune_intermediate_layers(
+    model: Any, indices: Indices = 1, prune_norm: bool = False, prune_head: bool = True
+) -> list[int]:
+    """timm's ``prune_intermediate_layers``: keep the blocks up to the last of ``indices``
+    (the config's depth follows), with ``prune_norm`` drop the final norm, with ``prune_head``
+    the head, its pooling (MAP) and ``fc_norm``. Returns the absolute indices kept, which
+    stay valid on the pruned model (negative ones would not)."""
+    taken, last = take_indices(len(model.blocks), indices)
+    model.blocks = model.blocks[: last + 1]
+    kv = model.cfg.kv_heads
+    changes: dict[str, Any] = {"depth": last + 1, "kv_heads": kv[: last + 1] if kv else kv}
+    if prune_norm:
+        model.norm = nn.Identity()
+    if prune_head:
+        model.fc_norm, model.pre_logits = nn.Identity(), nn.Identity()
+        model.attn_pool = model.head = model.head_dist = None
+        changes["num_classes"] = 0
+    model.cfg = model.cfg.replace(**changes)
+    return taken
+
+
+def reduction(cfg: Any) -> int:
+    """Input pixels per feature-map step: the patch (times the hybrid's ResNet stride)."""
+    return int(max(cfg.patch_size)) * int(cfg.stem_stride)
+
+
+def block_feature_info(model: Any) -> list[dict[str, Any]]:
+    """timm's ``model.feature_info``: per block ``{"num_chs", "reduction", "module"}``."""
+    r = reduction(model.cfg)
+    return [
+        {"num_chs": model.cfg.width, "reduction": r, "module": f"blocks.{i}"}
+        for i in range(len(model.blocks))
+    ]
+
+
+class FeatureInfo:
+    """The outputs of a :class:`FeaturesModel`, as timm's ``FeatureInfo``: ``channels()``,
+    ``reduction()``, ``module_name()`` (lists over the outputs, or one with ``idx``), ``info``
+    (the dicts), ``out_indices``."""
+
+    def __init__(self, info: list[dict[str, Any]], out_indices: list[int]) -> None:
+        self.info = [dict(info[i]) for i in out_indices]
+        self.out_indices = list(out_indices)
+
+    def get(self, key: str, idx: int | None = None) -> Any:
+        return [d[key] for d in self.info] if idx is None else self.info[idx][key]
+
+    def channels(self, idx: int | None = None) -> Any:
+        return self.get("num_chs", idx)
+
+    def reduction(self, idx: int | None = None) -> Any:
+        return self.get("reduction", idx)
+
+    def module_name(self, idx: int | None = None) -> Any:
+        return self.get("module", idx)
+
+    def get_dicts(self) -> list[dict[str, Any]]:
+        return [dict(d) for d in self.info]
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        return self.info[idx]
+
+    def __len__(self) -> int:
+        return len(self.info)
+
+
+class FeaturesModel(nn.Module):
+    """A features-only model (timm's ``features_only=True``, its ``FeatureGetterNet``): the
+    ViT pruned after the last block of ``out_indices`` (head and, unless ``norm``, the final
+    norm cut away); ``forward(x)`` returns the list of those blocks' features, maps [B, D, h, w]
+    (``output_fmt="NCHW"``) or [B, h*w, D]. ``model`` is the pruned ViT; its state dict keys
+    are ``model.<the ViT's keys>``. ``norm_last``: the final norm on the output of the model's
+    last block even without ``norm`` (Hugging Face's ``DINOv3ViTBackbone`` does so)."""
+
+    def __init__(
+        self,
+        model: Any,
+        out_indices: Indices = 3,
+        output_fmt: str = "NCHW",
+        norm: bool = False,
+        norm_last: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_fmt(output_fmt)
+        if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
+            raise VitkitError(
+                f"features_only takes a Vision Transformer; {type(model).__name__} has no "
+                "transformer blocks"
+            )
+        last = len(model.blocks) - 1
+        self.norm_last = norm_last and not norm and last in take_indices(last + 1, out_indices)[0]
+        prune_norm = not (norm or self.norm_last)
+        self.out_indices = prune_intermediate_layers(model, out_indices, prune_norm=prune_norm)
+        self.model = model
+        self.output_fmt, self.norm = output_fmt, norm
+        self.feature_info = FeatureInfo(block_feature_info(model), self.out_indices)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        out: list[Tensor] = forward_intermediates(
+            self.model,
+            x,
+            self.out_indices,
+            norm=self.norm,
+            output_fmt=self.output_fmt,
+            intermediates_only=True,
+        )
+        if self.norm_last:  # (per token: the prefix tokens cut off or not, the same)
+            i = self.out_indices.index(len(self.model.blocks) - 1)
+            if self.output_fmt == "NLC":
+                out[i] = self.model.norm(out[i])
+            else:
+                out[i] = (
+                    self.model.norm(out[i].permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
+                )
+        return out
+
+
+def pop_features_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The features-only settings taken out of ``options`` (create_model's, load's keyword
+    arguments): None unless ``features_only=True``; out_indices and the rest alone refused."""
+    got = {k: options.pop(k) for k in FEATURES_KEYS if k in options}
+    if not got.pop("features_only", False):
+        if got:
+            raise VitkitError(f"{', '.join(sorted(got))} need features_only=True")
+        return None
+    return got
+
+
+def features_model(model: nn.Module, options: dict[str, Any]) -> FeaturesModel:
+    """``model`` as a :class:`FeaturesModel` with :func:`pop_features_options`' settings."""
+    return FeaturesModel(
+        model,
+        options.get("out_indices", 3),
+        options.get("output_fmt", "NCHW"),
+        bool(options.get("feature_norm", False)),
+        bool(options.get("norm_last", False)),
+    )
