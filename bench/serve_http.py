@@ -40,8 +40,7 @@ class Tally:
 
         return {
             "ok": ok,
-            "failed": sum(self.statuses.values()) - self.statuses.get("200", 0)
-            + len(self.errors),
+            "failed": sum(self.statuses.values()) - self.statuses.get("200", 0) + len(self.errors),
             "statuses": dict(sorted(self.statuses.items())),
             "errors": self.errors[:5],
             "seconds": round(self.seconds, 2),

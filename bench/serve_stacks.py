@@ -106,9 +106,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_stacks"))
     args = ap.parse_args()
     import numpy as np
+    from bench_models import mnist_checkpoint  # noqa: PLC0415
     from PIL import Image
 
-    from bench_models import mnist_checkpoint  # noqa: PLC0415
     from vitkit.hardware import cpu_name
 
     clients = [int(c) for c in args.clients.split(",")]
@@ -130,8 +130,18 @@ def main() -> None:
 
     stacks = {
         "fastapi": lambda: start_server(
-            ["-m", "vitkit", "serve", str(ckpt), "--port", "0", "--max-batch", str(MAX_BATCH),
-             "--max-wait-ms", str(WAIT_MS)]
+            [
+                "-m",
+                "vitkit",
+                "serve",
+                str(ckpt),
+                "--port",
+                "0",
+                "--max-batch",
+                str(MAX_BATCH),
+                "--max-wait-ms",
+                str(WAIT_MS),
+            ]
         ),  # fmt: skip
         "litserve": lambda: start_litserve(ckpt, "pipe", script),
         "litserve_zmq": lambda: start_litserve(ckpt, "zmq", script),

@@ -192,6 +192,8 @@ class ServedModel:
         gh, gw = cfg.grid_size
         rollout = found.rollout[0]
         out: dict[str, Any] = {
+            "engine": "torch",  # (attention maps come from the PyTorch model)
+            "precision": "fp32",
             "top_k": self.top_k(found.logits.softmax(-1), k)[0],
             "grid": [gh, gw],
             "layers": int(found.layer_maps.shape[1]),
