@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import base64
 import json
 import os
@@ -87,10 +88,8 @@ def start_litserve(ckpt: Path, queue: str, script: Path) -> tuple[Any, int]:
 
 
 def stop(proc: Any) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, 15)
-    except ProcessLookupError:
-        pass
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:

@@ -1,8 +1,8 @@
 """The ``vitkit`` command line: parsing and wiring only; the work is the library's.
 
 One module per command group (``train``, ``evaluate``, ``explain``, ``checkpoint``, ``data``,
-``serve``), the option groups they share in ``options``. Heavy imports happen inside the commands, so
-``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in place before
+``serve``), the option groups they share in ``options``. Heavy imports happen inside the
+commands, so ``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in place before
 PyTorch starts.
 """
 
