@@ -2,8 +2,8 @@
 
 One module per command group (``train``, ``evaluate``, ``explain``, ``checkpoint``, ``data``,
 ``serve``), the option groups they share in ``options``. Heavy imports happen inside the
-commands, so ``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in place before
-PyTorch starts.
+commands, so ``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in
+place before PyTorch starts.
 """
 
 from __future__ import annotations
