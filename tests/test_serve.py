@@ -391,3 +391,53 @@ def test_without_the_extra_one_line_names_it(work, capsys, monkeypatch):
 def test_an_empty_api_key_is_refused(work, capsys):
     assert main(["serve", str(work / "ck"), "--api-key", " ", "--dry-run"]) == 2
     assert "API key is empty" in capsys.readouterr().err
+
+
+# -- the page, in a real browser ------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_the_page_shows_top_k_rollout_layers_and_where_a_patch_attends(work, torch_server):
+    """Headless Chromium (Debian's; Playwright never downloads one): upload -> top-k and a
+    rollout overlay drawn, the layer and head sliders change the map, a click shows where the
+    patch attends. The test writes a screenshot (serve_page.png in its temporary folder)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
+    shot = work / "serve_page.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), np.uint8)).save(
+        work / "upload.png"
+    )
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{torch_server.port}/")
+            page.wait_for_function("document.getElementById('model').textContent.includes('ck')")
+            page.set_input_files("#file", str(work / "upload.png"))
+            page.wait_for_function("document.querySelectorAll('#topk li').length === 5")
+
+            def canvas() -> str:
+                return page.evaluate("document.getElementById('view').toDataURL()")
+
+            assert page.evaluate("window.vitkitState.drawn") == "rollout layer 2 head 0"
+            rollout = canvas()
+            labels = page.eval_on_selector_all("#topk .name", "els => els.map(e => e.textContent)")
+            status, raw = call(torch_server.port, "/v1/classify", (work / "upload.png").read_bytes())
+            assert labels == [q["label"] for q in json.loads(raw)["results"][0]["top_k"]]
+            page.fill("#layer", "1")  # the slider moves: the map is another layer's
+            page.dispatch_event("#layer", "input")
+            assert page.evaluate("window.vitkitState.drawn") == "rollout layer 1 head 0"
+            assert canvas() != rollout
+            page.fill("#head", "2")
+            page.dispatch_event("#head", "input")
+            assert page.evaluate("window.vitkitState.drawn") == "rollout layer 1 head 2"
+            page.click("#view", position={"x": 10, "y": 10})  # the top-left patch
+            page.wait_for_function("window.vitkitState.drawn.startsWith('patch 0')")
+            assert not page.is_hidden("#back")
+            assert page.text_content("#status") == ""
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert Image.open(shot).size[0] > 400

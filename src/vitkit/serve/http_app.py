@@ -81,6 +81,7 @@ class ExplainAnswer(Answer):
     heads: int
     rollout: list[list[float]]
     rollout_png: str
+    input_png: str
     layer_maps: list[list[list[list[float]]]] | None = None
     rollout_maps: list[list[list[float]]] | None = None
     query_patch: int | None = None

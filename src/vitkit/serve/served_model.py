@@ -200,6 +200,7 @@ class ServedModel:
             "heads": int(found.layer_maps.shape[2]),
             "rollout": _rounded(rollout),
             "rollout_png": overlay_png(image, rollout),
+            "input_png": overlay_png(image, None),
         }
         if layers:
             out["layer_maps"] = _rounded(found.layer_maps[0])
@@ -224,14 +225,19 @@ def _rounded(t: Tensor) -> Any:
     return np.vectorize(lambda v: float(f"{v:.6g}"))(t.double().numpy()).tolist()
 
 
-def overlay_png(image: Tensor, heat: Tensor) -> str:
+def overlay_png(image: Tensor, heat: Tensor | None) -> str:
     """The image the model saw (uint8 [C, H, W]) under a map over its patches [gh, gw],
-    coloured (matplotlib's inferno) and blended half and half: a ``data:image/png`` URI."""
+    coloured (matplotlib's inferno) and blended half and half (None: the image alone): a
+    ``data:image/png`` URI."""
     from matplotlib import colormaps
 
     c, h, w = image.shape
     rgb = image.expand(3, h, w) if c == 1 else image
     base = rgb.permute(1, 2, 0).numpy().astype(np.float32) / 255
+    if heat is None:
+        buf = io.BytesIO()
+        Image.fromarray(rgb.permute(1, 2, 0).numpy()).save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     m = heat.double().numpy()
     m = (m - m.min()) / max(float(m.max() - m.min()), 1e-12)
     small = Image.fromarray((m * 255).astype(np.uint8))
