@@ -6,6 +6,7 @@ reading its resident memory."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # seconds, answered 2xx
     statuses: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # connection failures, wrong answers
+    answers: list[Any] = field(default_factory=list)  # the first few 200 answers, parsed
     seconds: float = 0.0
 
     def count(self, status: str) -> None:
@@ -95,7 +97,7 @@ async def run_clients(
 ) -> Tally:
     """``clients`` connections, each sending ``make_request(i) -> (method, path, body,
     headers)`` until ``seconds`` pass (or ``max_requests`` were sent in all); ``check(body)``
-    says whether a 200 answer is right (a wrong one counts as an error)."""
+    says whether a 200 answer to request ``i`` is right (a wrong one counts as an error)."""
     tally = Tally()
     deadline = time.perf_counter() + seconds
     sent = 0
@@ -110,13 +112,16 @@ async def run_clients(
             try:
                 if conn is None:
                     conn = await asyncio.open_connection("127.0.0.1", port)
-                method, path, body, headers = make_request(c * 1_000_000 + i)
+                rid = c * 1_000_000 + i
+                method, path, body, headers = make_request(rid)
                 start = time.perf_counter()
                 status, answer, keep = await http(*conn, method, path, body, headers)
                 took = time.perf_counter() - start
                 tally.count(str(status))
                 if status == 200:
-                    if check is None or check(answer):
+                    if len(tally.answers) < 4:
+                        tally.answers.append(json.loads(answer))
+                    if check is None or check(answer, rid):
                         tally.latencies.append(took)
                     else:
                         tally.errors.append(f"wrong answer: {answer[:200]!r}")

@@ -124,7 +124,7 @@ def main() -> None:
     as_json = json.dumps({"image": base64.b64encode(png).decode()}).encode()
     js = ("POST", "/v1/classify", as_json, {"Content-Type": "application/json"})
 
-    def ok(body: bytes) -> bool:
+    def ok(body: bytes, i: int) -> bool:
         return b'"label"' in body
 
     stacks = {
