@@ -148,7 +148,7 @@ def start_server(args: list[str], env: dict[str, str] | None = None) -> tuple[An
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env, start_new_session=True,
+        env=env, preexec_fn=os.setsid,
     )  # fmt: skip
     assert proc.stdout is not None
     lines: list[str] = []

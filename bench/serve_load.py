@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import b16_checkpoint, mnist_checkpoint  # noqa: E402
-from serve_http import ROOT, Tally, http, read_response, rss_mb, run_clients, start_server  # noqa: E402
+from serve_http import ROOT, http, read_response, rss_mb, run_clients, start_server  # noqa: E402
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT / "src"))
@@ -157,7 +157,7 @@ async def one(port: int, method: str, path: str, body: bytes, headers: dict[str,
 async def big_body(port: int, size: int) -> str:
     """Headers for ``size`` bytes, then the body in 1 MB pieces until the server answers."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = f"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+    head = "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
     writer.write((head + f"Content-Length: {size}\r\n\r\n").encode())
     try:
         piece = b"\0" * (1 << 20)
@@ -195,9 +195,9 @@ async def faults(port: int, images: list[bytes], expected: dict[int, Any], secon
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.frombytes("RGB", (256, 256), bytes(rng.randrange(256) for _ in range(256 * 256 * 3))).save(
-        buf, format="JPEG"
-    )
+    Image.frombytes(
+        "RGB", (256, 256), bytes(rng.randrange(256) for _ in range(256 * 256 * 3))
+    ).save(buf, format="JPEG")
     jpeg = buf.getvalue()
     bomb = huge_png(20_000)
     kinds: dict[str, list[str]] = {}
@@ -217,16 +217,26 @@ async def faults(port: int, images: list[bytes], expected: dict[int, Any], secon
     )
     bad: list[Any] = []
     for i in range(40):
-        bad.append(record("malformed body", one(port, "POST", "/v1/classify",
-                                                 rng.randbytes(rng.randrange(1, 5000)), {})))
+        bad.append(
+            record(
+                "malformed body",
+                one(port, "POST", "/v1/classify", rng.randbytes(rng.randrange(1, 5000)), {}),
+            )
+        )
         cut = jpeg[: rng.randrange(800, len(jpeg) - 10)]
         bad.append(record("truncated JPEG", one(port, "POST", "/v1/classify", cut, {})))
         bad.append(record("client leaves mid-body", leave(port, images[i % 16], "sending")))
-        bad.append(record("client leaves before the answer", leave(port, images[i % 16], "waiting")))
+        bad.append(
+            record("client leaves before the answer", leave(port, images[i % 16], "waiting"))
+        )
         if i % 8 == 0:
             bad.append(record("100 MB body", big_body(port, 100_000_000)))
-            bad.append(record("20000x20000 PNG", one(port, "POST", "/v1/classify", bomb,
-                                                      {"Content-Type": "image/png"})))
+            bad.append(
+                record(
+                    "20000x20000 PNG",
+                    one(port, "POST", "/v1/classify", bomb, {"Content-Type": "image/png"}),
+                )
+            )
     rng.shuffle(bad)
     for coro in bad:  # spread over the load
         await asyncio.sleep(seconds / 2 / len(bad))

@@ -75,7 +75,7 @@ def start_litserve(ckpt: Path, queue: str, script: Path) -> tuple[Any, int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, str(script), str(ckpt), str(port), queue],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, preexec_fn=os.setsid,
     )  # fmt: skip
     for _ in range(600):
         try:

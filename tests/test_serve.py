@@ -424,7 +424,9 @@ def test_the_page_shows_top_k_rollout_layers_and_where_a_patch_attends(work, tor
             assert page.evaluate("window.vitkitState.drawn") == "rollout layer 2 head 0"
             rollout = canvas()
             labels = page.eval_on_selector_all("#topk .name", "els => els.map(e => e.textContent)")
-            status, raw = call(torch_server.port, "/v1/classify", (work / "upload.png").read_bytes())
+            status, raw = call(
+                torch_server.port, "/v1/classify", (work / "upload.png").read_bytes()
+            )
             assert labels == [q["label"] for q in json.loads(raw)["results"][0]["top_k"]]
             page.fill("#layer", "1")  # the slider moves: the map is another layer's
             page.dispatch_event("#layer", "input")

@@ -163,7 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         lifespan="on",
     )
-    server = _draining_server(uvicorn)(config)
+    server = _draining_server()(config)
     server.announce = f"serving {what}"
     server.run()
     if not server.started:  # the address was taken or refused: uvicorn said why
@@ -172,8 +172,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _draining_server(uvicorn: Any) -> Any:
-    class DrainingServer(uvicorn.Server):  # type: ignore[misc,name-defined]
+def _draining_server() -> Any:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
         """uvicorn's server; SIGTERM and Ctrl-C stop accepting, answer what is in flight and
         return (uvicorn would then re-raise the signal: the process would not exit 0)."""
 
