@@ -76,7 +76,8 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
         for i, data in enumerate(images):
             t = asyncio.run(run_clients(port, 1, 600, lambda _, d=data: req(d), max_requests=1))
             expected[i] = t.answers[0]
-        warm = asyncio.run(run_clients(port, 8, args.seconds / 4, lambda i: req(images[i % 16])))
+        # warm-up: every batch size the levels reach (1 to 32 images per forward)
+        warm = asyncio.run(run_clients(port, 64, args.seconds / 2, lambda i: req(images[i % 16])))
         rss_start = rss_mb(proc.pid)
         served = served_model(build_parser().parse_args(["serve", str(ckpt), "--fast"]))
         rows = []
@@ -91,6 +92,7 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
             s = t.summary()
             inproc = engine_throughput(served, batch, min(args.seconds, 10))
             s.update(clients=clients, engine_batch=batch, engine_images_per_s=inproc,
+                     server_rss_mb=rss_mb(proc.pid),
                      server_vs_engine=round(s["requests_per_s"] / inproc, 3))  # fmt: skip
             print(f"{name} {clients:3d} clients: {s['requests_per_s']} req/s (engine in-process "
                   f"batch {batch}: {inproc} img/s, ratio {s['server_vs_engine']}), p50 "
@@ -368,10 +370,16 @@ def report(r: dict[str, Any]) -> str:
                 f"{s['failed']} | {s['engine_images_per_s']} ({s['engine_batch']}) | "
                 f"{s['server_vs_engine']} |"
             )
-    lines += ["", "Server resident memory (after warm-up -> after the last level):", ""]
+    lines += [
+        "",
+        "Server resident memory (after a warm-up of 64 clients for half a level, "
+        "then after each level):",
+        "",
+    ]
     for m in r["models"]:
-        lines.append(f"- {m['model']}: {m['rss_mb_start']} MB -> {m['rss_mb_end']} MB "
-                     f"({100 * m['rss_change']:+.1f} %)")  # fmt: skip
+        levels = ", ".join(f"{s['server_rss_mb']}" for s in m["rows"])
+        lines.append(f"- {m['model']}: {m['rss_mb_start']} MB -> {levels} MB "
+                     f"({100 * m['rss_change']:+.1f} % at the end)")  # fmt: skip
     f = r["faults"]
     g = f["good_clients_meanwhile"]
     lines += [

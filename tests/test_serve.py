@@ -443,3 +443,10 @@ def test_the_page_shows_top_k_rollout_layers_and_where_a_patch_attends(work, tor
         finally:
             browser.close()
     assert Image.open(shot).size[0] > 400
+
+
+def test_listening_beyond_this_machine_without_a_key_is_said(work, capsys):
+    assert main(["serve", str(work / "ck"), "--host", "0.0.0.0", "--dry-run"]) == 0
+    assert "without an API key" in capsys.readouterr().err
+    assert main(["serve", str(work / "ck"), "--dry-run"]) == 0
+    assert "API key" not in capsys.readouterr().err

@@ -140,6 +140,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
     if key is not None and not key.strip():
         raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
+    if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"vitkit: warning: listening on {args.host} without an API key: anyone who can "
+            f"reach it can use it (--api-key or {KEY_VARIABLE})",
+            file=sys.stderr,
+        )
     served = served_model(args)
     served.warm_up(args.max_batch)
     limits = Limits(args.max_body, args.max_pixels, args.max_images)
