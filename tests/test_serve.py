@@ -325,6 +325,8 @@ def test_the_api_key_is_required_on_every_route_but_health(work, monkeypatch):
             assert call(s.port, path, body, {"X-API-Key": "s3cret"})[0] == 200, path
             assert call(s.port, path, body, {"Authorization": "Bearer s3cret"})[0] == 200
         assert call(s.port, "/health")[0] == 200
+        schema = json.loads(call(s.port, "/openapi.json", None, {"X-API-Key": "s3cret"})[1])
+        assert {"/v1/classify", "/v1/explain", "/health", "/metrics"} <= set(schema["paths"])
         assert call(s.port, "/?key=s3cret")[0] == 200  # the page, opened in a browser
         assert call(s.port, "/metrics?key=s3cret")[0] == 401  # (only the page takes ?key=)
     finally:
@@ -450,3 +452,17 @@ def test_listening_beyond_this_machine_without_a_key_is_said(work, capsys):
     assert "without an API key" in capsys.readouterr().err
     assert main(["serve", str(work / "ck"), "--dry-run"]) == 0
     assert "API key" not in capsys.readouterr().err
+
+
+def test_a_port_in_use_or_an_empty_host_is_one_line(work, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(work / "ck"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"vitkit: error: could not listen on 127.0.0.1:{port}"
+    assert main(["serve", str(work / "ck"), "--host", ""]) == 2
+    assert "not a host name" in capsys.readouterr().err

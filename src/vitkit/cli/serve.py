@@ -32,6 +32,12 @@ def port_number(text: str) -> int:
     return n
 
 
+def host_name(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"not a host name or address: {text!r}")
+    return text
+
+
 def add_commands(sub: Any) -> None:
     p = add_command(
         sub,
@@ -47,7 +53,12 @@ def add_commands(sub: Any) -> None:
     )
     add_checkpoint(p, positional=True)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument(
+        "--host",
+        type=host_name,
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1)",
+    )
     g.add_argument("--port", type=port_number, default=8000, help="port (0: any free one)")
     g.add_argument(
         "--api-key",
@@ -171,8 +182,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     server = _draining_server()(config)
     server.announce = f"serving {what}"
-    server.run()
-    if not server.started:  # the address was taken or refused: uvicorn said why
+    try:
+        server.run()
+    except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
+        raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
+    if not server.started:
         raise VitkitError(f"could not listen on {args.host}:{args.port}")
     print("stopped: every request in flight was answered", flush=True)
     return 0
