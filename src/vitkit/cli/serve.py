@@ -1,0 +1,217 @@
+"""``vitkit serve``: a model behind HTTP (vitkit.serve; the ``vitkit[serve]`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from vitkit.cli.engines import add_engine_options, load_for_inference
+from vitkit.cli.options import (
+    add_checkpoint,
+    add_command,
+    loading,
+    non_negative_float,
+    positive_int,
+    set_threads,
+)
+from vitkit.errors import VitkitError
+
+KEY_VARIABLE = "VITKIT_API_KEY"
+
+
+def port_number(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535 (0: any free one), got {n}")
+    return n
+
+
+def host_name(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"not a host name or address: {text!r}")
+    return text
+
+
+def add_commands(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "serve",
+        "serve a model over HTTP: top-k labels, attention maps, a page to try it",
+        "Serves SOURCE (a run, a checkpoint in any format, or an engine directory of 'vitkit "
+        "export --int8') with the answers of 'vitkit predict': POST /v1/classify (top-k of one "
+        "or several images, batched across clients), POST /v1/explain (attention rollout and "
+        "per-layer maps), GET /health, GET /metrics (Prometheus), GET /openapi.json and a page "
+        "at GET /. Listens on 127.0.0.1 unless --host says otherwise, once the model is loaded "
+        "and warmed up; SIGTERM or Ctrl-C drains the requests in flight and exits 0. Needs "
+        "pip install 'vitkit[serve]'.",
+    )
+    add_checkpoint(p, positional=True)
+    g = p.add_argument_group("server")
+    g.add_argument(
+        "--host",
+        type=host_name,
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1)",
+    )
+    g.add_argument("--port", type=port_number, default=8000, help="port (0: any free one)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help=f"required on every route but /health, as 'Authorization: Bearer KEY' or "
+        f"'X-API-Key: KEY' (default: the {KEY_VARIABLE} environment variable; none: open)",
+    )
+    g.add_argument("--access-log", action="store_true", help="print a line per request")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load and warm up the model, say what would be served, and exit",
+    )
+    g = p.add_argument_group("batching")
+    g.add_argument(
+        "--max-batch", type=positive_int, default=32, help="images per forward (default 32)"
+    )
+    g.add_argument(
+        "--max-wait-ms",
+        type=non_negative_float,
+        default=5.0,
+        help="how long the first image of a forward waits for others (default 5)",
+    )
+    g = p.add_argument_group("limits (a request over one gets 413 and one line)")
+    g.add_argument(
+        "--max-body", type=positive_int, default=20_000_000, help="bytes (default 20,000,000)"
+    )
+    g.add_argument(
+        "--max-pixels",
+        type=positive_int,
+        default=25_000_000,
+        help="pixels of one image, checked before it is decoded (default 25,000,000)",
+    )
+    g.add_argument(
+        "--max-images", type=positive_int, default=16, help="images per request (default 16)"
+    )
+    add_engine_options(p, fast=True)
+    p.add_argument("--threads", type=positive_int, help="torch intra-op threads")
+    p.set_defaults(func=cmd_serve)
+
+
+def served_model(args: argparse.Namespace) -> Any:
+    """The model of ``args.ckpt`` as the server runs it: classification by ``--engine`` /
+    ``--fast`` (what ``vitkit predict`` runs), explanations by the PyTorch model where there
+    is one."""
+    from vitkit.engines.backends import EngineModel
+    from vitkit.eval.checkpoint_eval import check_finite_weights
+    from vitkit.models.vit import VisionTransformer
+    from vitkit.serve.served_model import ServedModel
+
+    model, ckpt, engine_line = load_for_inference(args, args.ckpt)
+    print(engine_line)
+    attention, why = None, ""
+    if isinstance(model, EngineModel):
+        engine, precision = model.engine, model.precision
+        if ckpt.format == "vitkit-engine":
+            why = (
+                f"the {engine} engine ({precision}) gives no attention maps: serve the fp32 "
+                "checkpoint it was exported from (--engine torch) for /v1/explain"
+            )
+        else:  # a fp32 checkpoint: its PyTorch model explains
+            from vitkit.checkpoints import load_model
+
+            attention, _ = load_model(args.ckpt, **loading(args))
+    else:
+        engine, precision = "torch", "fp32"
+        check_finite_weights(model, ckpt)
+        attention = model
+    if attention is not None and not isinstance(attention, VisionTransformer):
+        why = f"{ckpt.model_config.short_name} is not a Vision Transformer: it has no attention"
+        attention = None
+    return ServedModel(
+        model,
+        ckpt,
+        engine=engine,
+        precision=precision,
+        attention_model=attention,
+        no_attention_reason=why,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vitkit.serve import require_serve
+
+    _, uvicorn = require_serve()  # the missing extra first, before loading any weights
+    from vitkit.serve.http_app import Settings, build_app
+    from vitkit.serve.served_model import Limits
+
+    set_threads(args.threads)
+    key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
+    if key is not None and not key.strip():
+        raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
+    if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"vitkit: warning: listening on {args.host} without an API key: anyone who can "
+            f"reach it can use it (--api-key or {KEY_VARIABLE})",
+            file=sys.stderr,
+        )
+    served = served_model(args)
+    served.warm_up(args.max_batch)
+    limits = Limits(args.max_body, args.max_pixels, args.max_images)
+    settings = Settings(limits, args.max_batch, args.max_wait_ms, key)
+    app = build_app(served, settings)
+    what = (
+        f"{served.describe()['model']['name']} from {args.ckpt}: batches of up to "
+        f"{args.max_batch} images (waiting up to {args.max_wait_ms:g} ms), bodies up to "
+        f"{limits.max_body_bytes:,} bytes, {limits.max_images} images of up to "
+        f"{limits.max_pixels:,} pixels a request, API key "
+        f"{'required' if key else 'not required'}"
+    )
+    if args.dry_run:
+        print(f"would serve {what} on http://{args.host}:{args.port}")
+        return 0
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=args.access_log,
+        lifespan="on",
+    )
+    server = _draining_server()(config)
+    server.announce = f"serving {what}"
+    try:
+        server.run()
+    except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
+        raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
+    if not server.started:
+        raise VitkitError(f"could not listen on {args.host}:{args.port}")
+    print("stopped: every request in flight was answered", flush=True)
+    return 0
+
+
+def _draining_server() -> Any:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server; SIGTERM and Ctrl-C stop accepting, answer what is in flight and
+        return (uvicorn would then re-raise the signal: the process would not exit 0)."""
+
+        announce = ""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop without waiting
+            else:
+                self.should_exit = True
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.servers:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                print(f"{self.announce}\nready: http://{host}:{port}/", flush=True)
+                sys.stdout.flush()
+
+    return DrainingServer

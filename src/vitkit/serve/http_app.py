@@ -1,0 +1,352 @@
+"""The HTTP application: routes, limits, the API key and one-line JSON errors (FastAPI).
+
+Every request passes :class:`Guard` first (an ASGI middleware): the API key where one is set
+(every route but ``/health``), the body size (``Content-Length`` checked before a byte is read;
+a body without one is read only up to the limit), the counters of ``/metrics``. The routes
+take images only from the body: no file path or URL is ever read from a request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vitkit.serve.batcher import Batcher
+from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
+from vitkit.serve.served_model import Limits, RequestError, ServedModel
+
+ROUTES = ("/", "/health", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
+KEY_HINT = "send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
+INLINE_DECODE_BYTES = 64_000  # smaller bodies are decoded on the event loop (no thread hop)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the server batches, what a request may hold, the API key (None: no key)."""
+
+    limits: Limits = Limits()
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    api_key: str | None = None
+
+
+# -- the answers' shapes (the OpenAPI schema at /openapi.json) ----------------------------
+
+
+class Label(BaseModel):
+    label: str
+    index: int
+    prob: float
+
+
+class ModelInfo(BaseModel):
+    name: str
+    source: str
+    classes: int
+
+
+class Answer(BaseModel):
+    model: ModelInfo
+    engine: str
+    precision: str
+    preprocess: dict[str, Any]
+
+
+class ImageResult(BaseModel):
+    top_k: list[Label]
+
+
+class ClassifyAnswer(Answer):
+    results: list[ImageResult]
+
+
+class ExplainAnswer(Answer):
+    top_k: list[Label]
+    grid: list[int]
+    layers: int
+    heads: int
+    rollout: list[list[float]]
+    rollout_png: str
+    input_png: str
+    layer_maps: list[list[list[list[float]]]] | None = None
+    rollout_maps: list[list[list[float]]] | None = None
+    query_patch: int | None = None
+    patch_maps: list[list[list[list[float]]]] | None = None
+
+
+class ErrorAnswer(BaseModel):
+    error: str
+
+
+IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "image": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                    },
+                }
+            },
+        },
+    }
+}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorAnswer, "description": what}
+    for code, what in {
+        400: "a malformed request (one line says what)",
+        401: "the API key is missing or wrong",
+        409: "the engine gives no attention maps (explain)",
+        413: "the body, an image's pixels or the images per request exceed a limit",
+        415: "not an image in a format the server reads",
+    }.items()
+}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+
+
+class Guard:
+    """API key, body size limit and metrics for every HTTP request (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, *, settings: Settings, metrics: Metrics):
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+
+    def _authorized(self, scope: Scope) -> bool:
+        key = self.settings.api_key
+        if key is None or scope["path"] == "/health":
+            return True
+        given = []
+        for name, value in scope["headers"]:
+            if name == b"x-api-key":
+                given.append(value.decode("latin-1"))
+            elif name == b"authorization" and value[:7].lower() == b"bearer ":
+                given.append(value[7:].decode("latin-1").strip())
+        if scope["path"] == "/" and scope.get("query_string"):  # the page: ?key=KEY
+            given += parse_qs(scope["query_string"].decode("latin-1")).get("key", [])
+        return any(hmac.compare_digest(g.encode(), key.encode()) for g in given)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status: list[int | str] = ["disconnected"]
+
+        async def send_counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        self.metrics.in_flight += 1
+        try:
+            await self._handle(scope, receive, send_counted)
+        finally:
+            self.metrics.in_flight -= 1
+            self.metrics.request_done(route, status[0], time.perf_counter() - start)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.settings.limits.max_body_bytes
+        if not self._authorized(scope):
+            await _error(401, f"missing or wrong API key: {KEY_HINT}")(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                await _error(400, "Content-Length is not a number")(scope, receive, send)
+                return
+            if n > limit:
+                too_big = f"the body is {n:,} bytes; the server takes at most {limit:,}"
+                await _error(413, f"{too_big} (--max-body)")(scope, receive, send)
+                return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left while sending: nobody to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                too_big = f"the body is over {limit:,} bytes, the most the server takes"
+                await _error(413, f"{too_big} (--max-body)")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _request_images(request: Request, limits: Limits) -> list[bytes]:
+    """The images of a request: a raw body (one image), or every file of a multipart form."""
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        return [await request.body()]
+    try:
+        async with request.form(max_files=limits.max_images, max_fields=limits.max_images) as form:
+            files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
+            datas = [await f.read() for f in files]
+    except HTTPException as e:
+        many = "Too many" in str(e.detail)
+        code = 413 if many else 400
+        raise RequestError(code, f"multipart body: {e.detail} (--max-images)" if many else
+                           f"multipart body: {e.detail}") from None  # fmt: skip
+    if not datas:
+        raise RequestError(400, "the multipart body holds no file (send images as files)")
+    return datas
+
+
+def build_app(served: ServedModel, settings: Settings) -> FastAPI:
+    """The application serving ``served`` (the batcher starts and stops with it)."""
+    from starlette.concurrency import run_in_threadpool
+
+    limits = settings.limits
+    metrics: Metrics
+    batcher = Batcher(
+        lambda images: list(served.probabilities(images)),
+        max_batch=settings.max_batch,
+        max_wait_ms=settings.max_wait_ms,
+        on_batch=lambda n, s: metrics.batch_done(n, s),
+    )
+    info = {"model": served.describe()["model"]["name"], "engine": served.engine}
+    metrics = Metrics({**info, "precision": served.precision}, lambda: batcher.depth)
+    page = resources.files("vitkit.serve").joinpath("page.html").read_text()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(
+        title="vitkit serve",
+        version="1",
+        summary="A Vision Transformer behind HTTP: top-k labels and where the model looks.",
+        lifespan=lifespan,
+        docs_url=None,  # (Swagger UI loads from a CDN; the schema is at /openapi.json)
+        redoc_url=None,
+    )
+    app.add_middleware(Guard, settings=settings, metrics=metrics)
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, e: RequestError) -> JSONResponse:
+        return _error(e.status, e.message)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "query")
+        return _error(400, f"{where}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, e: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(e).__name__}: {e}")
+
+    async def prepare(data: bytes, what: str) -> Any:
+        if len(data) <= INLINE_DECODE_BYTES:
+            return served.prepare(data, limits, what)
+        return await run_in_threadpool(served.prepare, data, limits, what)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Ready: the model is loaded and warmed up (the server listens only then)."""
+        return {"status": "ready", **served.describe()}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> Response:
+        """Prometheus text: requests by route and status, latency and batch-size histograms,
+        queue depth, requests in flight."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post(
+        "/v1/classify",
+        response_model=ClassifyAnswer,
+        responses=ERRORS,
+        openapi_extra=IMAGE_BODY,
+    )
+    async def classify(
+        request: Request, top_k: int = Query(5, ge=1, description="labels per image")
+    ) -> JSONResponse:
+        """Top-k labels of one image (the raw body) or several (multipart files, in order),
+        batched with other clients' images."""
+        datas = await _request_images(request, limits)
+        if len(datas) > limits.max_images:
+            raise RequestError(
+                413, f"{len(datas)} images; at most {limits.max_images} per request (--max-images)"
+            )
+        what = "the image" if len(datas) == 1 else "image {}"
+        images = [await prepare(d, what.format(i + 1)) for i, d in enumerate(datas)]
+        probs = await batcher.submit(images)
+        results = [{"top_k": served.top_k(p[None], top_k)[0]} for p in probs]
+        return JSONResponse({**served.describe(), "results": results})
+
+    @app.post(
+        "/v1/explain",
+        response_model=ExplainAnswer,
+        responses=ERRORS,
+        openapi_extra=IMAGE_BODY,
+    )
+    async def explain(
+        request: Request,
+        top_k: int = Query(5, ge=1, description="labels"),
+        layers: bool = Query(False, description="also every layer's and head's map"),
+        head_fusion: Literal["mean", "max", "min"] = Query("mean", description="rollout heads"),
+        query_patch: int | None = Query(
+            None, ge=0, description="also where this patch (row-major index) attends"
+        ),
+    ) -> JSONResponse:
+        """Top-k and the attention rollout of one image over its patches (arrays and a PNG
+        overlay), per-layer maps on request; refused (409) where the engine gives no
+        attention."""
+        served.check_explainable()
+        datas = await _request_images(request, limits)
+        if len(datas) != 1:
+            raise RequestError(400, f"explain takes one image, got {len(datas)}")
+        image = await prepare(datas[0], "the image")
+        found = await batcher.call(
+            served.explain, image, k=top_k, layers=layers, head_fusion=head_fusion,
+            query_patch=query_patch,
+        )  # fmt: skip
+        return JSONResponse({**served.describe(), **found})
+
+    return app

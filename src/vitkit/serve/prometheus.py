@@ -1,0 +1,103 @@
+"""The server's counters as Prometheus text (exposition format 0.0.4): requests by route and
+status, latency histograms, images per forward, queue depth and requests in flight."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable, Sequence
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    def __init__(self, buckets: Sequence[float]):
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bucket
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        out, running = [], 0
+        sep = "," if labels else ""
+        for bound, n in zip((*self.buckets, float("inf")), self.counts):
+            running += n
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            out.append(f'{name}_bucket{{{labels}{sep}le="{le}"}} {running}')
+        braces = f"{{{labels}}}" if labels else ""
+        out += [f"{name}_sum{braces} {self.total:.6g}", f"{name}_count{braces} {running}"]
+        return out
+
+
+class Metrics:
+    """What ``GET /metrics`` reports; ``queue_depth`` and ``info`` are read when rendered."""
+
+    def __init__(self, info: dict[str, str], queue_depth: Callable[[], int]):
+        self.info = info
+        self.queue_depth = queue_depth
+        self.lock = threading.Lock()
+        self.requests: dict[tuple[str, str], int] = {}
+        self.latency: dict[str, Histogram] = {}
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        self.forward_seconds = Histogram(LATENCY_BUCKETS)
+        self.in_flight = 0
+
+    def request_done(self, route: str, status: int | str, seconds: float) -> None:
+        with self.lock:
+            key = (route, str(status))
+            self.requests[key] = self.requests.get(key, 0) + 1
+            self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def batch_done(self, size: int, seconds: float) -> None:
+        with self.lock:
+            self.batch_size.observe(size)
+            self.forward_seconds.observe(seconds)
+
+    def render(self) -> str:
+        with self.lock:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in self.info.items())
+            lines = [
+                "# HELP vitkit_model_info The model served, its engine and precision.",
+                "# TYPE vitkit_model_info gauge",
+                f"vitkit_model_info{{{labels}}} 1",
+                "# HELP vitkit_requests_total HTTP requests answered, by route and status "
+                '(status="disconnected": the client left first).',
+                "# TYPE vitkit_requests_total counter",
+            ]
+            for (route, status), n in sorted(self.requests.items()):
+                lines.append(f'vitkit_requests_total{{route="{route}",status="{status}"}} {n}')
+            lines += [
+                "# HELP vitkit_request_seconds Time from a request's arrival to its answer.",
+                "# TYPE vitkit_request_seconds histogram",
+            ]
+            for route, h in sorted(self.latency.items()):
+                lines += h.lines("vitkit_request_seconds", f'route="{route}"')
+            lines += [
+                "# HELP vitkit_batch_images Images per forward (requests of several clients "
+                "share one).",
+                "# TYPE vitkit_batch_images histogram",
+                *self.batch_size.lines("vitkit_batch_images"),
+                "# HELP vitkit_forward_seconds Time of one batched forward.",
+                "# TYPE vitkit_forward_seconds histogram",
+                *self.forward_seconds.lines("vitkit_forward_seconds"),
+                "# HELP vitkit_queue_images Images waiting for a forward.",
+                "# TYPE vitkit_queue_images gauge",
+                f"vitkit_queue_images {self.queue_depth()}",
+                "# HELP vitkit_requests_in_flight Requests received and not yet answered.",
+                "# TYPE vitkit_requests_in_flight gauge",
+                f"vitkit_requests_in_flight {self.in_flight}",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,249 @@
+"""The model as the server runs it: request images decoded under limits, batched forwards
+with the checkpoint's own preprocessing, and explanations.
+
+Every answer is the one ``vitkit predict`` gives for the same image on the same engine: the
+same decoding (:func:`vitkit.data.transforms.convert_image`), eval transform
+(:func:`vitkit.data.images.eval_transform`), normalisation and softmax; only the batch an
+image shares a forward with differs (float rounding, about 1e-6).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from PIL.Image import DecompressionBombError, DecompressionBombWarning
+from torch import Tensor, nn
+
+from vitkit.checkpoints import Checkpoint
+from vitkit.data.images import eval_transform
+from vitkit.data.transforms import convert_image, normalize
+from vitkit.errors import VitkitError
+from vitkit.eval.predict import Prediction, class_names, top_k
+
+# The image formats a request may hold. PIL opens more (EPS runs Ghostscript; others are rarely
+# images a person sends): those are refused before they are parsed further.
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+
+
+class RequestError(Exception):
+    """A request the server refuses: the HTTP status (4xx) and the one line it answers."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold."""
+
+    max_body_bytes: int = 20_000_000
+    max_pixels: int = 25_000_000
+    max_images: int = 16
+
+
+def decode_image(data: bytes, channels: int, max_pixels: int, what: str = "the image") -> Any:
+    """Request bytes -> a PIL image in the model's mode (as ``vitkit predict`` opens a file).
+
+    The size is read from the header and checked against ``max_pixels`` before any pixel is
+    decoded (a decompression bomb never allocates); formats outside :data:`FORMATS`,
+    truncated and unreadable files are refused with one line (``RequestError``, 4xx)."""
+    if not data:
+        raise RequestError(400, f"{what}: empty (no bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DecompressionBombWarning)  # the limit below rules
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
+    except DecompressionBombError as e:
+        raise RequestError(413, f"{what}: too large to decode ({e})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise RequestError(
+            415, f"{what}: not an image in a format the server reads ({', '.join(FORMATS)})"
+        ) from None
+    w, h = img.size
+    if w * h > max_pixels:
+        raise RequestError(
+            413, f"{what}: {w}x{h} = {w * h:,} pixels; the server takes at most "
+            f"{max_pixels:,} (--max-pixels)",
+        )  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DecompressionBombWarning)
+            img.load()
+            return convert_image(img, channels)
+    except (OSError, ValueError, SyntaxError, DecompressionBombError) as e:
+        raise RequestError(400, f"{what}: cannot be decoded ({e})") from None
+
+
+class ServedModel:
+    """A loaded model and its checkpoint, run as ``vitkit predict`` runs it.
+
+    ``model`` answers classification (a PyTorch module or an engine's
+    :class:`vitkit.engines.backends.EngineModel`); ``attention_model`` (a PyTorch Vision
+    Transformer, or None) answers explanations; ``engine_line`` says which engine and
+    precision run it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ckpt: Checkpoint,
+        *,
+        engine: str,
+        precision: str,
+        attention_model: nn.Module | None = None,
+        no_attention_reason: str = "",
+    ):
+        cfg = ckpt.model_config
+        if not cfg.num_classes:
+            raise VitkitError(f"{ckpt.path}: the model has no classification head to serve")
+        if getattr(cfg, "naflex", False):
+            raise VitkitError(
+                f"{ckpt.path}: a NaFlex model (images at their own aspect ratio): the server "
+                "runs fixed-size models; vitkit predict --max-seq-len runs this one"
+            )
+        self.model = model.eval() if isinstance(model, nn.Module) else model
+        self.ckpt = ckpt
+        self.engine = engine
+        self.precision = precision
+        self.attention_model = attention_model
+        self.no_attention_reason = no_attention_reason
+        self.transform = eval_transform(ckpt.preprocess)
+        self.num_classes = int(cfg.num_classes)
+        self.names = class_names(ckpt, self.num_classes)
+
+    # -- what it says about itself ------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The model, engine and preprocessing, as every answer names them."""
+        cfg, pre = self.ckpt.model_config, self.ckpt.preprocess
+        return {
+            "model": {
+                "name": cfg.short_name,
+                "source": self.ckpt.path.name,
+                "classes": self.num_classes,
+            },
+            "engine": self.engine,
+            "precision": self.precision,
+            "preprocess": pre.to_dict(),
+        }
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def prepare(self, data: bytes, limits: Limits, what: str = "the image") -> Tensor:
+        """Request bytes -> the uint8 [C, H, W] the checkpoint's eval transform makes."""
+        img = decode_image(data, self.ckpt.preprocess.channels, limits.max_pixels, what)
+        return self.transform(img)
+
+    def normalized(self, images: Sequence[Tensor]) -> Tensor:
+        pre = self.ckpt.preprocess
+        return normalize(torch.stack(list(images)).float(), pre.mean, pre.std, pre.rescale_factor)
+
+    # -- answers --------------------------------------------------------------------------
+
+    def probabilities(self, images: Sequence[Tensor]) -> Tensor:
+        """One forward over ``images`` (uint8 [C, H, W] each): class probabilities [B, K]."""
+        with torch.inference_mode():
+            return self.model(self.normalized(images)).float().softmax(-1)
+
+    def top_k(self, probs: Tensor, k: int) -> list[Prediction]:
+        return top_k(probs, self.names, k)
+
+    def warm_up(self, batch: int) -> None:
+        """Forwards at batch 1 and ``batch``, so the first requests pay no first-call costs."""
+        pre = self.ckpt.preprocess
+        x = torch.zeros(pre.channels, *pre.image_size, dtype=torch.uint8)
+        for n in sorted({1, batch}):
+            self.probabilities([x] * n)
+        if self.attention_model is not None:
+            self.explain(x, k=1, layers=False)
+
+    def check_explainable(self) -> None:
+        if self.attention_model is None:
+            raise RequestError(409, self.no_attention_reason)
+
+    def explain(
+        self,
+        image: Tensor,
+        *,
+        k: int,
+        layers: bool,
+        head_fusion: str = "mean",
+        query_patch: int | None = None,
+    ) -> dict[str, Any]:
+        """Top-``k``, the attention rollout over the patch grid (array and PNG overlay); with
+        ``layers`` every layer's and head's map and the rollout up to each layer; with
+        ``query_patch`` where that patch attends in every layer and head."""
+        from vitkit.analysis.attention import attention_weights, explain, input_config
+
+        self.check_explainable()
+        model: Any = self.attention_model
+        x = self.normalized([image])
+        found = explain(model, x, head_fusion=head_fusion)  # type: ignore[arg-type]
+        cfg = input_config(model, x)
+        gh, gw = cfg.grid_size
+        rollout = found.rollout[0]
+        out: dict[str, Any] = {
+            "engine": "torch",  # (attention maps come from the PyTorch model)
+            "precision": "fp32",
+            "top_k": self.top_k(found.logits.softmax(-1), k)[0],
+            "grid": [gh, gw],
+            "layers": int(found.layer_maps.shape[1]),
+            "heads": int(found.layer_maps.shape[2]),
+            "rollout": _rounded(rollout),
+            "rollout_png": overlay_png(image, rollout),
+            "input_png": overlay_png(image, None),
+        }
+        if layers:
+            out["layer_maps"] = _rounded(found.layer_maps[0])
+            out["rollout_maps"] = _rounded(found.rollout_maps[0])
+        if query_patch is not None:
+            if not 0 <= query_patch < gh * gw:
+                raise RequestError(
+                    400, f"query_patch {query_patch} is not a patch: 0 to {gh * gw - 1}"
+                )
+            attentions, _ = attention_weights(model, x)
+            row = cfg.num_prefix_tokens + query_patch
+            p = cfg.num_prefix_tokens
+            maps = torch.stack([a[0, :, row, p:] for a in attentions])  # [L, heads, N]
+            maps = maps / maps.sum(-1, keepdim=True).clamp_min(1e-12)
+            out["query_patch"] = query_patch
+            out["patch_maps"] = _rounded(maps.reshape(*maps.shape[:2], gh, gw))
+        return out
+
+
+def _rounded(t: Tensor) -> Any:
+    """A map as nested lists of floats with 6 significant digits (JSON about half as long)."""
+    return np.vectorize(lambda v: float(f"{v:.6g}"))(t.double().numpy()).tolist()
+
+
+def overlay_png(image: Tensor, heat: Tensor | None) -> str:
+    """The image the model saw (uint8 [C, H, W]) under a map over its patches [gh, gw],
+    coloured (matplotlib's inferno) and blended half and half (None: the image alone): a
+    ``data:image/png`` URI."""
+    from matplotlib import colormaps
+
+    c, h, w = image.shape
+    rgb = image.expand(3, h, w) if c == 1 else image
+    base = rgb.permute(1, 2, 0).numpy().astype(np.float32) / 255
+    if heat is None:
+        buf = io.BytesIO()
+        Image.fromarray(rgb.permute(1, 2, 0).numpy()).save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    m = heat.double().numpy()
+    m = (m - m.min()) / max(float(m.max() - m.min()), 1e-12)
+    small = Image.fromarray((m * 255).astype(np.uint8))
+    up = np.asarray(small.resize((w, h), Image.Resampling.BILINEAR), dtype=np.float32) / 255
+    colour = colormaps["inferno"](up)[..., :3]
+    mixed = (0.5 * base + 0.5 * colour).clip(0, 1)
+    buf = io.BytesIO()
+    Image.fromarray((mixed * 255).round().astype(np.uint8)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
