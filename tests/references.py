@@ -53,3 +53,19 @@ def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
     return model.eval()
+
+
+def load_bench(name: str, module_name: str | None = None) -> ModuleType:
+    """bench/NAME.py as a module (the scripts are not a package), its folder importable."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(
+        module_name or f"{name}_bench", bench / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

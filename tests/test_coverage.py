@@ -4,22 +4,17 @@ the native-width heads check, the seven timm modules, the Hugging Face classes, 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-from references import import_reference
+from references import import_reference, load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def coverage():
-    spec = importlib.util.spec_from_file_location("coverage_bench", ROOT / "bench" / "coverage.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("coverage", "coverage_bench")
 
 
 @pytest.fixture(scope="module")

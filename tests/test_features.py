@@ -5,13 +5,11 @@ and the refusals."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from references import import_reference, perturbed
+from references import import_reference, load_bench, perturbed
 
 import vitkit
 from vitkit.checkpoints import read_checkpoint
@@ -26,12 +24,7 @@ TINY = dict(image_size=32, patch_size=8, width=32, depth=3, num_heads=2, mlp_dim
 
 @pytest.fixture(scope="module")
 def coverage():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("coverage_bench", ROOT / "bench" / "coverage.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("coverage", "coverage_bench")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ and with the timm-folder reader's activations broken it finds those loads silent
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from references import import_reference
+from references import import_reference, load_bench
 from safetensors.torch import save_file
 
 from vitkit.checkpoints.provenance import Provenance
@@ -32,12 +31,7 @@ DRAWS = 40  # about 10 s on one core
 
 @pytest.fixture(scope="module")
 def fuzz():
-    path = ROOT / "bench" / "fuzz_loading.py"
-    spec = importlib.util.spec_from_file_location("fuzz_loading_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("fuzz_loading", "fuzz_loading_bench")
 
 
 @pytest.fixture(scope="module")
