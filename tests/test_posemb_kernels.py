@@ -259,6 +259,7 @@ def test_a_vitkit_checkpoint_keeps_its_sources_kernel(tmp_path):
     del config["model"]["pos_resample"]  # a config that does not hold one
     (tmp_path / "vk" / "config.json").write_text(json.dumps(config))
     assert read_checkpoint(tmp_path / "vk").model_config.pos_resample == AA  # converted_from
+    assert vitkit.load_checkpoint(tmp_path / "vk").model_config.pos_resample == AA
     del config["meta"]["converted_from"]
     (tmp_path / "vk" / "config.json").write_text(json.dumps(config))
     assert read_checkpoint(tmp_path / "vk").model_config.pos_resample == "bicubic"

@@ -23,7 +23,8 @@ and uses it both on the fly (``model.resample``) and when loading at another siz
   ``pos_resample='zoom'``).
 - vitkit: its config's ``pos_resample``; a config written before it held one gets the kernel
   of the source it was converted from where that is timm (or Dinov2WithRegisters, the one
-  Hugging Face class with registers and a table), else ``"bicubic"``.
+  Hugging Face class with registers and a table), else ``"bicubic"``
+  (:func:`vitkit.checkpoints.native.safetensors_io.load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -92,28 +93,13 @@ def source_kernel(ckpt: Checkpoint) -> Checkpoint:
         note = f"transformers' {kind or 'ViT'} interpolate_pos_encoding"
     elif fmt == "npz":
         note = "vitkit's; the official code zooms (pos_resample='zoom')"
-    elif fmt == "vitkit":
-        model = _config(path).get("model")
-        if isinstance(model, dict) and "pos_resample" not in model:
-            mode, note = _converted_from(ckpt.meta, cfg), "its source's (converted_from)"
+    elif fmt == "vitkit":  # (one written without it: native.safetensors_io says which)
         source = prov.sources.get("pos_resample", "file")
     if source != "assumed":
         prov.set(source, ["pos_resample"], note)
     ckpt.model_config = cfg.replace(pos_resample=mode)
     ckpt.provenance = prov
     return ckpt
-
-
-def _converted_from(meta: dict[str, Any], cfg: ViTConfig) -> Resample:
-    """A vitkit config without ``pos_resample``: the kernel of the format it was converted
-    from, where vitkit can tell it; else the plain bicubic vitkit used."""
-    origin = meta.get("converted_from")
-    fmt = origin.get("format") if isinstance(origin, dict) else None
-    if not _has_table(cfg):
-        return "bicubic"
-    if fmt == "timm" or (fmt == "hf" and cfg.num_reg_tokens):
-        return TIMM
-    return "bicubic"
 
 
 def load_time_kernel(ckpt: Checkpoint) -> Resample | None:
