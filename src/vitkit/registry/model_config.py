@@ -87,8 +87,8 @@ class ViTConfig:
     num_reg_tokens: int = 0  # register tokens after the class token (DINOv2-reg, Darcet et al.)
     pos_embed_prefix: bool = True  # E_pos covers the prefix tokens too; False: patches only
     # (timm's no_embed_class: DINOv2-reg, DeiT-III)
-    pos_resample: Resample = "bicubic"  # E_pos to another patch grid (vitkit.models.
-    # posemb_resample): the source's kernel; "bicubic-antialias" timm's and Dinov2WithRegisters'
+    pos_resample: Resample = "bicubic"  # how E_pos is resampled to another patch grid: the
+    # source's kernel (timm's, Dinov2WithRegisters' "bicubic-antialias"; models.posemb_resample)
     layer_scale_init: float | None = None  # per-channel residual scale, initialised to this (CaiT,
     # DeiT-III, DINOv2); None: no layer scale
     norm_pre: bool = False  # LayerNorm on the embeddings before the first block (CLIP)
