@@ -3,7 +3,9 @@ same weights (the small float64 copy a row already loaded), for every setting a 
 block indices (all, the last n, chosen ones, negative), ``output_fmt`` NCHW and NLC, ``norm``
 off and on, prefix tokens apart or not, ``intermediates_only``, ``stop_early``, and
 ``feature_info``; at the copy's own input size and, where timm's module runs another size
-(``dynamic_img_size``), at a second, non-square one. Also used by tests/test_features.py.
+(``dynamic_img_size``), at a second, non-square one, where vitkit resamples E_pos on the fly
+with the kernel it read from the timm folder (timm's antialiased bicubic, ``pos_resample``).
+Also used by tests/test_features.py.
 
 A row is ``exact`` (every tensor within ``EXACT`` of timm's, relative to its max, same
 structure and shapes), ``differ`` (the worst setting named), ``refused`` (a one-line
@@ -91,29 +93,6 @@ def dynamic_copy(timm: Any, name: str, args: dict[str, Any], ref: Any) -> Any:
     return other
 
 
-def at_size(ours: Any, size: tuple[int, int]) -> Any:
-    """vitkit's model for images of ``size`` with E_pos resampled by timm's own function, which
-    its ``dynamic_img_size`` runs (bicubic with antialiasing: PyTorch's a = -0.5 kernel, not
-    vitkit's plain bicubic, a = -0.75, which Hugging Face's ``interpolate_pos_encoding`` uses),
-    so that the check is of the features, not of two resampling kernels. Models without a
-    learned E_pos (RoPE, relative position) and NaFlex ones (timm's own grid) run as they are."""
-    from timm.layers import resample_abs_pos_embed
-
-    if ours.pos_embed is None or ours.cfg.naflex:
-        return ours
-    cfg = ours.cfg.replace(image_size=size)
-    other = type(ours)(cfg).double().eval()
-    state = dict(ours.state_dict())
-    state["pos_embed"] = resample_abs_pos_embed(
-        ours.pos_embed.detach(),
-        new_size=list(cfg.grid_size),
-        old_size=list(ours.cfg.grid_size),
-        num_prefix_tokens=cfg.num_pos_prefix,
-    )
-    other.load_state_dict(state, strict=True)
-    return other
-
-
 def check(
     timm: Any, name: str, args: dict[str, Any], ref: Any, ours: Any, x: torch.Tensor
 ) -> dict[str, Any]:
@@ -141,7 +120,7 @@ def check(
             g = torch.Generator().manual_seed(2)
             x2 = torch.randn(2, x.shape[1], *size, generator=g, dtype=x.dtype)
             tol = EXACT_ROPE_SECOND if ours.rope is not None else EXACT
-            got2 = compare(other, at_size(ours, size), x2, tol)
+            got2 = compare(other, ours, x2, tol)  # E_pos resampled on the fly, as timm's
             row["second"] = {"size": list(size), "tol": tol, **got2}
             if "differ" in row["second"]:
                 got = row["second"]

@@ -253,9 +253,9 @@ def _features_section(res: dict[str, Any]) -> list[str]:
         "size and, where timm's module runs another size (`dynamic_img_size`; NaFlexVit), at a "
         "3x4 patch grid. exact: every tensor within 1e-8 of timm's, relative to its max (RoPE at "
         "the second size 1e-7: timm's dynamic path rounds its float64 angles' sin / cos to "
-        "float32). E_pos at the second size is timm's own resample (antialiased bicubic), which "
-        "vitkit's on-the-fly resample (plain bicubic, as Hugging Face) is not. A row whose "
-        "checkpoint is refused is refused here too.",
+        "float32). At the second size vitkit resamples E_pos on the fly with the kernel it read "
+        "from the timm folder (timm's antialiased bicubic). A row whose checkpoint is refused is "
+        "refused here too.",
         "",
         "| module | " + " | ".join(FEATURES) + " | total |",
         "| --- |" + " ---: |" * (len(FEATURES) + 1),

@@ -63,10 +63,9 @@ def test_feature_maps_equal_transformers(tmp_path, cls_name, kw):
     ref.save_pretrained(tmp_path / "hf")
     ours, ckpt = _ours(tmp_path / "hf")
     assert ckpt.meta["backbone"]["class"] == cls_name and ckpt.model_config.num_classes == 0
-    # a non-square grid; Dinov2WithRegisters resamples E_pos with antialiasing (PyTorch's a = -0.5
-    # bicubic kernel), vitkit as Dinov2 (a = -0.75): that class at its own size
-    size = (32, 32) if cls_name == "Dinov2WithRegistersBackbone" else (32, 48)
-    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    # a non-square grid: E_pos resampled with each class's kernel (Dinov2WithRegisters
+    # antialiases, PyTorch's a = -0.5 bicubic; Dinov2 does not, a = -0.75)
+    x = torch.randn(2, 3, 32, 48, dtype=torch.float64)
     with torch.no_grad():
         want, got = ref(x).feature_maps, ours(x)
     assert len(got) == len(want) == len(ref.out_indices)

@@ -63,8 +63,15 @@ def load64(path: Path, **kw: Any) -> tuple[torch.nn.Module, list[str]]:
 # What a bare timm state dict never records, each said in its own line with the override; and
 # a CLIP ViT-B/16 at 32 px stating all of them (the values timm's quick-GELU entry has)
 BARE_GUESSES = {"num_heads", "layer_norm_eps", "gelu", "pool", "block", "image_size"}
+BARE_GUESSES.add("pos_resample")  # (the kernel that resamples E_pos at another input size)
 CLIP_QUICK_STATED = dict(
-    gelu="quick", num_heads=12, layer_norm_eps=1e-5, pool="token", block="pre", grid=(2, 2)
+    gelu="quick",
+    num_heads=12,
+    layer_norm_eps=1e-5,
+    pool="token",
+    block="pre",
+    grid=(2, 2),
+    pos_resample="bicubic-antialias",
 )
 
 

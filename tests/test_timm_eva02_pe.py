@@ -349,7 +349,7 @@ def test_new_switches_without_rope_are_written_as_timm_eva(tmp_path, extra):
     ckpt = Checkpoint(Path("m"), cfg, PreprocessConfig.for_model(cfg), dict(model.state_dict()))
     write_checkpoint(ckpt, tmp_path / "out", "timm")
     assert read_checkpoint(tmp_path / "out").model_config == cfg.replace(
-        class_token=cfg.has_class_token
+        class_token=cfg.has_class_token, pos_resample="bicubic-antialias"
     )
     ref = timm.create_model(f"local-dir:{tmp_path / 'out'}").double().eval()
     ref.load_state_dict(load_file(tmp_path / "out" / "model.safetensors"))

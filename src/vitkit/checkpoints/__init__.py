@@ -7,7 +7,8 @@
   module per timm model file) and Hugging Face (one module per transformers model class), and
   ``hf.hub_cache``: a model id (``ORG/NAME[@REVISION]``) -> its folder in the local cache;
 - ``adapt``: position-embedding resampling and head replacement (fine-tuning at another
-  resolution or label set);
+  resolution or label set); ``posemb_kernels``: which kernel resamples a checkpoint's position
+  embeddings, its source's (timm's, a Hugging Face class's, vitkit's recorded one);
 - ``formats``: format detection, reading any format (``load_model`` / ``load``);
   ``writing``: writing any format (``write_checkpoint``); ``provenance``: where each loaded
   setting came from; ``description``: what ``vitkit inspect`` prints.

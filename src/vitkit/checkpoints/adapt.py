@@ -36,7 +36,7 @@ def adapt(
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     pre_logits: bool | None = None,
-    resample: Resample = "bicubic",
+    resample: Resample | None = None,
     source: str = "checkpoint",
 ) -> tuple[ModelConfig, dict[str, Tensor]]:
     """Return ``(cfg, state_dict)`` for another image size and/or head.
@@ -45,7 +45,9 @@ def adapt(
     a pre-logits layer) puts in a zero-initialised head. ``pre_logits=False`` drops the tanh
     pre-logits layer, as the paper does when fine-tuning. A loaded head that is all zeros and is
     kept gets a warning. A BiT ResNet has no position embeddings or pre-logits layer: a new
-    image size only changes its config (convolutions run at any size).
+    image size only changes its config (convolutions run at any size). ``resample``: the
+    kernel that moves E_pos to the new grid; the config's ``pos_resample`` (the kernel of the
+    checkpoint's source, the one the model uses at other input sizes) when not given.
     """
     sd = dict(state_dict)
     new = cfg
@@ -56,7 +58,8 @@ def adapt(
             and not isinstance(new, ResNetConfig)  # `new` is `cfg` resized: the same type
             and new.grid_size != cfg.grid_size
         ):
-            sd.update(_resampled_pos_embed(cfg, new, sd, resample, source))
+            mode = cfg.pos_resample if resample is None else resample
+            sd.update(_resampled_pos_embed(cfg, new, sd, mode, source))
     representation = None if isinstance(cfg, ResNetConfig) else cfg.representation_size
     drop_pre = pre_logits is False and representation is not None
     if pre_logits is True and representation is None:

@@ -38,6 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from vitkit.checkpoints import posemb_kernels
 from vitkit.checkpoints.adapt import adapt
 from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
 from vitkit.checkpoints.google import npz as npz_conv
@@ -180,14 +181,15 @@ def read_checkpoint(
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     pre_logits: bool | None = None,
-    resample: Resample = "bicubic",
+    resample: Resample | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
     """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
 
     ``num_heads`` / ``grid`` fill in what a bare state dict cannot say (heads of a non-standard
     timm width; a non-square position-embedding grid). ``image_size``, ``num_classes``,
-    ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`).
+    ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`;
+    ``resample`` None: the kernel of the checkpoint's source, :mod:`.posemb_kernels`).
     ``checkpoint.format`` says which format it was read from; a converted checkpoint's
     ``meta["converted_from"]`` records the source (and is kept when it is saved as vitkit).
 
@@ -244,6 +246,7 @@ def read_checkpoint(
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
+    ckpt = posemb_kernels.source_kernel(ckpt)  # how its E_pos is resampled: the source's
     stated = dict(overrides or {})
     if num_heads is not None:  # (every format: a file that says its heads must agree)
         stated = {"num_heads": num_heads, **stated}
@@ -263,7 +266,7 @@ def read_checkpoint(
         image_size=image_size,
         num_classes=num_classes,
         pre_logits=pre_logits,
-        resample=resample,
+        resample=posemb_kernels.load_time_kernel(ckpt) if resample is None else resample,
     )
 
 
@@ -277,7 +280,7 @@ def adapt_checkpoint(
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     pre_logits: bool | None = None,
-    resample: Resample = "bicubic",
+    resample: Resample | None = None,
 ) -> Checkpoint:
     """``ckpt`` at another resolution and/or head (see :func:`adapt`), its preprocessing at the
     new size; class names are kept only with the same head."""

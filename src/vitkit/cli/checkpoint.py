@@ -23,6 +23,7 @@ from vitkit.cli.options import (
     reading,
 )
 from vitkit.errors import VitkitError
+from vitkit.registry.config_checks import RESAMPLE_MODES
 
 
 def add_commands(sub: Any) -> None:
@@ -64,9 +65,10 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument(
         "--resample",
-        default="bicubic",
-        choices=("bicubic", "bilinear", "zoom"),
-        help="position-embedding interpolation; 'zoom' = the official scipy.ndimage.zoom(order=1)",
+        choices=RESAMPLE_MODES,
+        help="position-embedding interpolation (default: the checkpoint's source's kernel, "
+        "timm's bicubic-antialias, Hugging Face's class's, else bicubic); 'zoom' = the "
+        "official scipy.ndimage.zoom(order=1)",
     )
     g.add_argument(
         "--num-classes",

@@ -25,6 +25,7 @@ from vitkit.cli.options import (
     probability,
     seed,
 )
+from vitkit.registry.config_checks import RESAMPLE_MODES
 from vitkit.registry.overrides import parse_key_values
 
 
@@ -102,8 +103,9 @@ def _add_model(g: Any) -> None:
     g.add_argument("--image-size", type=image_side, help="model input size (default: the data's)")
     g.add_argument(
         "--init-resample",
-        choices=["bicubic", "bilinear", "zoom"],
-        help="fine-tuning: position-embedding interpolation to --image-size",
+        choices=RESAMPLE_MODES,
+        help="fine-tuning: position-embedding interpolation to --image-size (default: the "
+        "checkpoint's source's kernel; timm's is bicubic-antialias)",
     )
     g.add_argument(
         "--keep-pre-logits", action="store_true", help="fine-tuning: keep the pre-logits layer"

@@ -2,10 +2,22 @@
 
 "We perform 2D interpolation of the pre-trained position embeddings, according to their
 location in the original image." The prefix rows (the class token's) are kept apart; the patch
-rows are reshaped to their (rows, columns) grid and resampled. Modes: ``"bicubic"`` and
-``"bilinear"`` (``align_corners=False``, as timm and Hugging Face), and ``"zoom"``, equal to the
-official ``scipy.ndimage.zoom(grid, ..., order=1)`` (bilinear with the corner samples aligned;
-computed in float64 like scipy).
+rows are reshaped to their (rows, columns) grid and resampled. Modes (``align_corners=False``
+but for zoom; computed in float32 and cast back, as timm):
+
+- ``"bicubic"``: PyTorch's plain bicubic (Keys' kernel with a = -0.75, four taps whatever the
+  scale): Hugging Face's ``interpolate_pos_encoding`` (ViT, DeiT, Dinov2, ViTMAE, CLIP,
+  SigLIP, BEiT), the DeiT and MAE authors' fine-tuning code.
+- ``"bicubic-antialias"``: PyTorch's ``antialias=True`` bicubic, a different kernel (a = -0.5,
+  its support widened by the scale when shrinking): timm's ``resample_abs_pos_embed`` (its
+  ``dynamic_img_size`` forward and its checkpoint filter) and Hugging Face's
+  Dinov2WithRegisters. On a 2x2 -> 3x4 grid the two bicubics differ by about 1e-3.
+- ``"bilinear"``: timm's checkpoint filter for FlexiViT and RADIO.
+- ``"zoom"``: the official ``scipy.ndimage.zoom(grid, ..., order=1)`` (bilinear with the corner
+  samples aligned; computed in float64 like scipy).
+
+Which one a model uses is its config's ``pos_resample``, set by the reader from the source
+(:mod:`vitkit.checkpoints.posemb_kernels`).
 
 Both ``vitkit convert --image-size`` (:func:`vitkit.checkpoints.adapt`) and a model run on
 images of another size (:meth:`vitkit.models.vit.VisionTransformer.pos_embed_for`) use this one
@@ -14,16 +26,13 @@ function, so running at a new size equals converting first.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vitkit.errors import VitkitError
-
-Resample = Literal["bicubic", "bilinear", "zoom"]
-RESAMPLE_MODES: tuple[str, ...] = ("bicubic", "bilinear", "zoom")
+from vitkit.registry.config_checks import RESAMPLE_MODES as RESAMPLE_MODES
+from vitkit.registry.model_config import Resample as Resample
 
 
 def resample_pos_embed(
@@ -53,6 +62,9 @@ def resample_pos_embed(
     if mode == "zoom":
         grid = F.interpolate(grid.double(), size=new_grid, mode="bilinear", align_corners=True)
     else:
-        grid = F.interpolate(grid.float(), size=new_grid, mode=mode, align_corners=False)
+        kind, _, antialias = mode.partition("-")
+        grid = F.interpolate(
+            grid.float(), size=new_grid, mode=kind, align_corners=False, antialias=bool(antialias)
+        )
     grid = grid.to(dtype).permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], d)
     return torch.cat([prefix, grid], dim=1)

@@ -371,13 +371,8 @@ class VisionTransformer(nn.Module):
         # (NaFlex: E_pos on its own grid; none with abs_pos_embed=False)
         self.pos_embed = nn.Parameter(torch.zeros(1, rows, d)) if cfg.abs_pos_embed else None
         self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None  # vitkit.models.rope
-        shared = (
-            cfg.rel_pos_shared
-        )  # one relative position bias for every block (vitkit.models.relpos)
+        shared = cfg.rel_pos_shared  # one relative position bias for every block (models.relpos)
         self.shared_rel_pos = make_rel_pos(cfg) if shared else None
-        # E_pos for images of another size: 2-D interpolation of the table (as `vitkit convert
-        # --image-size --resample`): "bicubic" (timm, Hugging Face), "bilinear" or "zoom".
-        self.resample: Resample = "bicubic"
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.norm_pre = make_norm(cfg, d) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
@@ -435,6 +430,15 @@ class VisionTransformer(nn.Module):
         if grid == own or self.pos_embed is None:
             return self.pos_embed
         return resample_pos_embed(self.pos_embed, own, grid, self.cfg.num_pos_prefix, self.resample)
+
+    @property
+    def resample(self) -> Resample:
+        """E_pos's kernel at another grid: ``cfg.pos_resample`` (the source's; settable)."""
+        return self.cfg.pos_resample
+
+    @resample.setter
+    def resample(self, mode: Resample) -> None:  # (the config's: a saved checkpoint keeps it)
+        self.cfg = self.cfg.replace(pos_resample=mode)
 
     def rope_for(self, grid: tuple[int, int] | None) -> list[Tensor | None]:
         """Each block's rotary table for a patch grid (the model's own when None); None each

@@ -25,6 +25,8 @@ MAX_REG_TOKENS = 1024  # register tokens
 MAX_STAGES = 8  # ResNet stages
 MAX_UNITS = 1024  # ResNet units per stage
 MAX_WIDTH_FACTOR = 64.0  # ResNet width multiplier
+# position-embedding resampling kernels (vitkit.models.posemb_resample)
+RESAMPLE_MODES: tuple[str, ...] = ("bicubic", "bicubic-antialias", "bilinear", "zoom")
 
 
 def check_fields(cls: type, names: Any, what: str) -> None:
@@ -115,6 +117,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "scale_mlp_norm": choice("scale_mlp_norm", cfg.scale_mlp_norm, (True, False)),
         "block": choice("block", cfg.block, ("pre", "post")),
         "resnet_eps": choice("resnet_eps", cfg.resnet_eps, ("vit_jax", "timm")),
+        "pos_resample": choice("pos_resample", cfg.pos_resample, RESAMPLE_MODES),
         "layer_norm_eps": real("layer_norm_eps", cfg.layer_norm_eps, 0.0, 1.0, open_lo=True),
         "resnet_width_factor": real(
             "resnet_width_factor", cfg.resnet_width_factor, 0.0, MAX_WIDTH_FACTOR, open_lo=True

@@ -40,6 +40,7 @@ RopeKind = Literal["none", "dinov3", "axial", "mixed"]
 RelPosKind = Literal["none", "bias", "mlp", "mlp_swin"]
 NaFlexPos = Literal["learned", "factorized"]
 NaFlexInterp = Literal["bicubic", "bilinear"]
+Resample = Literal["bicubic", "bicubic-antialias", "bilinear", "zoom"]  # RESAMPLE_MODES
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class ViTConfig:
     num_reg_tokens: int = 0  # register tokens after the class token (DINOv2-reg, Darcet et al.)
     pos_embed_prefix: bool = True  # E_pos covers the prefix tokens too; False: patches only
     # (timm's no_embed_class: DINOv2-reg, DeiT-III)
+    pos_resample: Resample = "bicubic"  # how E_pos is resampled to another patch grid: the
+    # source's kernel (timm's, Dinov2WithRegisters' "bicubic-antialias"; models.posemb_resample)
     layer_scale_init: float | None = None  # per-channel residual scale, initialised to this (CaiT,
     # DeiT-III, DINOv2); None: no layer scale
     norm_pre: bool = False  # LayerNorm on the embeddings before the first block (CLIP)

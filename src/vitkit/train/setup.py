@@ -12,6 +12,7 @@ import torch
 from vitkit.checkpoints import Checkpoint, read_checkpoint
 from vitkit.checkpoints.formats import adapt_checkpoint
 from vitkit.checkpoints.overrides_applied import PREPROCESS_FIELDS
+from vitkit.checkpoints.posemb_kernels import load_time_kernel
 from vitkit.data import DataInfo, is_shard_dir, load_dataset
 from vitkit.errors import VitkitError
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, model_config
@@ -100,7 +101,7 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
         image_size=size,
         num_classes=k,
         pre_logits=None if cfg.keep_pre_logits else False,
-        resample=cfg.init_resample,
+        resample=cfg.init_resample or load_time_kernel(probe),  # None: pos_resample
     )
     if cfg.new_head and ckpt.model_config.num_classes == probe.model_config.num_classes:
         for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from vitkit.errors import VitkitError
 from vitkit.eval.tta import check_jitter
-from vitkit.models.posemb_resample import Resample
+from vitkit.models.posemb_resample import RESAMPLE_MODES, Resample
 from vitkit.models.sdpa_backend import SDPA_BACKENDS
 from vitkit.registry.model_config import check_fields
 from vitkit.selfsup.objective_config import objective_config
@@ -46,7 +46,8 @@ class TrainConfig:
     image_size: int | None = None  # model input size; None: the dataset's own size
     # fine-tuning (paper Sec. 3.2): start from a checkpoint of any format
     init_from: str | None = None  # checkpoint to start from; `model` is then ignored
-    init_resample: Resample = "bicubic"  # position-embedding resampling to `image_size`
+    init_resample: Resample | None = None  # E_pos resampling to `image_size` (None: the kernel
+    # of the checkpoint's source, its pos_resample: timm's antialiased bicubic for timm's)
     new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)
     keep_pre_logits: bool = False  # the paper drops the pre-logits layer when fine-tuning
     # NaFlex (a NaFlex model, vitkit.models.naflex_packing): every image at its own aspect ratio,
@@ -192,9 +193,10 @@ class TrainConfig:
             raise VitkitError(
                 f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}"
             )
-        if self.init_resample not in ("bicubic", "bilinear", "zoom"):
+        if self.init_resample is not None and self.init_resample not in RESAMPLE_MODES:
             raise VitkitError(
-                f"init_resample must be bicubic, bilinear or zoom, got {self.init_resample!r}"
+                f"init_resample must be one of {', '.join(RESAMPLE_MODES)} (or None: the "
+                f"checkpoint's own), got {self.init_resample!r}"
             )
 
         if self.max_seq_len is not None:
