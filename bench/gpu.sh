@@ -14,6 +14,9 @@
 # call and `speed report` in the next, on the same warm machine. A second H100 run
 # (2026-11-27): tests 283 s at 10 epochs; B/16 with --compile-mode max-autotune-no-cudagraphs
 # did not finish its first compile in 230 s (give it a call of its own).
+# On an H200 (2026-11-27, bench/results/gpu_h200_levers): env, levers train for 4 impls, fp8acc
+# (one epoch), tests -k "not training_paths", levers train for 3 more, levers infer and a last
+# 2-impl train fit in one call of 437 s; float8 levers compile in 46-63 s each, the others 21-35 s.
 # Knobs (environment): MODELS, PRECISIONS, MODES, IMPLS, COMPILED_IMPLS, SPEED_ARGS and TAG (a
 # suffix for the result files) for speed;
 # T_TESTS, T_SPEED (per model, default 240), T_MNIST, T_LEVERS (per task, default 300),
