@@ -1,4 +1,5 @@
 """The models and their parts: the Vision Transformer (``vit``, Eq. 1-4 of the paper), the
 hybrid's ResNet stem (``hybrid_stem``), BiT's ResNet classifier (``bit``), and the parts the
 ViT family adds (``rope``, ``relpos``, ``parallel_blocks``, ``naflex_packing``,
-``posemb_resample``, ``block_parts``, ``weight_init``)."""
+``posemb_resample``, ``block_parts``, ``map_head``, ``sdpa_backend``, ``weight_init``,
+``features``)."""

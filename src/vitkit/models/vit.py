@@ -45,8 +45,9 @@ E_pos is added to the patches only), ``layer_scale_init`` (``ls1`` / ``ls2``), `
 (LayerNorm after the embedding), ``patch_bias``, ``gelu="quick"`` (CLIP's x * sigmoid(1.702 x)),
 ``qk_norm``, ``mlp="swiglu"`` (DINOv2-giant), ``pool="avgmax"`` / ``"max"``, ``dist_token``
 (DeiT: a second token and head; the heads' logits are averaged, :meth:`forward_heads` gives
-both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP: :class:`MAPHead`;
-``map_heads`` / ``map_mlp_dim`` / ``map_prefix``: Perception Encoder's, over every token).
+both), ``final_norm=False`` (no Eq. 4 LayerNorm) and ``pool="map"`` (SigLIP:
+:class:`~vitkit.models.map_head.MAPHead`; ``map_heads`` / ``map_mlp_dim`` / ``map_prefix``:
+Perception Encoder's, over every token).
 AIMv2, BEiT-3 and timm's post-norm ViT add ``norm="rmsnorm"`` (:func:`make_norm`),
 ``patch_norm``, ``proj_bias=False``, ``scale_attn_norm`` / ``scale_mlp_norm`` (sub-norms inside
 attention and the MLP) and ``block="post"`` (z + LN(F(z)) in :class:`Block`). ``naflex``
@@ -70,6 +71,7 @@ from vitkit.models import features
 from vitkit.models import naflex_packing as naflex
 from vitkit.models.block_parts import LayerScale, Mlp, drop_path, logit_bias, make_norm
 from vitkit.models.hybrid_stem import ResNetStem
+from vitkit.models.map_head import MAPHead
 from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.models.posemb_resample import Resample, resample_pos_embed
 from vitkit.models.relpos import attention_biases, make_rel_pos
@@ -295,42 +297,6 @@ def make_block(cfg: ViTConfig, index: int, drop_path_rate: float) -> nn.Module:
     if cfg.diff_attn:  # differential attention in place of Eq. 2's MSA
         block.add_module("attn", attn())
     return block
-
-
-class MAPHead(nn.Module):
-    """Multi-head attention pooling ("MAP"; big_vision's ``MAPHead``, used by SigLIP).
-
-    A learned probe (one query token) attends over the patch tokens with multi-head attention;
-    the result goes through a residual MLP after a LayerNorm, like one more encoder block whose
-    only query is the probe:  y = a + MLP(LN(a)),  a = MHA(probe, z_L).  Not in the paper.
-    """
-
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        d = cfg.width
-        self.num_heads = cfg.map_heads or cfg.num_heads  # (Perception Encoder: 8)
-        self.head_dim = d // self.num_heads
-        self.latent = nn.Parameter(torch.zeros(1, 1, d))  # the probe (timm's name)
-        self.q = nn.Linear(d, d)
-        self.kv = nn.Linear(d, 2 * d)
-        self.proj = nn.Linear(d, d)
-        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg, cfg.map_mlp_dim)
-
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Tokens [B, N, D] → pooled features [B, D]; ``mask``: additive [B, 1, 1, N] (NaFlex)."""
-        return self.forward_explicit(tokens, mask)[0]
-
-    def forward_explicit(self, tokens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Pooled features [B, D] and the probe's attention weights [B, heads, N]."""
-        b, n, d = tokens.shape
-        q = self.q(self.latent).reshape(1, self.num_heads, 1, self.head_dim)
-        kv = self.kv(tokens).reshape(b, n, 2, self.num_heads, self.head_dim)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, N, head_dim]
-        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
-        weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
-        x = self.proj((weights @ v).reshape(b, d))  # heads concatenated, as in Eq. 2's MSA
-        return x + self.mlp(self.norm(x)), weights[:, :, 0]
 
 
 @dataclass

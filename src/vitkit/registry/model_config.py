@@ -59,7 +59,7 @@ class ViTConfig:
         "token"  # "token": class token (Eq. 4); "gap": global average pool, no class token;
     )
     # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
-    # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; model.MAPHead)
+    # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; models.map_head)
     # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
     map_heads: int | None = None  # the MAP head's heads (Perception Encoder: 8); None: num_heads
     map_mlp_dim: int | None = None  # the MAP head's MLP width (PE gigantic: 4 D); None: mlp_dim

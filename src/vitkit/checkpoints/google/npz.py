@@ -314,7 +314,7 @@ def npz_to_state_dict(arrays: dict[str, np.ndarray], cfg: ViTConfig) -> dict[str
 
 
 def _map_from_npz(take: Any, cfg: ViTConfig) -> dict[str, Tensor]:
-    """big_vision's ``MAPHead_0`` → ``attn_pool.*`` (:class:`vitkit.models.vit.MAPHead`)."""
+    """big_vision's ``MAPHead_0`` → ``attn_pool.*`` (:class:`vitkit.models.map_head.MAPHead`)."""
     d, mha = cfg.width, f"{_MAP}/MultiHeadDotProductAttention_0"
     kernels = {n: take(f"{mha}/{n}/kernel").reshape(d, d).T for n in ("query", "key", "value")}
     biases = {n: take(f"{mha}/{n}/bias").reshape(d) for n in ("query", "key", "value")}

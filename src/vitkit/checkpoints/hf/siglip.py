@@ -2,9 +2,9 @@
 
 ``SiglipVisionModel`` (``model_type: siglip_vision_model``) is a ViT without a class token whose
 pooled output is big_vision's MAP head (vitkit's ``pool="map"``,
-:class:`vitkit.models.vit.MAPHead`); with ``vision_use_head: false`` it has no head, and its tokens
-are what the paper's GAP averages (``pool="gap"``). Keys, with or without a ``vision_model.`` prefix
-(transformers 4.x saved one):
+:class:`vitkit.models.map_head.MAPHead`); with ``vision_use_head: false`` it has no head,
+and its tokens are what the paper's GAP averages (``pool="gap"``). Keys, with or without a
+``vision_model.`` prefix (transformers 4.x saved one):
 
 - ``embeddings.patch_embedding`` (E), ``embeddings.position_embedding.weight`` ([N, D]: E_pos
   of the patches only, there being no prefix token);

@@ -204,7 +204,7 @@ def _timm_shapes(sd: dict[str, Tensor], *, grid: tuple[int, int] | None, source:
 
 def _timm_map_head(sd: dict[str, Tensor], source: str) -> bool:
     """Whether the state dict has timm's ``AttentionPoolLatent`` (SigLIP's MAP head) in the
-    layout vitkit's :class:`vitkit.models.vit.MAPHead` has: one probe, a query projection, no
+    layout vitkit's :class:`vitkit.models.map_head.MAPHead` has: one probe, a query projection, no
     position embedding of its own, the blocks' MLP width."""
     keys = {k for k in sd if k.startswith("attn_pool.")}
     if not keys:
