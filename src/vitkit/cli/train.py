@@ -318,7 +318,7 @@ def banner(trainer: Any, env: Any) -> str:
     start = f" from {cfg.init_from}" if cfg.init_from else ""
     precision = cfg.precision
     if precision == "fp8":
-        n = len(getattr(trainer, "fp8_layers", ()))
+        n = len(trainer.fp8_layers)
         precision = f"fp8 ({cfg.fp8_recipe}: {count(n, 'Linear layer')} in float8, the rest bf16)"
     if cfg.attention_backend != "auto":
         precision += f", {cfg.attention_backend} attention"

@@ -26,11 +26,15 @@ SDPA_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "math")
 _CUDA_ONLY = ("efficient", "cudnn")
 
 
-def check_sdpa_backend(name: str, device: torch.device) -> None:
-    """Refuse an unknown backend, or one the device does not have, in one line."""
+def _check_name(name: str) -> None:
     if name not in SDPA_BACKENDS:
         choices = ", ".join(SDPA_BACKENDS)
         raise VitkitError(f"attention backend must be one of {choices}, got {name!r}")
+
+
+def check_sdpa_backend(name: str, device: torch.device) -> None:
+    """Refuse an unknown backend, or one the device does not have, in one line."""
+    _check_name(name)
     if name in _CUDA_ONLY and device.type != "cuda":
         raise VitkitError(
             f"attention backend {name} runs on CUDA GPUs only; this run's device is "
@@ -42,9 +46,7 @@ def set_attention_backend(model: torch.nn.Module, name: str) -> int:
     """Set every attention layer of ``model`` that takes the choice to ``name``; returns how
     many did (0 for a model whose attention has no such layer: the families whose attention is
     a function of their own, such as the parallel blocks, follow the context alone)."""
-    if name not in SDPA_BACKENDS:
-        choices = ", ".join(SDPA_BACKENDS)
-        raise VitkitError(f"attention backend must be one of {choices}, got {name!r}")
+    _check_name(name)
     layers: list[Any] = [m for m in model.modules() if hasattr(m, "attention_backend")]
     for m in layers:
         m.attention_backend = name

@@ -82,10 +82,11 @@ class TrainingRun:
         self.device = _device(D.device_for(cfg.device, self.dist))
         # Recorded as they resolve here (see resume): the thread count, and "auto" precision
         # as bf16 where this device multiplies bf16 natively, else fp32 (vitkit.hardware).
-        precision: Precision = "fp8"  # bf16 autocast with float8 matmuls (train.float8)
-        if cfg.precision == "fp8":
+        precision: Precision
+        if cfg.precision == "fp8":  # bf16 autocast with float8 matmuls (train.float8)
             check_fp8_device(self.device)
             torchao_float8()
+            precision = "fp8"
         else:
             precision = resolve_precision(cfg.precision, self.device)
         check_sdpa_backend(cfg.attention_backend, self.device)
@@ -124,9 +125,9 @@ class TrainingRun:
         self.model = build_model(self.model_cfg).to(self.device)
         if self.init is not None:
             load_state_dict_strict(self.model, self.init.state_dict, source=str(cfg.init_from))
+        set_attention_backend(self.model, cfg.attention_backend)  # seen by torch.compile
         # The float8 layers hold the same weights as the Linears they replace: checkpoints are
         # unchanged. Swapped before the wrappers and the compiler see the model.
-        set_attention_backend(self.model, cfg.attention_backend)  # seen by torch.compile
         self.fp8_layers: list[str] = []
         if cfg.precision == "fp8":
             self.fp8_layers = convert_to_fp8(
