@@ -136,15 +136,16 @@ class Guard:
         key = self.settings.api_key
         if key is None or scope["path"] == "/health":
             return True
-        given = []
+        given: list[bytes] = []  # (bytes as sent: a key beyond ASCII arrives as UTF-8)
         for name, value in scope["headers"]:
             if name == b"x-api-key":
-                given.append(value.decode("latin-1"))
+                given.append(value.strip())
             elif name == b"authorization" and value[:7].lower() == b"bearer ":
-                given.append(value[7:].decode("latin-1").strip())
+                given.append(value[7:].strip())
         if scope["path"] == "/" and scope.get("query_string"):  # the page: ?key=KEY
-            given += parse_qs(scope["query_string"].decode("latin-1")).get("key", [])
-        return any(hmac.compare_digest(g.encode(), key.encode()) for g in given)
+            query = parse_qs(scope["query_string"].decode("latin-1")).get("key", [])
+            given += [g.encode() for g in query]
+        return any(hmac.compare_digest(g, key.encode()) for g in given)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
