@@ -417,6 +417,18 @@ def test_a_key_beyond_ascii_is_accepted_as_clients_send_it(work):
         assert call(s.port, "/v1/classify", png, {"Authorization": f"Bearer {sent}"})[0] == 200
         assert call(s.port, "/?key=" + urllib.parse.quote(key))[0] == 200
         assert call(s.port, "/v1/classify", png, {"X-API-Key": "passwoerd"})[0] == 401
+        sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+        if not Path(CHROMIUM).is_file():
+            pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
+        with sync_api.sync_playwright() as p:  # the page sends the key from its address
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{s.port}/?key=" + urllib.parse.quote(key))
+                page.set_input_files("#file", str(work / "img0.png"))
+                page.wait_for_function("document.querySelectorAll('#topk li').length === 5")
+            finally:
+                browser.close()
     finally:
         s.stop()
 
