@@ -310,11 +310,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Top-k labels of one image (the raw body) or several (multipart files, in order),
         batched with other clients' images."""
-        datas = await _request_images(request, limits)
-        if len(datas) > limits.max_images:
-            raise RequestError(
-                413, f"{len(datas)} images; at most {limits.max_images} per request (--max-images)"
-            )
+        datas = await _request_images(request, limits)  # (at most max_images: the form says)
         what = "the image" if len(datas) == 1 else "image {}"
         images = [await prepare(d, what.format(i + 1)) for i, d in enumerate(datas)]
         probs = await batcher.submit(images)
