@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 import zlib
@@ -393,6 +394,43 @@ def test_without_the_extra_one_line_names_it(work, capsys, monkeypatch):
 def test_an_empty_api_key_is_refused(work, capsys):
     assert main(["serve", str(work / "ck"), "--api-key", " ", "--dry-run"]) == 2
     assert "API key is empty" in capsys.readouterr().err
+
+
+def test_a_key_that_headers_cannot_carry_is_refused_and_the_environment_is_read(
+    work, capsys, monkeypatch
+):
+    monkeypatch.setenv("VITKIT_API_KEY", "s3cret\r")  # (an env file written on Windows)
+    assert main(["serve", str(work / "ck"), "--dry-run"]) == 2
+    assert "starts or ends with a space" in capsys.readouterr().err
+    monkeypatch.setenv("VITKIT_API_KEY", "s3cret")
+    assert main(["serve", str(work / "ck"), "--dry-run"]) == 0
+    assert "API key required" in capsys.readouterr().out
+
+
+def test_a_key_beyond_ascii_is_accepted_as_clients_send_it(work):
+    key = "pässwörd"
+    sent = key.encode().decode("latin-1")  # urllib sends header text as latin-1: the UTF-8 bytes
+    s = Server([str(work / "ck"), "--api-key", key])
+    try:
+        png = (work / "img0.png").read_bytes()
+        assert call(s.port, "/v1/classify", png, {"X-API-Key": sent})[0] == 200
+        assert call(s.port, "/v1/classify", png, {"Authorization": f"Bearer {sent}"})[0] == 200
+        assert call(s.port, "/?key=" + urllib.parse.quote(key))[0] == 200
+        assert call(s.port, "/v1/classify", png, {"X-API-Key": "passwoerd"})[0] == 401
+        sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+        if not Path(CHROMIUM).is_file():
+            pytest.skip(f"no Chromium at {CHROMIUM} (apt install chromium)")
+        with sync_api.sync_playwright() as p:  # the page sends the key from its address
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{s.port}/?key=" + urllib.parse.quote(key))
+                page.set_input_files("#file", str(work / "img0.png"))
+                page.wait_for_function("document.querySelectorAll('#topk li').length === 5")
+            finally:
+                browser.close()
+    finally:
+        s.stop()
 
 
 # -- the page, in a real browser ------------------------------------------------------------

@@ -151,6 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
     if key is not None and not key.strip():
         raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
+    if key is not None and key != key.strip():  # HTTP strips them from headers: never matched
+        raise VitkitError(f"the API key starts or ends with a space (--api-key or {KEY_VARIABLE})")
     if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"vitkit: warning: listening on {args.host} without an API key: anyone who can "

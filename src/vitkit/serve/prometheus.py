@@ -22,10 +22,6 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
     def lines(self, name: str, labels: str = "") -> list[str]:
         out, running = [], 0
         sep = "," if labels else ""
