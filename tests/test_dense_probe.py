@@ -5,13 +5,15 @@ stays near the class-frequency floor; the set's masks and the refusals."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import vitkit
 from vitkit.data.segmentation import SEGMENTATION_CLASSES, make_segmentation
 from vitkit.errors import VitkitError
-from vitkit.eval.dense_probe import iou_per_class, train_dense_probe
+from vitkit.eval.dense_probe import DenseProbeResult, iou_per_class, train_dense_probe
 
 DINO = dict(image_size=32, patch_size=4, width=64, depth=4, num_heads=4, mlp_dim=128,
             num_classes=0, rope="dinov3", rope_half=True, abs_pos_embed=False,
@@ -61,9 +63,21 @@ def test_iou_and_refusals():
     pred = torch.tensor([[0, 1], [1, 2]])
     target = torch.tensor([[0, 1], [2, 2]])
     assert iou_per_class(pred, target, 3) == [1.0, 0.5, 0.5]
+    # a class absent from the test pixels and the predictions (NaN) is left out of the mean,
+    # which was NaN
+    iou = iou_per_class(pred, target, 4)
+    assert iou[:3] == [1.0, 0.5, 0.5] and math.isnan(iou[3])
+    assert DenseProbeResult(iou, ("a", "b", "c", "d"), 0.0, 8, (1, 1)).miou == 2 / 3
     model = vitkit.create_model("Ti/16", **DINO)
     data = make_segmentation(8, seed=0)
     with pytest.raises(VitkitError, match="unknown dense head"):
         train_dense_probe(model, data, data, SEGMENTATION_CLASSES, head="mlp")
     with pytest.raises(VitkitError, match="beyond the 2 named"):
         train_dense_probe(model, data, data, ("a", "b"), steps=1)
+    # the test set's own mismatch is named (the train set's shapes were shown), and a count
+    # mismatch is one line too (it was PyTorch's batch-size error from cross_entropy)
+    images, masks = data
+    with pytest.raises(VitkitError, match=r"test: images \(8, 3, 32, 32\) and masks \(8, 16"):
+        train_dense_probe(model, data, (images, masks[:, :16]), SEGMENTATION_CLASSES)
+    with pytest.raises(VitkitError, match=r"train: .* differ in number"):
+        train_dense_probe(model, (images, masks[:7]), data, SEGMENTATION_CLASSES)

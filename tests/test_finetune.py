@@ -313,3 +313,21 @@ def test_every_reading_command_takes_the_setting_a_file_needs(tmp_path, capsys):
             assert "num_heads" in capsys.readouterr().err, name
             assert main([*args, "-o", "num_heads=4"]) == 0, (name, capsys.readouterr().err)
             capsys.readouterr()
+
+
+def test_stated_preprocessing_replaces_what_a_file_says(tmp_path):
+    """``-o mean=...`` on a checkpoint that records its preprocessing (a vitkit file) was
+    dropped without a word: only settings the file does not say were applied, and the
+    fine-tuning check let the rest through. It is now the run's normalisation."""
+    from vitkit.checkpoints import save_checkpoint
+    from vitkit.data import DataInfo
+    from vitkit.models.vit import create_model
+    from vitkit.train.setup import finetune_model_config, init_checkpoint
+
+    tiny = dict(image_size=32, patch_size=16, depth=1, width=32, num_heads=2, mlp_dim=64)
+    save_checkpoint(tmp_path / "c", create_model("Ti/16", num_classes=3, **tiny))
+    info = DataInfo("folder", 3, ("a", "b", "c"), 3, (32, 32), True)
+    cfg = TrainConfig(data="x", init_from=str(tmp_path / "c"), model_overrides={"mean": 0.3})
+    init = init_checkpoint(cfg, info)
+    assert init.preprocess.mean == (0.3, 0.3, 0.3) and init.preprocess.std == (0.5, 0.5, 0.5)
+    assert finetune_model_config(cfg, init) == init.model_config

@@ -19,6 +19,7 @@ backbone's features must clear.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,10 @@ class DenseProbeResult:
 
     @property
     def miou(self) -> float:
-        return sum(self.iou) / len(self.iou)
+        """The mean over the classes present (a NaN IoU, a class absent from both, is left out,
+        as mmsegmentation's and DINOv2's ``nanmean``)."""
+        present = [v for v in self.iou if not math.isnan(v)]
+        return sum(present) / len(present) if present else float("nan")
 
     def table(self) -> str:
         rows = [f"{n:12s} {v:6.3f}" for n, v in zip(self.class_names, self.iou)]
@@ -143,8 +147,12 @@ def train_dense_probe(
     if head not in HEADS:
         raise VitkitError(f"unknown dense head {head!r} (choose from {', '.join(HEADS)})")
     (x, y), (xt, yt) = train, test
-    if x.shape[-2:] != y.shape[-2:] or xt.shape[-2:] != yt.shape[-2:]:
-        raise VitkitError(f"images {tuple(x.shape)} and masks {tuple(y.shape)} differ in size")
+    for name, (images, masks) in (("train", train), ("test", test)):
+        if images.shape[-2:] != masks.shape[-2:] or len(images) != len(masks):
+            raise VitkitError(
+                f"{name}: images {tuple(images.shape)} and masks {tuple(masks.shape)} differ "
+                "in number or size"
+            )
     k = len(class_names)
     if int(max(y.max(), yt.max())) >= k:
         raise VitkitError(f"the masks hold a class beyond the {k} named ({', '.join(class_names)})")

@@ -88,7 +88,10 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
                 raise
             sources = read_checkpoint(cfg.init_from, num_heads=heads).provenance  # type: ignore[arg-type]
     assumed = {f for f, s in (sources.sources if sources else {}).items() if s == "assumed"}
-    stated = {f: v for f, v in cfg.model_overrides.items() if f in assumed}
+    # the preprocessing (-o mean=...) changes no weight: stated over what the file says too
+    stated = {
+        f: v for f, v in cfg.model_overrides.items() if f in assumed or f in PREPROCESS_FIELDS
+    }
     probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
     size = cfg.image_size or info.image_size
     if not cfg.new_head and probe.model_config.num_classes != k:
@@ -118,7 +121,7 @@ def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
         allowed = {"dropout", "attn_dropout", "drop_path"}
     have = init.model_config.to_dict()
     # A recipe's model sizes that equal the checkpoint's change nothing: not an error; nor do
-    # the preprocessing settings a file does not say (-o mean=...), stated when it was read.
+    # the preprocessing settings (-o mean=...), stated when it was read (_read_init).
     same = {k for k, v in cfg.model_overrides.items() if have.get(k, object()) == v}
     same |= {k for k in cfg.model_overrides if k in PREPROCESS_FIELDS}
     bad = sorted(set(cfg.model_overrides) - allowed - same)
