@@ -331,3 +331,7 @@ def test_stated_preprocessing_replaces_what_a_file_says(tmp_path):
     init = init_checkpoint(cfg, info)
     assert init.preprocess.mean == (0.3, 0.3, 0.3) and init.preprocess.std == (0.5, 0.5, 0.5)
     assert finetune_model_config(cfg, init) == init.model_config
+    for field in ("crop_pct", "resize"):  # the run crops as its data does: never silently used
+        told = TrainConfig(data="x", init_from=str(tmp_path / "c"), model_overrides={field: 0.9})
+        with pytest.raises(VitkitError, match=f"{field} would not be used"):
+            finetune_model_config(told, init)

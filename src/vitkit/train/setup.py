@@ -116,6 +116,12 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
 def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
     """The starting checkpoint's config with the model options a fine-tuning run may set:
     those that do not change the weights (dropout, attention dropout, stochastic depth)."""
+    ignored = sorted({"crop_pct", "resize"} & set(cfg.model_overrides))
+    if ignored:  # the run crops as its data does: 1.0 in memory, 0.875 for image folders
+        raise VitkitError(
+            f"fine-tuning from {cfg.init_from}: {', '.join(ignored)} would not be used (training "
+            "crops as its data does); give them to 'vitkit eval' / 'vitkit predict' instead"
+        )
     allowed = set()
     if not isinstance(init.model_config, ResNetConfig):
         allowed = {"dropout", "attn_dropout", "drop_path"}
