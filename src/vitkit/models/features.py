@@ -143,13 +143,20 @@ def prune_intermediate_layers(
     model.blocks = model.blocks[: last + 1]
     kv = model.cfg.kv_heads
     changes: dict[str, Any] = {"depth": last + 1, "kv_heads": kv[: last + 1] if kv else kv}
+    cfg = model.cfg
     if prune_norm:
         model.norm = nn.Identity()
+        if not cfg.fc_norm:  # with fc_norm the final norm sits after pooling (the head's)
+            changes["final_norm"] = False
     if prune_head:
         model.fc_norm, model.pre_logits = nn.Identity(), nn.Identity()
         model.attn_pool = model.head = model.head_dist = None
-        changes["num_classes"] = 0
-    model.cfg = model.cfg.replace(**changes)
+        changes |= {"num_classes": 0, "representation_size": None, "fc_norm": False}
+        if cfg.fc_norm:  # the only norm went with the head
+            changes["final_norm"] = False
+    # The config follows, so that the pruned model saves and loads as itself; a MAP head has
+    # no config without it (pool="map" builds one): such a model is refused when saved.
+    model.cfg = cfg.replace(**changes)
     return taken
 
 

@@ -446,6 +446,11 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
+        if self.cfg.pool == "map" and self.attn_pool is None:
+            raise VitkitError(
+                "this model's MAP head was pruned (prune_head): take its tokens with "
+                "forward_features or forward_intermediates"
+            )
         if self.attn_pool is not None:  # (map_prefix: over every token, as timm's Eva)
             return self.fc_norm(self.attn_pool(tokens if self.cfg.map_prefix else patches))
         if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)

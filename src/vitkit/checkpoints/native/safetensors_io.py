@@ -166,12 +166,14 @@ def save_checkpoint(
         raise VitkitError(
             f"{path}: {len(class_names)} class names for a head of {cfg.num_classes} outputs"
         )
+    state_dict = dict(model.state_dict())
+    _check_own_config(path, cfg, state_dict)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer
         shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.mkdir()
-    _write_tensors(tmp / WEIGHTS, dict(model.state_dict()))
+    _write_tensors(tmp / WEIGHTS, state_dict)
     config = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -329,10 +331,22 @@ def _check_fit(
     own: dict[str, Tensor], state_dict: dict[str, Tensor], source: str, keep: Any
 ) -> None:
     """Raise naming the missing keys, the unexpected keys and the shapes that differ."""
+    problems = _fit_problems(own, state_dict, source, keep)
+    if problems:
+        raise VitkitError(f"{source} does not fit the model: {' | '.join(problems)}")
+
+
+def _fit_problems(
+    own: dict[str, Tensor],
+    state_dict: dict[str, Tensor],
+    source: str,
+    keep: Any,
+    own_name: str = "model",
+) -> list[str]:
     missing = sorted(k for k in own if keep(k) and k not in state_dict)
     unexpected = sorted(k for k in state_dict if keep(k) and k not in own)
     shapes = sorted(
-        f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"
+        f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in {own_name}"
         for k in own
         if keep(k) and k in state_dict and state_dict[k].shape != own[k].shape
     )
@@ -343,8 +357,7 @@ def _check_fit(
         problems.append(f"unexpected keys: {', '.join(unexpected)}")
     if shapes:
         problems.append(f"shape mismatches: {'; '.join(shapes)}")
-    if problems:
-        raise VitkitError(f"{source} does not fit the model: {' | '.join(problems)}")
+    return problems
 
 
 def check_weights_fit(
@@ -370,6 +383,22 @@ def check_weights_fit(
     with torch.device("meta"), _NoRandomInit():
         own = build_model(cfg).state_dict()
     _check_fit(own, state_dict, source, lambda k: True)
+
+
+def _check_own_config(path: Path, cfg: ModelConfig, state_dict: dict[str, Tensor]) -> None:
+    """Refuse to write weights that the config beside them does not describe (a model changed
+    by hand after it was built): vitkit would refuse the file when reading it back."""
+    from vitkit.models.vit import build_model
+
+    with torch.device("meta"), _NoRandomInit():
+        own = build_model(cfg).state_dict()
+    problems = _fit_problems(own, state_dict, "the model", lambda k: True, "the config's")
+    if problems:
+        raise VitkitError(
+            f"{path}: not written: the model was changed after it was built and no longer "
+            f"matches its config, so the file could not be read back (against the model the "
+            f"config builds: {' | '.join(problems)})"
+        )
 
 
 class _NoRandomInit(TorchFunctionMode):
