@@ -19,11 +19,13 @@ and uses it both on the fly (``model.resample``) and when loading at another siz
   align_corners=False)`` in ViT, DeiT, Dinov2, ViTMAE, CLIP, SigLIP and BEiT: ``"bicubic"``;
   Dinov2WithRegisters adds ``antialias=True``: ``"bicubic-antialias"``. (DINOv3 has no table;
   SigLIP 2's NaFlex table has its own ``naflex_*`` settings.)
-- Google's ``.npz``: ``"bicubic"``, vitkit's default (the official vit_jax code zooms:
-  ``pos_resample='zoom'``).
+- Google's ``.npz``: ``"zoom"``: both codebases that write and read these files resample a
+  checkpoint's table at load time with ``scipy.ndimage.zoom(grid, ..., order=1)``
+  (vision_transformer's ``vit_jax/checkpoint.py`` ``load_pretrained``, big_vision's
+  ``models/vit.py`` ``resample_posemb``).
 - vitkit: its config's ``pos_resample``; a config written before it held one gets the kernel
   of the source it was converted from where that is timm (or Dinov2WithRegisters, the one
-  Hugging Face class with registers and a table), else ``"bicubic"``
+  Hugging Face class with registers and a table) or ``.npz``, else ``"bicubic"``
   (:func:`vitkit.checkpoints.native.safetensors_io.load_checkpoint`).
 """
 
@@ -92,7 +94,7 @@ def source_kernel(ckpt: Checkpoint) -> Checkpoint:
         mode = TIMM if kind in HF_ANTIALIAS else "bicubic"
         note = f"transformers' {kind or 'ViT'} interpolate_pos_encoding"
     elif fmt == "npz":
-        note = "vitkit's; the official code zooms (pos_resample='zoom')"
+        mode, note = "zoom", "vit_jax's and big_vision's loaders: scipy.ndimage.zoom, order 1"
     elif fmt == "vitkit":  # (one written without it: native.safetensors_io says which)
         source = prov.sources.get("pos_resample", "file")
     if source != "assumed":

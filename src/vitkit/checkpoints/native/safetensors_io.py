@@ -306,17 +306,19 @@ def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Chec
 
 def _with_pos_resample(model: Any, meta: Any) -> Any:
     """A ViT config written before vitkit recorded ``pos_resample`` (how E_pos is resampled at
-    another input size, vitkit.checkpoints.posemb_kernels): timm's antialiased bicubic where it
-    was converted from timm or from Dinov2WithRegisters (the one Hugging Face class vitkit
-    reads with registers and a learned table), else the plain bicubic vitkit used."""
+    another input size, vitkit.checkpoints.posemb_kernels): the kernel its source now gets —
+    timm's antialiased bicubic where it was converted from timm or from Dinov2WithRegisters
+    (the one Hugging Face class vitkit reads with registers and a learned table), the official
+    code's zoom from an ``.npz`` — else the plain bicubic vitkit used."""
     if not isinstance(model, dict) or "pos_resample" in model or "architecture" in model:
         return model  # (one that records it, a malformed one, or a BiT ResNet's)
     origin = meta.get("converted_from") if isinstance(meta, dict) else None
     fmt = origin.get("format") if isinstance(origin, dict) else None
     table = model.get("abs_pos_embed", True) and model.get("rel_pos", "none") != "bias"
     timm = fmt == "timm" or (fmt == "hf" and bool(model.get("num_reg_tokens")))
-    antialias = table and not model.get("naflex", False) and timm
-    return {**model, "pos_resample": "bicubic-antialias" if antialias else "bicubic"}
+    table = table and not model.get("naflex", False)
+    kernel = "bicubic-antialias" if timm else "zoom" if fmt == "npz" else "bicubic"
+    return {**model, "pos_resample": kernel if table else "bicubic"}
 
 
 def config_diff(a: ModelConfig, b: ModelConfig) -> list[str]:
