@@ -83,3 +83,21 @@ def test_a_hand_changed_model_is_refused_and_the_old_file_kept(tmp_path):
     ):
         vitkit.save_checkpoint(tmp_path / "other", model)
     assert not (tmp_path / "other").exists()
+
+
+def test_a_pruned_map_head_is_refused_on_a_naflex_batch_too():
+    """NaFlex pools in its own function: without its MAP head it averaged the valid patches
+    and their maximum, unsaid."""
+    from vitkit.models.naflex_packing import pack
+
+    model = vitkit.create_model(
+        "Ti/16", **{**TINY, "patch_size": 16}, pool="map", naflex=True, naflex_grid=(2, 2)
+    ).eval()
+    images = [torch.randn(3, 32, 48), torch.randn(3, 16, 16)]
+    batch = pack(images, (16, 16))
+    with torch.no_grad():
+        assert model(batch).shape == (2, 1000)
+        model.prune_intermediate_layers(1)
+        with pytest.raises(VitkitError, match="MAP head was pruned"):
+            model(batch)
+        assert model.forward_intermediates(batch, [0], output_fmt="NLC")[1][0].shape[0] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitkit.errors import VitkitError
 from vitkit.models.block_parts import Mlp
 from vitkit.registry.model_config import ViTConfig
 
@@ -44,3 +45,13 @@ class MAPHead(nn.Module):
         weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
         x = self.proj((weights @ v).reshape(b, d))  # heads concatenated, as in Eq. 2's MSA
         return x + self.mlp(self.norm(x)), weights[:, :, 0]
+
+
+def require_map_head(cfg: ViTConfig, head: MAPHead | None) -> None:
+    """Refuse to pool a ``pool="map"`` model whose MAP head was pruned (another pooling in its
+    place would be a silent, different number)."""
+    if cfg.pool == "map" and head is None:
+        raise VitkitError(
+            "this model's MAP head was pruned (prune_head): take its tokens with "
+            "forward_features or forward_intermediates"
+        )

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitkit.errors import VitkitError
+from vitkit.models.map_head import require_map_head
 from vitkit.registry.model_config import ViTConfig
 
 
@@ -184,6 +185,7 @@ def pool(model: Any, tokens: Tensor, valid: Tensor) -> Tensor:
     if cfg.pool == "token":
         return model.fc_norm(tokens[:, 0])
     patches = tokens[:, cfg.num_prefix_tokens :]
+    require_map_head(cfg, model.attn_pool)
     if model.attn_pool is not None:
         key_mask = torch.zeros(valid.shape, dtype=tokens.dtype, device=tokens.device)
         key_mask.masked_fill_(~valid, torch.finfo(tokens.dtype).min)

@@ -71,7 +71,7 @@ from vitkit.models import features
 from vitkit.models import naflex_packing as naflex
 from vitkit.models.block_parts import LayerScale, Mlp, drop_path, logit_bias, make_norm
 from vitkit.models.hybrid_stem import ResNetStem
-from vitkit.models.map_head import MAPHead
+from vitkit.models.map_head import MAPHead, require_map_head
 from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
 from vitkit.models.posemb_resample import Resample, resample_pos_embed
 from vitkit.models.relpos import attention_biases, make_rel_pos
@@ -446,11 +446,7 @@ class VisionTransformer(nn.Module):
         if self.cfg.pool == "token":
             return self.fc_norm(tokens[:, 0])
         patches = tokens[:, self.cfg.num_prefix_tokens :]
-        if self.cfg.pool == "map" and self.attn_pool is None:
-            raise VitkitError(
-                "this model's MAP head was pruned (prune_head): take its tokens with "
-                "forward_features or forward_intermediates"
-            )
+        require_map_head(self.cfg, self.attn_pool)
         if self.attn_pool is not None:  # (map_prefix: over every token, as timm's Eva)
             return self.fc_norm(self.attn_pool(tokens if self.cfg.map_prefix else patches))
         if self.cfg.pool == "token_gap":  # HF Dinov2's classifier input (no fc_norm allowed)
