@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.references import load_bench
+from references import load_bench
 
 
 @pytest.fixture(scope="module")
