@@ -104,3 +104,29 @@ def test_bad_map_heads_are_refused(tmp_path):
     regs = siglip_model(CFG.replace(num_reg_tokens=2))
     with pytest.raises(VitkitError, match="cannot hold num_reg_tokens"):
         write_npz(regs, tmp_path / "regs.npz")
+
+
+@pytest.mark.parametrize("pool", ["gap", "token", "map"])
+def test_a_pooling_the_file_does_not_say_is_said(tmp_path, pool):
+    """Without a class token or MAP head an .npz may be vit_jax's / big_vision's average pool
+    or big_vision's pool_type="0" (the first patch token): the mean is assumed in one line,
+    which an explicit ``pool`` silences; a class token or a MAP head says its pooling."""
+    import warnings
+
+    from vitkit.errors import AssumptionWarning
+
+    model = vitkit.create_model(CFG.replace(pool=pool))
+    path = write_npz(model, tmp_path / "m.npz")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = read_checkpoint(path)
+        stated = read_checkpoint(path, overrides={"pool": "gap"}) if pool == "gap" else None
+    said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert ckpt.model_config.pool == pool
+    if pool != "gap":
+        assert said == []
+        return
+    (line,) = said  # the stated read says nothing
+    assert line.startswith(f"{path}: pool='gap' assumed (no class token and no MAP head")
+    assert "pool_type='0'" in line and "\n" not in line
+    assert stated is not None and stated.provenance.sources["pool"] == "given"

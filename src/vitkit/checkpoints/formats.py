@@ -235,12 +235,7 @@ def read_checkpoint(
         cfg = _wrap(lambda: npz_conv.npz_config(arrays, grid), p)
         sd = _wrap(lambda: npz_conv.npz_to_state_dict(arrays, cfg), p)
         ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
-        official = "the official JAX code's (vision_transformer, big_vision)"
-        ckpt.provenance = (
-            Provenance()
-            .set("weights", cfg.to_dict())
-            .set("format", ["layer_norm_eps", "gelu", "block", "resnet_eps", *_PRE], official)
-        )
+        ckpt.provenance = npz_conv.npz_provenance(cfg, _PRE)
     elif fmt == "timm":
         ckpt = _read_timm(p, num_heads, grid)
     else:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitkit.checkpoints.provenance import Assumption, Provenance
 from vitkit.errors import VitkitError
 from vitkit.registry.model_config import Pool, ViTConfig
 
@@ -229,6 +230,32 @@ def npz_config(arrays: dict[str, np.ndarray], grid: tuple[int, int] | None = Non
         resnet_layers=resnet_layers,
         resnet_width_factor=width_factor,
     )
+
+
+# An .npz without a class token or a MAP head does not say how its head pools: vit_jax's
+# classifier="gap" and big_vision's default pool_type="gap" average the tokens, but big_vision's
+# pool_type="0" feeds the head the first patch token (big_vision/models/vit.py).
+GAP_ASSUMED = Assumption(
+    "pool",
+    "gap",
+    "no class token and no MAP head: the mean over the tokens, as vit_jax's classifier='gap' "
+    "and big_vision's default pool_type='gap'",
+    "a big_vision model trained with pool_type='0' feeds its head the first patch token, "
+    "which vitkit does not compute",
+    None,
+)
+
+
+def npz_provenance(cfg: ViTConfig, preprocess: tuple[str, ...]) -> Provenance:
+    """Where an .npz config's fields came from: the arrays, the official code's fixed choices
+    (eps, GELU, block order, ``preprocess``), and the pooling where it was assumed."""
+    official = "the official JAX code's (vision_transformer, big_vision)"
+    prov = (
+        Provenance()
+        .set("weights", cfg.to_dict())
+        .set("format", ["layer_norm_eps", "gelu", "block", "resnet_eps", *preprocess], official)
+    )
+    return prov.assume(GAP_ASSUMED) if cfg.pool == "gap" else prov
 
 
 def _need(a: dict[str, np.ndarray], *keys: str) -> None:
