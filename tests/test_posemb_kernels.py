@@ -314,7 +314,9 @@ def test_npz_takes_the_official_codes_zoom(tmp_path):
     ``resample_posemb`` do to the file's table (``scipy.ndimage.zoom(grid, ..., order=1)``),
     at load time and on the fly; a vitkit file converted from one before the kernel was
     recorded gets it too. (Plain bicubic, vitkit's earlier choice, is 1e-2 away.)"""
-    np, ndimage = pytest.importorskip("numpy"), pytest.importorskip("scipy.ndimage")
+    import numpy as np
+    from scipy import ndimage
+
     path = Path(__file__).parent / "fixtures" / "vit_jax" / "vit_token_p4.npz"
     ckpt = read_checkpoint(path)
     assert ckpt.model_config.pos_resample == "zoom"

@@ -369,8 +369,6 @@ def check_weights_fit(
     the config declares (an analytic parameter count, so a config that asks for a giant model
     costs nothing), then every key and shape against the model built on the meta device —
     the check :func:`load_state_dict_strict` makes, for converting and inspecting too."""
-    from vitkit.models.vit import build_model
-
     declared = count_params(cfg)
     held = sum(t.numel() for t in state_dict.values())
     fields = _size_differences(cfg, state_dict) if declared != held else []
@@ -382,19 +380,23 @@ def check_weights_fit(
             f"{config_source}: declares a model of {declared:,} parameters ({shown}) but "
             f"{source} holds {held:,}"
         )
+    _check_fit(_built_state(cfg), state_dict, source, lambda k: True)
+
+
+def _built_state(cfg: ModelConfig) -> dict[str, Tensor]:
+    """The state dict of the model ``cfg`` builds, on the meta device (shapes only)."""
+    from vitkit.models.vit import build_model
+
     with torch.device("meta"), _NoRandomInit():
-        own = build_model(cfg).state_dict()
-    _check_fit(own, state_dict, source, lambda k: True)
+        return build_model(cfg).state_dict()
 
 
 def _check_own_config(path: Path, cfg: ModelConfig, state_dict: dict[str, Tensor]) -> None:
     """Refuse to write weights that the config beside them does not describe (a model changed
     by hand after it was built): vitkit would refuse the file when reading it back."""
-    from vitkit.models.vit import build_model
-
-    with torch.device("meta"), _NoRandomInit():
-        own = build_model(cfg).state_dict()
-    problems = _fit_problems(own, state_dict, "the model", lambda k: True, "the config's")
+    problems = _fit_problems(
+        _built_state(cfg), state_dict, "the model", lambda k: True, "the config's"
+    )
     if problems:
         raise VitkitError(
             f"{path}: not written: the model was changed after it was built and no longer "
