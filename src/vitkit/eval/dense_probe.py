@@ -15,6 +15,11 @@ DPT reads a ViT (maps from four depths fused coarse to fine).
 ``random_features=True`` replaces every feature by Gaussian noise of the same mean and standard
 deviation (per channel): the probe then learns the class frequencies only, the floor a real
 backbone's features must clear.
+
+Two feature sources beside a model: :class:`TiledFeatures` reads a canvas tile by tile at the
+model's own image size and stitches the maps back together (a model trained on 28 px digits
+reads each digit of a canvas as one of its images), and :class:`PixelPatches` is the baseline
+with no model at all, each patch's raw pixels as its feature (``pixel_unshuffle``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class DenseProbeResult:
     train_loss: float
     channels: int
     grid: tuple[int, int]
+    predictions: Tensor | None = None  # the test images' predicted masks [N, H, W]
 
     @property
     def miou(self) -> float:
@@ -75,6 +81,59 @@ def frozen_features(
             chunks.append(list(model(x)))
     model.train(was)
     return [torch.cat(level) for level in zip(*chunks)]
+
+
+class TiledFeatures(nn.Module):
+    """A features-only view of ``model`` that reads an image tile by tile: the image is cut into
+    ``tile`` x ``tile`` squares (its sides must be multiples of ``tile``), each square goes
+    through ``model.forward_intermediates`` at ``tile`` px (normed maps of the blocks
+    ``indices``, timm's meaning), and each depth's maps are put back in place: [B, D, rows x h,
+    columns x w]. Sliding-window inference without overlap, as segmentation codebases run a
+    backbone on images larger than it was trained on."""
+
+    def __init__(self, model: nn.Module, tile: int, indices: Sequence[int] | int = 4) -> None:
+        super().__init__()
+        if not hasattr(model, "forward_intermediates"):
+            raise VitkitError("TiledFeatures needs a model with forward_intermediates")
+        self.model, self.tile = model, tile
+        self.indices = indices if isinstance(indices, int) else list(indices)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        b, c, height, width = x.shape
+        t = self.tile
+        if height % t or width % t:
+            raise VitkitError(
+                f"TiledFeatures: a {height}x{width} image is not a whole number of {t} px tiles"
+            )
+        rows, cols = height // t, width // t
+        tiles = x.reshape(b, c, rows, t, cols, t).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, t, t)
+        maps = self.model.forward_intermediates(  # type: ignore[operator]
+            tiles, self.indices, norm=True, output_fmt="NCHW", intermediates_only=True
+        )
+        out = []
+        for m in maps:  # [b * rows * cols, D, h, w] -> [b, D, rows * h, cols * w]
+            d, h, w = m.shape[1:]
+            m = m.reshape(b, rows, cols, d, h, w).permute(0, 3, 1, 4, 2, 5)
+            out.append(m.reshape(b, d, rows * h, cols * w))
+        return out
+
+
+class PixelPatches(nn.Module):
+    """The baseline with no model: each ``patch`` x ``patch`` patch's raw pixels as its feature
+    (``pixel_unshuffle``: [B, C, H, W] -> one map [B, C * patch², H / patch, W / patch]), the
+    same grid as a ViT of that patch size."""
+
+    def __init__(self, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        if x.shape[-2] % self.patch or x.shape[-1] % self.patch:
+            raise VitkitError(
+                f"PixelPatches: a {x.shape[-2]}x{x.shape[-1]} image is not a whole number of "
+                f"{self.patch} px patches"
+            )
+        return [F.pixel_unshuffle(x, self.patch)]
 
 
 class LinearHead(nn.Module):
@@ -177,4 +236,4 @@ def train_dense_probe(
         pred = F.interpolate(net(feats_t), size=tuple(yt.shape[-2:]), mode="bilinear").argmax(1)
     grid = (int(feats[0].shape[-2]), int(feats[0].shape[-1]))
     iou = iou_per_class(pred, yt, k)
-    return DenseProbeResult(iou, tuple(class_names), loss.item(), sum(chans), grid)
+    return DenseProbeResult(iou, tuple(class_names), loss.item(), sum(chans), grid, pred)
