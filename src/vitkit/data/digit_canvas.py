@@ -16,6 +16,7 @@ depend only on (split, n, seed, cells, jitter, threshold) and the MNIST source.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -30,7 +31,7 @@ STROKE_THRESHOLD = 128  # on 0..255: a pixel at least this bright is its digit's
 
 
 def make_digit_canvases(
-    split: str,
+    split: Literal["train", "test"],
     n: int,
     seed: int = 0,
     cells: int = 2,
@@ -49,7 +50,7 @@ def make_digit_canvases(
         raise VitkitError(f"digit canvases: jitter must be 0..{CELL // 2} px, not {jitter}")
     if not 1 <= threshold <= 255:
         raise VitkitError(f"digit canvases: threshold must be 1..255, not {threshold}")
-    mnist = load_mnist(split, root)  # type: ignore[arg-type]
+    mnist = load_mnist(split, root)
     if mnist.images.shape[-2:] != (CELL, CELL):
         raise VitkitError(
             f"digit canvases: MNIST images are {tuple(mnist.images.shape[-2:])} px, not 28 x 28"
