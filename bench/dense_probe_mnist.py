@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict:
         raw, masks = make_digit_canvases(split, n, seed=seed, root=args.mnist_root)
         return raw, normalize(raw, pre.mean, pre.std, pre.rescale_factor), masks
 
-    raw_t, x, y = prepare("train", args.train, args.seed)
+    _, x, y = prepare("train", args.train, args.seed)
     raw_e, xe, ye = prepare("test", args.test, args.seed + 1)
     sources = feature_sources(model, tile, patch[0], args.indices, args.seed)
     results: dict = {head: {} for head in args.heads}

@@ -159,3 +159,7 @@ def test_bench_runs_end_to_end_and_pixels_beat_the_floor(tmp_path: Path) -> None
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="unknown colour"):
         _bench().main([str(tmp_path / "run"), "--sources", "pixels,colour"])
+    # a model that does not read 28 px grey digits is refused in one line, before any work
+    vitkit.save_checkpoint(tmp_path / "rgb", vitkit.create_model("Ti/4", **{**TINY, "in_chans": 3}))
+    with pytest.raises(SystemExit, match=r"rgb: a model of 28 x 28 grey digits .* 3 channel"):
+        _bench().main([str(tmp_path / "rgb"), "--mnist-root", str(tmp_path / "nowhere")])
