@@ -143,7 +143,8 @@ def test_features_only_from_create_model_and_load(tmp_path):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
     info = loaded.feature_info
     assert info.channels() == [32, 32] and info.reduction() == [8, 8]
-    assert info.module_name() == ["blocks.1", "blocks.2"] and len(info) == 2
+    assert info.module_name() == ["blocks.1", "blocks.2"] and info.out_indices == (1, 2)
+    assert len(info) == 3 and info[0]["module"] == "blocks.0"  # timm's: every block
     made = vitkit.create_model("Ti/16", **TINY, features_only=True)  # timm's default: last 3
     assert made.out_indices == [0, 1, 2] and made.model.head is None
     assert isinstance(made.model.norm, torch.nn.Identity)  # unused without feature_norm

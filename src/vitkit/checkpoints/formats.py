@@ -31,7 +31,7 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -560,6 +560,8 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     model = build_model(ckpt.model_config)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
+    if hasattr(model, "preprocess_config"):  # timm's pretrained_cfg reads it
+        cast(Any, model).preprocess_config = ckpt.preprocess
     if options is not None:
         hf_backbone.features_options(ckpt.meta, options, str(ckpt.path))
         model = features_model(model, options)

@@ -77,11 +77,12 @@ from vitkit.models.posemb_resample import Resample, resample_pos_embed
 from vitkit.models.relpos import attention_biases, make_rel_pos
 from vitkit.models.rope import RotaryEmbedding, rotate
 from vitkit.models.sdpa_backend import sdpa_backend
+from vitkit.models.timm_api import TimmModel, TimmPatchEmbed
 from vitkit.models.weight_init import init_weights
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, ViTConfig, model_config
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(TimmPatchEmbed, nn.Module):
     """Split the image into P x P patches and project each linearly to D (the E of Eq. 1).
 
     A convolution with kernel = stride = P is exactly the flatten-then-linear of the paper.
@@ -248,17 +249,17 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0, index: int = 0) -> None:
         super().__init__()
+        scale = cfg.layer_scale_init  # (parameters in timm's order)
+        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
         self.norm1 = make_norm(cfg, cfg.width)
         self.attn = Attention(cfg, cfg.kv_heads[index] if cfg.kv_heads else None)
+        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
         self.norm2 = make_norm(cfg, cfg.width)
         self.post_norm = cfg.block == "post"
         self.mlp = Mlp(cfg)
+        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.drop_path_rate = drop_path_rate
-        scale = cfg.layer_scale_init
-        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
-        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
-        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
@@ -318,8 +319,9 @@ class WithAttentions:
     pool_attention: Tensor | None = None
 
 
-class VisionTransformer(nn.Module):
-    """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes]."""
+class VisionTransformer(TimmModel, nn.Module):
+    """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes].
+    (timm's attributes and methods: :mod:`vitkit.models.timm_api`.)"""
 
     pre_logits: nn.Sequential | nn.Identity  # Linear + Tanh with representation_size, else none
     pos_embed: nn.Parameter | None  # E_pos; None with abs_pos_embed=False (DINOv3, RoPE-ViT)
@@ -343,6 +345,7 @@ class VisionTransformer(nn.Module):
         self.norm_pre = make_norm(cfg, d) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(make_block(cfg, i, r) for i, r in enumerate(rates))
+        self.feature_info = features.block_feature_info(cfg)  # timm's: every block
         # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
         final = cfg.final_norm and not cfg.fc_norm
         self.norm = make_norm(cfg, d) if final else nn.Identity()
@@ -420,7 +423,7 @@ class VisionTransformer(nn.Module):
         need (the model's own if None)."""
         ropes, biases = self.rope_for(grid), self.attention_biases(tokens, grid)
         for block, rope, bias in zip(self.blocks, ropes, biases):
-            tokens = block(tokens) if rope is None and bias is None else block(tokens, rope, bias)
+            tokens = features.run_block(self, block, tokens, rope, bias)
         return self.norm(tokens)
 
     def attention_biases(self, tokens: Tensor, grid: tuple[int, int] | None) -> list[Tensor | None]:
@@ -495,23 +498,22 @@ class VisionTransformer(nn.Module):
         stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Any:
         """timm's ``forward_intermediates``: chosen blocks' features as maps or token lists
         (:func:`vitkit.models.features.forward_intermediates`)."""
         return features.forward_intermediates(
-            self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
-        )
+            self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
+            intermediates_only, output_dict, attn_mask, is_causal,
+        )  # fmt: skip
 
     def prune_intermediate_layers(
         self, indices: features.Indices = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
         """timm's: drop the blocks after ``indices`` (:mod:`vitkit.models.features`)."""
         return features.prune_intermediate_layers(self, indices, prune_norm, prune_head)
-
-    @property
-    def feature_info(self) -> list[dict[str, Any]]:
-        """timm's per-block ``{"num_chs", "reduction", "module"}`` (``blocks.i``)."""
-        return features.block_feature_info(self)
 
     def forward_with_attentions(self, x: Tensor) -> WithAttentions:
         """Every hidden state and attention map, through the explicit-softmax attention."""
