@@ -129,7 +129,9 @@ def user_script(timm, model: nn.Module, features_only) -> dict:
     seen["train"] = {
         "loss": loss.detach(),
         "block0_calls": len(calls),  # 2: the forward, then its recomputation in backward
-        "weights": {n: p.detach().clone() for n, p in model.named_parameters()},
+        # by name: a block's LayerScale parameters come after its MLP's in vitkit (timm: after
+        # each branch); a saved run's optimizer state is positional, so the order stays
+        "weights": dict(sorted((n, p.detach().clone()) for n, p in model.named_parameters())),
     }
 
     # head surgery

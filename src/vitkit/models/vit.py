@@ -249,17 +249,17 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0, index: int = 0) -> None:
         super().__init__()
-        scale = cfg.layer_scale_init  # (parameters in timm's order)
-        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
         self.norm1 = make_norm(cfg, cfg.width)
         self.attn = Attention(cfg, cfg.kv_heads[index] if cfg.kv_heads else None)
-        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
         self.norm2 = make_norm(cfg, cfg.width)
         self.post_norm = cfg.block == "post"
         self.mlp = Mlp(cfg)
-        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.drop_path_rate = drop_path_rate
+        scale = cfg.layer_scale_init
+        self.ls1 = LayerScale(cfg.width, scale) if scale is not None else nn.Identity()
+        mlp_scale = scale if cfg.layer_scale_mlp else None  # (Sapiens2: attention only)
+        self.ls2 = LayerScale(cfg.width, mlp_scale) if mlp_scale is not None else nn.Identity()
 
     def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
         return x + drop_path(branch, self.drop_path_rate, self.training)
