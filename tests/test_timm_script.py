@@ -73,6 +73,7 @@ def user_script(timm, model: nn.Module, features_only) -> dict:
         )
         soft = torch.randn(1, 2, t, t, generator=g, dtype=torch.float64)
         seen["float_mask"] = model.forward_intermediates(x, 1, attn_mask=soft, stop_early=True)
+        seen["causal"] = model.forward_intermediates(x, [0, 2], is_causal=True)
         seen["dino"] = model.get_intermediate_layers(x, n=2, reshape=True)
 
         # ViTDet's simple feature pyramid from the last block's map: strides r/2, r, 2r
@@ -217,3 +218,33 @@ def test_a_difference_is_caught(timm, tmp_path):
         assert_same({"fi": [1, 2]}, {"fi": [1, 2, 3]})
     with pytest.raises(AssertionError, match="list vs timm's tuple"):
         assert_same([1, 3], (1, 3))
+
+
+def test_feature_info_is_timms(timm):
+    """vitkit's FeatureInfo answers every call as timm's on the same list: an int, negative
+    and listed out_indices, keys= and idx= (int, list, tuple), from_other, the 'index' added
+    to the given dicts; a list that is not a feature list is refused."""
+    from timm.models._features import FeatureInfo as TimmInfo
+
+    from vitkit.models.features import FeatureInfo
+
+    def info():
+        return [{"module": f"blocks.{i}", "num_chs": 8 * (i + 1), "reduction": 4 * 2 ** (i // 2)}
+                for i in range(5)]  # fmt: skip
+
+    def calls(fi):
+        return {
+            "out": fi.out_indices, "len": len(fi), "items": (fi[1], fi[-1], fi[1:3]),
+            "get": (fi.get("num_chs"), fi.get("module", 2), fi.get("reduction", [4, 0])),
+            "dicts": (fi.get_dicts(), fi.get_dicts(keys=["index"]), fi.get_dicts(idx=3),
+                      fi.get_dicts(keys=("num_chs",), idx=(0, 1))),
+            "acc": (fi.channels(), fi.reduction(1), fi.module_name([2, 3])),
+            "other": (fi.from_other(1).channels(), fi.from_other([0, -1]).out_indices),
+        }  # fmt: skip
+
+    for out in (2, (0, 3), [1, -1], (-2,)):
+        mine, theirs = info(), info()
+        assert_same(calls(FeatureInfo(mine, out)), calls(TimmInfo(theirs, out)))
+        assert_same(mine, theirs)  # ('index' added to the caller's dicts, as timm does)
+    with pytest.raises(vitkit.VitkitError, match="must not shrink"):
+        FeatureInfo(info()[::-1], 1)

@@ -16,7 +16,8 @@ timm's arguments and outputs exactly (timm's ``vision_transformer.py`` / ``eva.p
   the head) away; the features of the kept blocks do not change.
 - :class:`FeaturesModel` (``vitkit.create_model(..., features_only=True, out_indices=...)`` and
   ``vitkit.load(..., features_only=True)``): a pruned model whose ``forward`` returns the list
-  of maps, with :class:`FeatureInfo` (channels, reduction, module name per output).
+  of maps, with timm's :class:`FeatureInfo` (every block described, ``out_indices`` choosing
+  the outputs).
 
 The attention-returning pass the analysis tools use is
 :meth:`~vitkit.models.vit.VisionTransformer.forward_with_attentions`, a different call.

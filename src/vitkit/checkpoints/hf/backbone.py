@@ -12,10 +12,18 @@ transformers' ``feature_maps`` (:class:`vitkit.models.features.FeaturesModel`), 
 checkpoint as ``hf`` writes the backbone class again (:func:`as_backbone` marks any Dinov2 or
 DINOv3 checkpoint so).
 
-Two of transformers' behaviours, kept: ``DINOv3ViTBackbone`` always norms the last stage (so
-``norm_last``), and ``Dinov2Backbone``'s token lists (``reshape_hidden_states=False``) keep the
-class token, which vitkit's feature API returns apart: such a folder is refused for
-``features_only`` (its weights still load), as is the ``stem`` stage (the embeddings are not a
+``vitkit.load(folder, backbone=True)`` gives transformers' own output instead
+(:class:`vitkit.models.hf_backbone.HFBackbone`: ``.feature_maps``, ``.channels``, stage
+numbering), for a backbone folder with its settings or for any ViT checkpoint with the class of
+its layout. ``out_indices`` given with ``features_only`` are block numbers: on a backbone folder,
+where its stage numbering would mean other blocks, that is said in one line, and the folder's
+``apply_layernorm`` stays.
+
+Two of transformers' behaviours, kept for ``features_only``: ``DINOv3ViTBackbone`` always
+norms the last stage (so ``norm_last``), and ``Dinov2Backbone``'s token lists
+(``reshape_hidden_states=False``) keep the class token, which vitkit's feature API returns
+apart: such a folder is refused for ``features_only`` unless out_indices are given (its weights
+still load; ``backbone=True`` gives them), as is the ``stem`` stage (the embeddings are not a
 block's output).
 """
 
