@@ -74,12 +74,11 @@ def stage_choice(
         not isinstance(out_features, list) or any(f not in names for f in out_features)
     ):
         raise VitkitError(f"out_features must be a list of {names}, got {out_features!r}")
-    if out_indices is None and out_features is None:
-        out_indices, out_features = [depth], [names[-1]]
+    if out_features is None:
+        out_indices = [depth] if out_indices is None else out_indices
+        out_features = [names[i] for i in out_indices]
     elif out_indices is None:
         out_indices = [names.index(f) for f in out_features]
-    elif out_features is None:
-        out_features = [names[i] for i in out_indices]
     elif out_features != [names[i] for i in out_indices]:
         raise VitkitError(f"out_features {out_features} and out_indices {out_indices} differ")
     stages = [names.index(f) for f in out_features]
