@@ -102,6 +102,8 @@ def test_chosen_stages_are_transformers(tmp_path):
         _same_outputs(got, want, torch.randn(1, 3, 32, 32))
     with pytest.raises(VitkitError, match="stage order"):
         vitkit.load(folder, backbone=True, out_indices=[2, 1])
+    with pytest.raises(VitkitError, match="choose one"):
+        vitkit.load(folder, backbone=True, features_only=True)
     with pytest.raises(VitkitError, match="need backbone=True"):
         vitkit.load(folder, apply_layernorm=False)
 

@@ -101,6 +101,7 @@ def user_script(timm, model: nn.Module, features_only) -> dict:
         "net_out_indices": backbone.out_indices,
         "fmt": (str(backbone.output_fmt), backbone.output_fmt == "NCHW"),
         "blocks": len(backbone.model.blocks),
+        "data_config": timm.data.resolve_model_data_config(backbone),
     }
     with torch.no_grad():
         seen["fi"]["maps"] = backbone(x)

@@ -366,6 +366,15 @@ class FeaturesModel(nn.Module):
         if norm:  # (timm: a copy, in case the norm changes the channels)
             self.feature_info = self.feature_info.from_other(self.out_indices)
 
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """The model's (timm's features-only models carry it too)."""
+        return dict(self.model.pretrained_cfg)
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        return self.pretrained_cfg
+
     def forward(self, x: Tensor) -> list[Tensor]:
         out: list[Tensor] = forward_intermediates(
             self.model,

@@ -122,8 +122,9 @@ def features_options(meta: dict[str, Any], options: dict[str, Any], source: str)
     else:
         _say_numbering(b, options["out_indices"], source)
     options.setdefault("feature_norm", b["norm"])
-    options.setdefault("output_fmt", b["output_fmt"])
     options.setdefault("norm_last", b["norm_last"])
+    if b["class"] in DINOV3 or b["reshape_hidden_states"]:  # (Dinov2's token lists keep the
+        options.setdefault("output_fmt", b["output_fmt"])  # class token: not the API's NLC)
 
 
 def _say_numbering(b: dict[str, Any], chosen: Any, source: str) -> None:
