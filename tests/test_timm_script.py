@@ -23,13 +23,14 @@ ARGS = dict(
     num_classes=10,
     dynamic_img_size=True,
 )  # (vitkit runs any multiple of the patch: timm so)
-MODELS = {
-    "vit_tiny_patch16_224": {},  # the paper's ViT: class token, E_pos over it
-    "vit_small_patch14_reg4_dinov2": dict(mlp_ratio=2),  # registers, E_pos on patches only
+MODELS = {  # the timm arguments, and the pooling the script's head surgery asks for
+    "vit_tiny_patch16_224": ({}, "avg"),  # the paper's ViT: class token, E_pos over it
+    "vit_small_patch14_reg4_dinov2": (dict(mlp_ratio=2), "avg"),  # registers, E_pos on patches
+    "deit_tiny_distilled_patch16_224": ({}, "token"),  # two prefix tokens, two heads
 }
 
 
-def user_script(timm, model: nn.Module, features_only) -> dict:
+def user_script(timm, model: nn.Module, features_only, pool: str = "avg") -> dict:
     """What a dense / training codebase written for timm does with a ViT; returns what it saw.
     ``features_only(out_indices)`` is the codebase's features-only build call."""
     seen: dict = {}
@@ -46,7 +47,10 @@ def user_script(timm, model: nn.Module, features_only) -> dict:
     seen["data_config"] = timm.data.resolve_model_data_config(model)
     seen["no_weight_decay"] = model.no_weight_decay()
     seen["group_matcher"] = model.group_matcher()
-    seen["classifier"] = type(model.get_classifier()).__name__
+    heads = model.get_classifier()
+    seen["classifier"] = [
+        type(h).__name__ for h in (heads if isinstance(heads, tuple) else [heads])
+    ]
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 32, 48, generator=g, dtype=torch.float64)
@@ -139,8 +143,10 @@ def user_script(timm, model: nn.Module, features_only) -> dict:
     # head surgery
     torch.manual_seed(2)
     model.reset_classifier(5)
-    seen["new_head"] = (model.num_classes, model.get_classifier().weight.detach().clone())
-    model.reset_classifier(0, "avg")
+    heads = model.get_classifier()
+    heads = heads if isinstance(heads, tuple) else (heads,)
+    seen["new_head"] = (model.num_classes, [h.weight.detach().clone() for h in heads])
+    model.reset_classifier(0, pool)
     model.eval()
     with torch.no_grad():
         seen["headless"] = (model.global_pool, model.num_classes, model(x))
@@ -176,7 +182,7 @@ def _built(timm, name, tmp_path):
     """timm's model (random weights) and its saved folder: timm's build line and vitkit's."""
     from timm.models._hub import save_for_hf
 
-    kw = {**ARGS, **MODELS[name], "pretrained_cfg_overlay": {"input_size": (3, 32, 32)}}
+    kw = {**ARGS, **MODELS[name][0], "pretrained_cfg_overlay": {"input_size": (3, 32, 32)}}
     torch.manual_seed(0)
     ref = perturbed(timm.create_model(name, **kw))
     save_for_hf(ref, str(tmp_path / "m"), safe_serialization=True)
@@ -193,11 +199,13 @@ def _built(timm, name, tmp_path):
 @pytest.mark.parametrize("name", MODELS)
 def test_the_same_script_sees_the_same(timm, tmp_path, name):
     ref, timm_features, folder = _built(timm, name, tmp_path)
-    want = user_script(timm, ref, timm_features)
+    pool = MODELS[name][1]
+    want = user_script(timm, ref, timm_features, pool)
     got = user_script(  # vitkit's build line: the folder timm saved
         timm,
         vitkit.load(folder),
         lambda oi: vitkit.load(folder, features_only=True, out_indices=oi),
+        pool,
     )
     assert got["train"]["block0_calls"] == 2
     assert_same(got, want)

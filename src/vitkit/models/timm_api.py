@@ -10,8 +10,9 @@ training code written for timm reads, with timm's values (``timm/models/vision_t
   preprocessing as timm's dict: the checkpoint's where the model was loaded).
 - Training: ``set_grad_checkpointing`` (each block under ``torch.utils.checkpoint`` while
   gradients flow), ``no_weight_decay`` and ``group_matcher`` (the names timm's optimizer
-  factory and layer-wise decay read; vitkit's parameter names are timm's), ``get_classifier``
-  and ``reset_classifier``.
+  factory and layer-wise decay read; vitkit's parameter names are timm's ``VisionTransformer``'s,
+  and its values are that class's, DeiT's for a distilled model), ``get_classifier`` and
+  ``reset_classifier`` (a distilled model's two heads, as timm's DeiT).
 - Dense: ``get_intermediate_layers`` (DINO's call, through ``forward_intermediates``), and on the
   patch embedding ``img_size``, ``num_patches``, ``feat_ratio()``, ``dynamic_feat_size()``.
 
@@ -167,19 +168,30 @@ class TimmModel:
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's parameter groups for layer-wise learning-rate decay: the embedding (``stem``),
         then one group per block and the final norm after them; the rest (pooling, head) last."""
-        stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre"  # timm's ViT's
-        stem += "|dist_token" if self.cfg.dist_token else ""  # (as timm's DeiT)
+        if self.cfg.dist_token:  # timm's DeiT's
+            stem = r"^cls_token|pos_embed|patch_embed|dist_token"
+        else:  # timm's ViT's
+            stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre"
         stem += "|shared_rel_pos" if self.cfg.rel_pos_shared else ""  # (BEiT's rel_pos_bias)
         return {"stem": stem, "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
 
-    def get_classifier(self) -> nn.Module:
-        return self.head if self.head is not None else nn.Identity()
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The head (an identity without one); a distilled model's two, as timm's DeiT."""
+        head = self.head if self.head is not None else nn.Identity()
+        if self.cfg.dist_token:
+            return head, self.head_dist if self.head_dist is not None else nn.Identity()
+        return head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new head for ``num_classes`` (0: none), initialised as timm's (PyTorch's Linear),
         optionally with another pooling (timm's names; ``"map"`` only where the model has
         its MAP head)."""
         changes: dict[str, Any] = {"num_classes": num_classes}
+        if self.cfg.dist_token and global_pool not in (None, "token"):
+            raise VitkitError(
+                f"global_pool {global_pool!r}: a distilled model's heads read the class and "
+                "distillation tokens (global_pool='token' or None)"
+            )
         if global_pool is not None:
             if global_pool not in VITKIT_POOL:
                 raise VitkitError(
