@@ -119,7 +119,7 @@ def test_any_vit_checkpoint_as_a_backbone(tmp_path):
     assert ours.out_features == ["stage3"] and ours.channels == [32]
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
-        (got,) = ours(x).feature_maps
+        (got,) = ours(pixel_values=x).feature_maps
         want = model.forward_intermediates(x, [-1], norm=True, intermediates_only=True)[0]
     assert torch.allclose(got, want, atol=1e-6)
 

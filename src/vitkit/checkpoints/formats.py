@@ -574,5 +574,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
 
 
 def load(path: str | Path, **overrides: Any) -> nn.Module:
-    """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode."""
+    """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode
+    (``features_only=True``: timm's features-only model; ``backbone=True``: transformers'
+    backbone; see :func:`load_model`)."""
     return load_model(path, **overrides)[0]
