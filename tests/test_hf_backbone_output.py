@@ -58,8 +58,11 @@ def _same_outputs(ours, ref, x):
     for a, b in zip(plain_got[0], plain_want.feature_maps):
         _close(a, b)
     assert type(tuple_got) is tuple and len(tuple_got) == len(tuple_want)
-    if getattr(want, "last_hidden_state", None) is not None:
-        _close(got.last_hidden_state, want.last_hidden_state)
+    for g, w in ((got, want), (plain_got, plain_want)):  # (DINOv3's: always)
+        if getattr(w, "last_hidden_state", None) is None:
+            assert g.last_hidden_state is None
+        else:
+            _close(g.last_hidden_state, w.last_hidden_state)
 
 
 def _same_attributes(ours, ref):
@@ -79,6 +82,7 @@ CASES = [
     ("DINOv3ViTBackbone", dict(out_indices=[1, 3], num_register_tokens=2)),
     ("DINOv3ViTBackbone", dict(out_indices=[0, 2, 3], apply_layernorm=False)),  # last normed
     ("DINOv3ViTBackbone", dict(out_indices=[1], reshape_hidden_states=False)),
+    ("DINOv3ViTBackbone", dict(out_indices=[2, -1], return_class_token=True)),  # cls_tokens
 ]
 
 

@@ -163,6 +163,7 @@ class HFBackbone(nn.Module):
         ropes, biases = model.rope_for(grid), model.attention_biases(x, grid)
         stages = [self.stage_names.index(f) for f in self.out_features]
         depth = len(model.blocks)
+        dinov3 = self.cls_name in DINOV3_CLASSES
         last = depth if want_hidden or output_attentions else max(stages)
         hidden, attentions = [x], []
         for block, rope, bias in list(zip(model.blocks, ropes, biases))[:last]:
@@ -173,7 +174,6 @@ class HFBackbone(nn.Module):
             else:
                 x = features.run_block(model, block, x, rope, bias)
             hidden.append(x)
-        dinov3 = self.cls_name in DINOV3_CLASSES
         prefix = model.cfg.num_prefix_tokens
         maps, cls_tokens, final = [], [], None
         for i in stages:
@@ -187,7 +187,7 @@ class HFBackbone(nn.Module):
             elif dinov3:
                 h = h[:, prefix:]
             maps.append(h)
-        if dinov3 and len(hidden) == depth + 1:
+        if dinov3 and want_hidden:  # (transformers' output keeps it only then)
             final = model.norm(hidden[-1])
         out = BackboneOutput(
             feature_maps=tuple(maps),
