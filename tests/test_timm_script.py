@@ -78,6 +78,7 @@ def user_script(timm, model: nn.Module, features_only, pool: str = "avg") -> dic
         soft = torch.randn(1, 2, t, t, generator=g, dtype=torch.float64)
         seen["float_mask"] = model.forward_intermediates(x, 1, attn_mask=soft, stop_early=True)
         seen["causal"] = model.forward_intermediates(x, [0, 2], is_causal=True)
+        seen["masked_forward"] = (model(x, attn_mask=keep), model.forward_features(x, soft))
         seen["dino"] = model.get_intermediate_layers(x, n=2, reshape=True)
 
         # ViTDet's simple feature pyramid from the last block's map: strides r/2, r, 2r

@@ -438,8 +438,16 @@ class VisionTransformer(TimmModel, nn.Module):
             )
         return attention_biases(self.blocks, self.shared_rel_pos, grid)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
+    def forward_features(
+        self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+    ) -> Tensor:
+        """Pixels → final-normalised tokens [B, T, D] (class token first when there is one).
+        ``attn_mask`` / ``is_causal``: timm's masked attention (``forward_intermediates``')."""
+        if attn_mask is not None or is_causal:
+            masked = features.forward_intermediates(
+                self, x, 1, attn_mask=attn_mask, is_causal=is_causal
+            )
+            return cast(Tensor, masked[0])
         return self.encode(self.embed(x), self.patch_embed.grid_for((x.shape[-2], x.shape[-1])))
 
     def pool(self, tokens: Tensor) -> Tensor:
@@ -474,12 +482,19 @@ class VisionTransformer(TimmModel, nn.Module):
             return x
         return self.head(x)
 
-    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor | dict[str, Tensor],
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         """Pixels [B, C, H, W], or a NaFlex batch dict (``patches``, ``patch_coord``,
         ``patch_valid``: :func:`vitkit.models.naflex_packing.pack`) for a NaFlex model."""
-        if isinstance(x, dict):
+        if isinstance(x, dict) and attn_mask is None and not is_causal:
             return naflex.forward(self, x)
-        return self.forward_head(self.forward_features(x))
+        if isinstance(x, dict):
+            raise VitkitError("a NaFlex batch carries its own mask: no attn_mask / is_causal")
+        return self.forward_head(self.forward_features(x, attn_mask, is_causal))
 
     def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """DeiT's training outputs: the class head's and the distillation head's logits, each
