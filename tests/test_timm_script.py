@@ -141,6 +141,15 @@ def user_script(timm, model: nn.Module, features_only, pool: str = "avg") -> dic
         "weights": dict(sorted((n, p.detach().clone()) for n, p in model.named_parameters())),
     }
 
+    # a new input size, then the forward at it
+    model.eval()
+    model.set_input_size(img_size=(48, 64))
+    pe = model.patch_embed
+    with torch.no_grad():
+        z = torch.randn(1, 3, 48, 64, generator=g, dtype=torch.float64)
+        seen["resized"] = (pe.img_size, pe.grid_size, pe.num_patches, model.pos_embed, model(z))
+    seen["resized_data_config"] = timm.data.resolve_model_data_config(model)
+
     # head surgery
     torch.manual_seed(2)
     model.reset_classifier(5)
@@ -258,3 +267,25 @@ def test_feature_info_is_timms(timm):
         assert_same(mine, theirs)  # ('index' added to the caller's dicts, as timm does)
     with pytest.raises(vitkit.VitkitError, match="must not shrink"):
         FeatureInfo(info()[::-1], 1)
+
+
+def test_what_vitkit_does_not_do_is_refused():
+    """Where vitkit's model cannot answer as timm's, it says so instead of another answer."""
+    tiny = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64)
+    model = vitkit.create_model("Ti/16", **tiny, num_classes=3)
+    with pytest.raises(vitkit.VitkitError, match="patch kernel"):
+        model.set_input_size(img_size=32, patch_size=4)
+    with pytest.raises(vitkit.VitkitError, match="not a positive multiple"):
+        model.set_input_size(img_size=(30, 32))
+    with pytest.raises(vitkit.VitkitError, match="forward_features"):
+        model.reset_classifier(0, "")  # timm's unpooled head
+    with pytest.raises(vitkit.VitkitError, match="MAP head"):
+        model.reset_classifier(0, "map")
+    deit = vitkit.create_model("Ti/16", **tiny, num_classes=3, dist_token=True)
+    with pytest.raises(vitkit.VitkitError, match="distillation"):
+        deit.reset_classifier(5, "avg")
+    with pytest.raises(vitkit.VitkitError, match="17 x 17 tokens"):
+        model.forward_intermediates(torch.randn(1, 3, 32, 32), attn_mask=torch.ones(5, 5) > 0)
+    assert model.patch_embed.dynamic_feat_size((48, 64)) == (6, 8)
+    with pytest.raises(vitkit.VitkitError, match="multiple"):
+        model.patch_embed.dynamic_feat_size((50, 64))  # (timm's floors it, then fails)

@@ -75,6 +75,7 @@ class TimmModel:
     head: nn.Module | None
     head_dist: nn.Module | None
     attn_pool: Any  # the MAP head or None
+    pos_embed: Any  # E_pos (a Parameter) or None
     training: bool
     grad_checkpointing = False
     preprocess_config: PreprocessConfig | None = None  # the checkpoint's (set by vitkit.load)
@@ -138,7 +139,7 @@ class TimmModel:
         k = 255 * pre.rescale_factor  # timm has no rescale factor: folded into mean and std
         return {
             "architecture": None,
-            "input_size": (cfg.in_chans, *cfg.image_size),
+            "input_size": (cfg.in_chans, *pre.image_size),  # (set_input_size leaves it)
             "fixed_input_size": False,
             "interpolation": pre.interpolation,
             "crop_pct": pre.crop_pct,
@@ -214,6 +215,29 @@ class TimmModel:
             if head is not None:
                 head.train(self.training)
 
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None
+    ) -> None:
+        """timm's: the model's own input size becomes ``img_size``, E_pos resampled to its grid
+        once (with the kernel other sizes use). Another patch size (FlexiViT's kernel
+        resampling) is refused, as are models whose position terms have no one table (NaFlex,
+        a relative position bias)."""
+        cfg, pe = self.cfg, self.patch_embed  # type: ignore[attr-defined]
+        if patch_size is not None and tuple(_pair(patch_size)) != tuple(cfg.patch_size):
+            raise VitkitError("set_input_size: vitkit does not resample the patch kernel")
+        if cfg.naflex or cfg.rel_pos != "none":
+            raise VitkitError("set_input_size: NaFlex and relative-position models run any size")
+        if img_size is None:
+            return
+        size = _pair(img_size)
+        grid = pe.grid_for(size)
+        pos = self.pos_embed_for(grid)  # type: ignore[attr-defined]
+        if pos is not None:
+            old = self.pos_embed
+            self.pos_embed = nn.Parameter(pos.detach().clone(), requires_grad=old.requires_grad)
+        self.cfg = cfg.replace(image_size=size)
+        pe.image_size, pe.grid_size = size, grid
+
     def get_intermediate_layers(
         self,
         x: Tensor,
@@ -235,3 +259,7 @@ class TimmModel:
             intermediates_only=True,
             attn_mask=attn_mask,
         )
+
+
+def _pair(x: Any) -> tuple[int, int]:
+    return (int(x), int(x)) if isinstance(x, int) else (int(x[0]), int(x[1]))
