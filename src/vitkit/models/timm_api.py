@@ -12,13 +12,16 @@ training code written for timm reads, with timm's values (``timm/models/vision_t
   gradients flow), ``no_weight_decay`` and ``group_matcher`` (the names timm's optimizer
   factory and layer-wise decay read; vitkit's parameter names are timm's ``VisionTransformer``'s,
   and its values are that class's, DeiT's for a distilled model), ``get_classifier`` and
-  ``reset_classifier`` (a distilled model's two heads, as timm's DeiT).
+  ``reset_classifier`` (a distilled model's two heads, as timm's DeiT), ``set_input_size``
+  (E_pos resampled to another grid once).
 - Dense: ``get_intermediate_layers`` (DINO's call, through ``forward_intermediates``), and on the
   patch embedding ``img_size``, ``num_patches``, ``feat_ratio()``, ``dynamic_feat_size()``.
 
 Where vitkit differs, it says so: any multiple of the patch size is a valid input
 (``dynamic_img_size`` is True, ``patch_embed.strict_img_size`` False), and a pooling vitkit has no
-head for (timm's ``""``: no pooling) is refused by ``reset_classifier``.
+head for (timm's ``""``: no pooling) is refused by ``reset_classifier``, another patch size
+by ``set_input_size``. A block's LayerScale parameters come after its MLP's in
+``named_parameters()`` (timm's: after each branch; a saved run's optimizer state is positional).
 """
 
 from __future__ import annotations
