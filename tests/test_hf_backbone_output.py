@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from references import import_reference, perturbed
@@ -142,6 +143,8 @@ def test_stage_numbers_given_to_features_only_are_said(tmp_path):
     with torch.no_grad():
         for a, b in zip(got(x), want(x).feature_maps):  # normed, as the folder says
             _close(a, b)
+    with pytest.warns(AssumptionWarning, match=r"would be blocks \[1, the embeddings\]"):
+        vitkit.load(folder, features_only=True, out_indices=np.array([2, 0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error", AssumptionWarning)
         vitkit.load(folder, features_only=True, out_indices=[-2, -1], mean=(0.5,) * 3,

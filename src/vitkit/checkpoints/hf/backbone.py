@@ -30,6 +30,7 @@ block's output).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import warnings
 from typing import Any
 
@@ -130,13 +131,17 @@ def features_options(meta: dict[str, Any], options: dict[str, Any], source: str)
 def _say_numbering(b: dict[str, Any], chosen: Any, source: str) -> None:
     """One line where ``chosen`` read as transformers' stages would be other blocks (an int
     counts blocks from the end, and negative numbers name the same blocks in both)."""
-    if isinstance(chosen, int) or not isinstance(chosen, (list, tuple)):
+    if isinstance(chosen, (int, str)) or not hasattr(chosen, "__iter__"):
         return
-    if all(isinstance(i, int) and i < 0 for i in chosen):
+    try:  # (NumPy arrays and integers too; what is not indices, take_indices refuses)
+        given = [operator.index(i) for i in chosen]
+    except TypeError:
         return
-    as_stages = ["the embeddings" if i == 0 else str(i - 1 if i > 0 else i) for i in chosen]
+    if all(i < 0 for i in given):
+        return
+    as_stages = ["the embeddings" if i == 0 else str(i - 1 if i > 0 else i) for i in given]
     warnings.warn(
-        f"{source}: out_indices={list(chosen)} are block numbers here (timm's); read as "
+        f"{source}: out_indices={given} are block numbers here (timm's); read as "
         f"{b['class']}'s stages (0: the embeddings) they would be blocks "
         f"[{', '.join(as_stages)}]: pass those, or load with backbone=True for transformers' "
         "numbering and outputs",
