@@ -127,6 +127,10 @@ def test_any_vit_checkpoint_as_a_backbone(tmp_path):
         (got,) = ours(pixel_values=x).feature_maps
         want = model.forward_intermediates(x, [-1], norm=True, intermediates_only=True)[0]
     assert torch.allclose(got, want, atol=1e-6)
+    for wrapper in (ours, vitkit.load(tmp_path / "vit", features_only=True)):
+        with pytest.raises(VitkitError, match=r"save the model it wraps \(\.model\)"):
+            vitkit.save_checkpoint(tmp_path / "out", wrapper)
+    assert not (tmp_path / "out").exists()
 
 
 def test_stage_numbers_given_to_features_only_are_said(tmp_path):
