@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from references import import_reference, load_bench, perturbed
@@ -86,9 +87,12 @@ def _folder(ref, tmp_path):
 def test_take_indices_is_timms(timm):
     from timm.models._features import feature_take_indices
 
-    for indices in (None, 1, 3, [0], [-1], [2, 0], (0, -1, 1)):
+    for indices in (None, 1, 3, [0], [-1], [2, 0], (0, -1, 1), np.array([0, -1]),
+                    [np.int64(2), np.int32(0)], torch.tensor([1, 2])):  # fmt: skip
         assert take_indices(3, indices) == feature_take_indices(3, indices)
-    for bad in (0, 4, [3], [-4], [], [0.5], True):
+    assert take_indices(3, np.int64(2)) == ([1, 2], 2)  # (timm's fails on a NumPy int alone)
+    assert all(type(i) is int for i in take_indices(3, np.array([0, 2]))[0])
+    for bad in (0, 4, [3], [-4], [], [0.5], True, [True], np.array([0.5]), "1", [[0]]):
         with pytest.raises(VitkitError):
             take_indices(3, bad)
 
@@ -143,7 +147,8 @@ def test_features_only_from_create_model_and_load(tmp_path):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
     info = loaded.feature_info
     assert info.channels() == [32, 32] and info.reduction() == [8, 8]
-    assert info.module_name() == ["blocks.1", "blocks.2"] and len(info) == 2
+    assert info.module_name() == ["blocks.1", "blocks.2"] and info.out_indices == (1, 2)
+    assert len(info) == 3 and info[0]["module"] == "blocks.0"  # timm's: every block
     made = vitkit.create_model("Ti/16", **TINY, features_only=True)  # timm's default: last 3
     assert made.out_indices == [0, 1, 2] and made.model.head is None
     assert isinstance(made.model.norm, torch.nn.Identity)  # unused without feature_norm

@@ -31,7 +31,7 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -538,12 +538,15 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     :func:`read_checkpoint`; they change the weights), ``format``, ``num_heads``, ``grid``
     (reading hints), and any config field that does not change the weights (``dropout=0.1``).
     ``features_only=True`` (``out_indices``, ``output_fmt``, ``feature_norm``): timm's
-    features-only model of it (:class:`vitkit.models.features.FeaturesModel`). The model is in
-    eval mode.
+    features-only model of it (:class:`vitkit.models.features.FeaturesModel`); ``backbone=True``
+    (``out_indices`` / ``out_features`` in transformers' stages, ``apply_layernorm``,
+    ``reshape_hidden_states``): transformers' backbone output
+    (:class:`vitkit.models.hf_backbone.HFBackbone`). The model is in eval mode.
     """
     from vitkit.models.features import features_model, pop_features_options
     from vitkit.models.vit import build_model
 
+    backbone = hf_backbone.pop_backbone_options(overrides)  # transformers' backbone output
     options = pop_features_options(overrides)
 
     read_keys = (
@@ -560,12 +563,18 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     model = build_model(ckpt.model_config)
     source = str(ckpt.path / WEIGHTS if ckpt.format == "vitkit" else ckpt.path)
     load_state_dict_strict(model, ckpt.state_dict, source=source)
-    if options is not None:
+    if hasattr(model, "preprocess_config"):  # timm's pretrained_cfg reads it
+        cast(Any, model).preprocess_config = ckpt.preprocess
+    if backbone is not None:
+        model = hf_backbone.backbone_model(model, ckpt.meta, backbone)
+    elif options is not None:
         hf_backbone.features_options(ckpt.meta, options, str(ckpt.path))
         model = features_model(model, options)
     return model.eval(), ckpt
 
 
 def load(path: str | Path, **overrides: Any) -> nn.Module:
-    """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode."""
+    """``vitkit.load("ViT-B_16.npz", image_size=384, num_classes=10)``: the model, eval mode
+    (``features_only=True``: timm's features-only model; ``backbone=True``: transformers'
+    backbone; see :func:`load_model`)."""
     return load_model(path, **overrides)[0]

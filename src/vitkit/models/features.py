@@ -16,7 +16,8 @@ timm's arguments and outputs exactly (timm's ``vision_transformer.py`` / ``eva.p
   the head) away; the features of the kept blocks do not change.
 - :class:`FeaturesModel` (``vitkit.create_model(..., features_only=True, out_indices=...)`` and
   ``vitkit.load(..., features_only=True)``): a pruned model whose ``forward`` returns the list
-  of maps, with :class:`FeatureInfo` (channels, reduction, module name per output).
+  of maps, with timm's :class:`FeatureInfo` (every block described, ``out_indices`` choosing
+  the outputs).
 
 The attention-returning pass the analysis tools use is
 :meth:`~vitkit.models.vit.VisionTransformer.forward_with_attentions`, a different call.
@@ -24,10 +25,15 @@ The attention-returning pass the analysis tools use is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import operator
+from collections.abc import Iterable, Sequence
+from copy import deepcopy
+from enum import Enum
+from typing import Any, cast
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vitkit.errors import VitkitError
 from vitkit.models import naflex_packing as naflex
@@ -37,25 +43,41 @@ FEATURES_KEYS = ("features_only", "out_indices", "output_fmt", "feature_norm", "
 FORMATS = ("NCHW", "NLC")
 
 
+def _as_index(i: Any, where: Any) -> int:
+    """An int-like block index (Python's, NumPy's or a 0-d integer tensor) as an int."""
+    if isinstance(i, bool) or getattr(i, "ndim", 0) != 0:
+        raise VitkitError(f"block indices must be ints, got {i!r} in {where!r}")
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise VitkitError(f"block indices must be ints, got {i!r} in {where!r}") from None
+
+
 def take_indices(num_blocks: int, indices: Indices) -> tuple[list[int], int]:
     """timm's ``feature_take_indices``: the absolute block indices asked for and the largest.
-    None: every block; an int n: the last n; a list: those blocks (negative from the end)."""
+    None: every block; an int n: the last n; a list, tuple, NumPy array or tensor: those
+    blocks (negative from the end). NumPy integers count as ints."""
     if indices is None:
         indices = num_blocks
-    if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)):
+    if isinstance(indices, (bool, str, bytes)):
         raise VitkitError(f"indices must be an int, a list of ints or None, got {indices!r}")
-    if isinstance(indices, int):
-        if not 0 < indices <= num_blocks:
+    if getattr(indices, "ndim", 0) == 0 and not isinstance(indices, Sequence):
+        try:
+            n = operator.index(indices)
+        except TypeError:
             raise VitkitError(
-                f"indices={indices} asks for the last {indices} blocks of {num_blocks} "
+                f"indices must be an int, a list of ints or None, got {indices!r}"
+            ) from None
+        if not 0 < n <= num_blocks:
+            raise VitkitError(
+                f"indices={n} asks for the last {n} blocks of {num_blocks} "
                 f"(an int must be 1 to {num_blocks}; a list picks blocks)"
             )
-        taken = list(range(num_blocks - indices, num_blocks))
+        taken = list(range(num_blocks - n, num_blocks))
     else:
         taken = []
-        for i in indices:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise VitkitError(f"block indices must be ints, got {i!r} in {list(indices)}")
+        for i in cast(Iterable[Any], indices):
+            i = _as_index(i, indices)
             j = num_blocks + i if i < 0 else i
             if not 0 <= j < num_blocks:
                 raise VitkitError(
@@ -82,6 +104,9 @@ def forward_intermediates(
     stop_early: bool = False,
     output_fmt: str = "NCHW",
     intermediates_only: bool = False,
+    output_dict: bool = False,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
 ) -> Any:
     """timm's ``forward_intermediates`` on a vitkit ViT (see the module's docstring).
 
@@ -89,6 +114,11 @@ def forward_intermediates(
     ``final_tokens`` is ``forward_features``' [B, T, D]; each intermediate is [B, D, h, w]
     (NCHW) or [B, h*w, D] (NLC), or with ``return_prefix_tokens`` a pair (that, prefix
     [B, prefix tokens, D]) where the model has prefix tokens (as timm's VisionTransformer).
+    ``output_dict``: timm's dict instead, ``image_intermediates`` (the maps), with
+    ``return_prefix_tokens`` ``image_intermediates_prefix``, unless ``intermediates_only``
+    ``image_features``. ``attn_mask``: as ``scaled_dot_product_attention``'s (boolean: True
+    attends; float: added to the logits), broadcast to [B, heads, T, T]; ``is_causal``: each
+    token attends to itself and the tokens before it.
     A NaFlex batch dict (:func:`vitkit.models.naflex_packing.pack`) gives NLC only, padding
     tokens included (each image has its own grid: no one map shape).
     """
@@ -116,9 +146,12 @@ def forward_intermediates(
         grid = model.patch_embed.grid_for((x.shape[-2], x.shape[-1]))
         tokens = model.embed(x)
         ropes, biases = model.rope_for(grid), model.attention_biases(tokens, grid)
+    if attn_mask is not None or is_causal:
+        extra = logit_mask(attn_mask, is_causal, tokens)
+        biases = [extra if b is None else b + extra for b in biases]
     out = []
     for i, (block, rope, bias) in enumerate(zip(blocks, ropes, biases)):
-        tokens = block(tokens) if rope is None and bias is None else block(tokens, rope, bias)
+        tokens = run_block(model, block, tokens, rope, bias)
         if i in taken:
             out.append(model.norm(tokens) if norm else tokens)
     prefixes = [y[:, :prefix] for y in out]
@@ -126,10 +159,50 @@ def forward_intermediates(
     if grid is not None and output_fmt == "NCHW":
         b, h, w = tokens.shape[0], grid[0], grid[1]
         out = [y.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+    if output_dict:
+        named: dict[str, Any] = {"image_intermediates": out}
+        if return_prefix_tokens and prefix:
+            named["image_intermediates_prefix"] = prefixes
+        if not intermediates_only:
+            named["image_features"] = model.norm(tokens)
+        return named
     result: list[Any] = list(zip(out, prefixes)) if return_prefix_tokens and prefix else out
     if intermediates_only:
         return result
     return model.norm(tokens), result
+
+
+def logit_mask(attn_mask: Tensor | None, is_causal: bool, tokens: Tensor) -> Tensor:
+    """``scaled_dot_product_attention``'s ``attn_mask`` / ``is_causal`` as one additive term on
+    the attention logits: a boolean mask's False (and, causal, a later key) the most negative
+    number of ``tokens``' dtype, a float mask as it is."""
+    t, low = tokens.shape[1], torch.finfo(tokens.dtype).min
+    if attn_mask is None:
+        bias = tokens.new_zeros(t, t)
+    elif attn_mask.dtype == torch.bool:
+        bias = tokens.new_zeros(attn_mask.shape).masked_fill(~attn_mask, low)
+    else:
+        bias = attn_mask.to(tokens.dtype)
+    if bias.shape[-2:] != (t, t):
+        raise VitkitError(
+            f"attn_mask of shape {tuple(bias.shape)} does not end in the {t} x {t} tokens "
+            "(prefix tokens included)"
+        )
+    if is_causal:
+        later = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
+        bias = bias.masked_fill(later, low)
+    return bias
+
+
+def run_block(model: Any, block: nn.Module, x: Tensor, rope: Any, bias: Any) -> Tensor:
+    """One block on ``x``; under ``torch.utils.checkpoint`` where the model's
+    ``grad_checkpointing`` is set (timm's ``set_grad_checkpointing``) and gradients flow."""
+    args = () if rope is None and bias is None else (rope, bias)
+    if getattr(model, "grad_checkpointing", False) and torch.is_grad_enabled():
+        out: Tensor = checkpoint(block, x, *args, use_reentrant=False)
+        return out
+    out = block(x, *args)
+    return out
 
 
 def prune_intermediate_layers(
@@ -165,44 +238,95 @@ def reduction(cfg: Any) -> int:
     return int(max(cfg.patch_size)) * int(cfg.stem_stride)
 
 
-def block_feature_info(model: Any) -> list[dict[str, Any]]:
-    """timm's ``model.feature_info``: per block ``{"num_chs", "reduction", "module"}``."""
-    r = reduction(model.cfg)
+def block_feature_info(cfg: Any) -> list[dict[str, Any]]:
+    """timm's ``model.feature_info``: per block ``{"module", "num_chs", "reduction"}`` (the
+    model as built: pruning keeps the list whole, as timm's does)."""
+    r = reduction(cfg)
     return [
-        {"num_chs": model.cfg.width, "reduction": r, "module": f"blocks.{i}"}
-        for i in range(len(model.blocks))
+        {"module": f"blocks.{i}", "num_chs": cfg.width, "reduction": r} for i in range(cfg.depth)
     ]
 
 
+OutIndices = int | Sequence[int]
+Idx = int | Sequence[int] | None
+
+
+def _out_tuple(out_indices: OutIndices) -> tuple[int, ...]:
+    """timm's reading of ``out_indices``: an int n is the last n (negative), else a tuple."""
+    if isinstance(out_indices, bool):
+        raise VitkitError(f"out_indices must be an int or a list of ints, got {out_indices!r}")
+    if isinstance(out_indices, int):
+        return tuple(range(-out_indices, 0))
+    return tuple(out_indices)
+
+
 class FeatureInfo:
-    """The outputs of a :class:`FeaturesModel`, as timm's ``FeatureInfo``: ``channels()``,
-    ``reduction()``, ``module_name()`` (lists over the outputs, or one with ``idx``), ``info``
-    (the dicts), ``out_indices``."""
+    """timm's ``FeatureInfo``: ``info`` describes every feature the model can give (a ViT:
+    each block, ``{"module", "num_chs", "reduction", "index"}``), ``out_indices`` (a tuple)
+    the ones a features-only model returns.
 
-    def __init__(self, info: list[dict[str, Any]], out_indices: list[int]) -> None:
-        self.info = [dict(info[i]) for i in out_indices]
-        self.out_indices = list(out_indices)
+    ``channels()``, ``reduction()``, ``module_name()``, ``get(key)`` and ``get_dicts()`` give
+    the outputs' values in order; with ``idx`` an int (or a list of ints) they give those
+    entries of ``info`` instead, the outputs aside; ``fi[i]`` is ``info[i]`` and ``len(fi)``
+    ``len(info)``. The dicts are the ones given (``index`` added where absent), as timm's.
+    """
 
-    def get(self, key: str, idx: int | None = None) -> Any:
-        return [d[key] for d in self.info] if idx is None else self.info[idx][key]
+    def __init__(self, feature_info: list[dict[str, Any]], out_indices: OutIndices) -> None:
+        previous = 1
+        for i, d in enumerate(feature_info):
+            if not {"module", "num_chs", "reduction"} <= d.keys():
+                raise VitkitError(f"feature_info[{i}] needs module, num_chs and reduction: {d}")
+            if d["num_chs"] <= 0 or d["reduction"] < previous:
+                raise VitkitError(
+                    f"feature_info[{i}]: num_chs must be positive and reductions must not "
+                    f"shrink, got {d}"
+                )
+            previous = d["reduction"]
+            d.setdefault("index", i)
+        self.out_indices = _out_tuple(out_indices)
+        self.info = feature_info
 
-    def channels(self, idx: int | None = None) -> Any:
+    def from_other(self, out_indices: OutIndices) -> FeatureInfo:
+        """The same features (copied) with other outputs."""
+        return FeatureInfo(deepcopy(self.info), out_indices)
+
+    def _rows(self, idx: Idx) -> list[int]:
+        return list(self.out_indices if idx is None else idx)  # type: ignore[arg-type]
+
+    def get(self, key: str, idx: Idx = None) -> Any:
+        if idx is None or isinstance(idx, (list, tuple)):
+            return [self.info[i][key] for i in self._rows(idx)]
+        return self.info[idx][key]  # type: ignore[index]
+
+    def get_dicts(self, keys: Sequence[str] | None = None, idx: Idx = None) -> Any:
+        def pick(d: dict[str, Any]) -> dict[str, Any]:
+            return d if keys is None else {k: d[k] for k in keys}
+
+        if idx is None or isinstance(idx, (list, tuple)):
+            return [pick(self.info[i]) for i in self._rows(idx)]
+        return pick(self.info[idx])  # type: ignore[index]
+
+    def channels(self, idx: Idx = None) -> Any:
         return self.get("num_chs", idx)
 
-    def reduction(self, idx: int | None = None) -> Any:
+    def reduction(self, idx: Idx = None) -> Any:
         return self.get("reduction", idx)
 
-    def module_name(self, idx: int | None = None) -> Any:
+    def module_name(self, idx: Idx = None) -> Any:
         return self.get("module", idx)
 
-    def get_dicts(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self.info]
-
-    def __getitem__(self, idx: int) -> dict[str, Any]:
-        return self.info[idx]
+    def __getitem__(self, item: Any) -> Any:
+        return self.info[item]
 
     def __len__(self) -> int:
         return len(self.info)
+
+
+class Format(str, Enum):
+    """timm's ``Format``: a features-only model's ``output_fmt`` (equal to its string)."""
+
+    NCHW = "NCHW"
+    NLC = "NLC"
 
 
 class FeaturesModel(nn.Module):
@@ -233,8 +357,23 @@ class FeaturesModel(nn.Module):
         prune_norm = not (norm or self.norm_last)
         self.out_indices = prune_intermediate_layers(model, out_indices, prune_norm=prune_norm)
         self.model = model
-        self.output_fmt, self.norm = output_fmt, norm
-        self.feature_info = FeatureInfo(block_feature_info(model), self.out_indices)
+        self.output_fmt, self.norm = Format(output_fmt), norm
+        info = model.feature_info  # the model's list: every block as built (timm's)
+        if isinstance(info, FeatureInfo):
+            self.feature_info = info.from_other(self.out_indices)
+        else:
+            self.feature_info = FeatureInfo(info, self.out_indices)
+        if norm:  # (timm: a copy, in case the norm changes the channels)
+            self.feature_info = self.feature_info.from_other(self.out_indices)
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """The model's (timm's features-only models carry it too)."""
+        return dict(self.model.pretrained_cfg)
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        return self.pretrained_cfg
 
     def forward(self, x: Tensor) -> list[Tensor]:
         out: list[Tensor] = forward_intermediates(
@@ -242,7 +381,7 @@ class FeaturesModel(nn.Module):
             x,
             self.out_indices,
             norm=self.norm,
-            output_fmt=self.output_fmt,
+            output_fmt=self.output_fmt.value,
             intermediates_only=True,
         )
         if self.norm_last:  # (per token: the prefix tokens cut off or not, the same)

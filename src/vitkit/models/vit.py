@@ -77,11 +77,12 @@ from vitkit.models.posemb_resample import Resample, resample_pos_embed
 from vitkit.models.relpos import attention_biases, make_rel_pos
 from vitkit.models.rope import RotaryEmbedding, rotate
 from vitkit.models.sdpa_backend import sdpa_backend
+from vitkit.models.timm_api import TimmModel, TimmPatchEmbed
 from vitkit.models.weight_init import init_weights
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, ViTConfig, model_config
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(TimmPatchEmbed, nn.Module):
     """Split the image into P x P patches and project each linearly to D (the E of Eq. 1).
 
     A convolution with kernel = stride = P is exactly the flatten-then-linear of the paper.
@@ -318,8 +319,9 @@ class WithAttentions:
     pool_attention: Tensor | None = None
 
 
-class VisionTransformer(nn.Module):
-    """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes]."""
+class VisionTransformer(TimmModel, nn.Module):
+    """ViT: a pure function of normalised pixels [B, C, H, W] to logits [B, num_classes].
+    (timm's attributes and methods: :mod:`vitkit.models.timm_api`.)"""
 
     pre_logits: nn.Sequential | nn.Identity  # Linear + Tanh with representation_size, else none
     pos_embed: nn.Parameter | None  # E_pos; None with abs_pos_embed=False (DINOv3, RoPE-ViT)
@@ -343,6 +345,7 @@ class VisionTransformer(nn.Module):
         self.norm_pre = make_norm(cfg, d) if cfg.norm_pre else nn.Identity()
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(make_block(cfg, i, r) for i, r in enumerate(rates))
+        self.feature_info = features.block_feature_info(cfg)  # timm's: every block
         # With fc_norm the LayerNorm moves from every token (Eq. 4) to the pooled features.
         final = cfg.final_norm and not cfg.fc_norm
         self.norm = make_norm(cfg, d) if final else nn.Identity()
@@ -420,7 +423,7 @@ class VisionTransformer(nn.Module):
         need (the model's own if None)."""
         ropes, biases = self.rope_for(grid), self.attention_biases(tokens, grid)
         for block, rope, bias in zip(self.blocks, ropes, biases):
-            tokens = block(tokens) if rope is None and bias is None else block(tokens, rope, bias)
+            tokens = features.run_block(self, block, tokens, rope, bias)
         return self.norm(tokens)
 
     def attention_biases(self, tokens: Tensor, grid: tuple[int, int] | None) -> list[Tensor | None]:
@@ -435,8 +438,16 @@ class VisionTransformer(nn.Module):
             )
         return attention_biases(self.blocks, self.shared_rel_pos, grid)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Pixels → final-normalised tokens [B, T, D] (class token first when there is one)."""
+    def forward_features(
+        self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+    ) -> Tensor:
+        """Pixels → final-normalised tokens [B, T, D] (class token first when there is one).
+        ``attn_mask`` / ``is_causal``: timm's masked attention (``forward_intermediates``')."""
+        if attn_mask is not None or is_causal:
+            masked = features.forward_intermediates(
+                self, x, 1, attn_mask=attn_mask, is_causal=is_causal
+            )
+            return cast(Tensor, masked[0])
         return self.encode(self.embed(x), self.patch_embed.grid_for((x.shape[-2], x.shape[-1])))
 
     def pool(self, tokens: Tensor) -> Tensor:
@@ -471,12 +482,19 @@ class VisionTransformer(nn.Module):
             return x
         return self.head(x)
 
-    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor | dict[str, Tensor],
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         """Pixels [B, C, H, W], or a NaFlex batch dict (``patches``, ``patch_coord``,
         ``patch_valid``: :func:`vitkit.models.naflex_packing.pack`) for a NaFlex model."""
-        if isinstance(x, dict):
+        if isinstance(x, dict) and attn_mask is None and not is_causal:
             return naflex.forward(self, x)
-        return self.forward_head(self.forward_features(x))
+        if isinstance(x, dict):
+            raise VitkitError("a NaFlex batch carries its own mask: no attn_mask / is_causal")
+        return self.forward_head(self.forward_features(x, attn_mask, is_causal))
 
     def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """DeiT's training outputs: the class head's and the distillation head's logits, each
@@ -495,23 +513,22 @@ class VisionTransformer(nn.Module):
         stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Any:
         """timm's ``forward_intermediates``: chosen blocks' features as maps or token lists
         (:func:`vitkit.models.features.forward_intermediates`)."""
         return features.forward_intermediates(
-            self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
-        )
+            self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
+            intermediates_only, output_dict, attn_mask, is_causal,
+        )  # fmt: skip
 
     def prune_intermediate_layers(
         self, indices: features.Indices = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
         """timm's: drop the blocks after ``indices`` (:mod:`vitkit.models.features`)."""
         return features.prune_intermediate_layers(self, indices, prune_norm, prune_head)
-
-    @property
-    def feature_info(self) -> list[dict[str, Any]]:
-        """timm's per-block ``{"num_chs", "reduction", "module"}`` (``blocks.i``)."""
-        return features.block_feature_info(self)
 
     def forward_with_attentions(self, x: Tensor) -> WithAttentions:
         """Every hidden state and attention map, through the explicit-softmax attention."""

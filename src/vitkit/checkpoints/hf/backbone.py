@@ -12,16 +12,26 @@ transformers' ``feature_maps`` (:class:`vitkit.models.features.FeaturesModel`), 
 checkpoint as ``hf`` writes the backbone class again (:func:`as_backbone` marks any Dinov2 or
 DINOv3 checkpoint so).
 
-Two of transformers' behaviours, kept: ``DINOv3ViTBackbone`` always norms the last stage (so
-``norm_last``), and ``Dinov2Backbone``'s token lists (``reshape_hidden_states=False``) keep the
-class token, which vitkit's feature API returns apart: such a folder is refused for
-``features_only`` (its weights still load), as is the ``stem`` stage (the embeddings are not a
+``vitkit.load(folder, backbone=True)`` gives transformers' own output instead
+(:class:`vitkit.models.hf_backbone.HFBackbone`: ``.feature_maps``, ``.channels``, stage
+numbering), for a backbone folder with its settings or for any ViT checkpoint with the class of
+its layout. ``out_indices`` given with ``features_only`` are block numbers: on a backbone folder,
+where its stage numbering would mean other blocks, that is said in one line, and the folder's
+``apply_layernorm`` stays.
+
+Two of transformers' behaviours, kept for ``features_only``: ``DINOv3ViTBackbone`` always
+norms the last stage (so ``norm_last``), and ``Dinov2Backbone``'s token lists
+(``reshape_hidden_states=False``) keep the class token, which vitkit's feature API returns
+apart: such a folder is refused for ``features_only`` unless out_indices are given (its weights
+still load; ``backbone=True`` gives them), as is the ``stem`` stage (the embeddings are not a
 block's output).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
+import warnings
 from typing import Any
 
 from torch import Tensor
@@ -29,7 +39,7 @@ from torch import Tensor
 from vitkit.checkpoints.hf import dinov3 as hf_dinov3
 from vitkit.checkpoints.hf import vit_family as hf_family
 from vitkit.checkpoints.hf import vit_model as hf_conv
-from vitkit.errors import VitkitError
+from vitkit.errors import AssumptionWarning, VitkitError
 
 DINOV2 = ("Dinov2Backbone", "Dinov2WithRegistersBackbone")
 DINOV3 = ("DINOv3ViTBackbone",)
@@ -77,6 +87,7 @@ def backbone_meta(hf: dict[str, Any], source: str) -> dict[str, Any]:
     reshape = bool(hf.get("reshape_hidden_states", True))
     meta: dict[str, Any] = {
         "class": arch,
+        "given_out_indices": list(out),  # (as the file says them: transformers keeps them so)
         "out_indices": stage,
         "apply_layernorm": norm,
         "reshape_hidden_states": reshape,
@@ -84,6 +95,7 @@ def backbone_meta(hf: dict[str, Any], source: str) -> dict[str, Any]:
         "norm": norm,
         "output_fmt": "NCHW" if reshape else "NLC",
         "norm_last": arch in DINOV3 and depth in stage,
+        "return_class_token": bool(hf.get("return_class_token", False)),
     }
     if 0 in stage:
         meta["refused"] = "its out_indices ask for the stem (stage 0), the embeddings"
@@ -93,20 +105,89 @@ def backbone_meta(hf: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def features_options(meta: dict[str, Any], options: dict[str, Any], source: str) -> None:
-    """Fill ``options`` (features_only's, from load) from a backbone's ``meta`` where not given."""
+    """Fill ``options`` (features_only's, from load) from a backbone's ``meta`` where not given.
+    Chosen ``out_indices`` are block numbers (timm's): where a backbone folder's stage numbers
+    (transformers') would pick other blocks, that is said in one line; the folder's
+    ``apply_layernorm`` (and its output format) stay unless given."""
     b = meta.get("backbone")
     if not b:
         return
-    if "refused" in b and "out_indices" not in options:
-        raise VitkitError(
-            f"{source}: {b['class']}'s features are not the feature API's: {b['refused']}; "
-            "pass out_indices= (block numbers) to choose others"
-        )
     if "out_indices" not in options:
+        if "refused" in b:
+            raise VitkitError(
+                f"{source}: {b['class']}'s features are not the feature API's: {b['refused']}; "
+                "pass out_indices= (block numbers) to choose others, or load with "
+                "backbone=True for transformers' outputs"
+            )
         options["out_indices"] = b["indices"]
-        options.setdefault("feature_norm", b["norm"])
-        options.setdefault("output_fmt", b["output_fmt"])
-        options.setdefault("norm_last", b["norm_last"])
+    else:
+        _say_numbering(b, options["out_indices"], source)
+    options.setdefault("feature_norm", b["norm"])
+    options.setdefault("norm_last", b["norm_last"])
+    if b["class"] in DINOV3 or b["reshape_hidden_states"]:  # (Dinov2's token lists keep the
+        options.setdefault("output_fmt", b["output_fmt"])  # class token: not the API's NLC)
+
+
+def _say_numbering(b: dict[str, Any], chosen: Any, source: str) -> None:
+    """One line where ``chosen`` read as transformers' stages would be other blocks (an int
+    counts blocks from the end, and negative numbers name the same blocks in both)."""
+    if isinstance(chosen, (int, str)) or not hasattr(chosen, "__iter__"):
+        return
+    try:  # (NumPy arrays and integers too; what is not indices, take_indices refuses)
+        given = [operator.index(i) for i in chosen]
+    except TypeError:
+        return
+    if all(i < 0 for i in given):
+        return
+    as_stages = ["the embeddings" if i == 0 else str(i - 1 if i > 0 else i) for i in given]
+    warnings.warn(
+        f"{source}: out_indices={given} are block numbers here (timm's); read as "
+        f"{b['class']}'s stages (0: the embeddings) they would be blocks "
+        f"[{', '.join(as_stages)}]: pass those, or load with backbone=True for transformers' "
+        "numbering and outputs",
+        AssumptionWarning,
+        stacklevel=4,
+    )
+
+
+BACKBONE_OPTIONS = ("out_features", "apply_layernorm", "reshape_hidden_states")
+
+
+def pop_backbone_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    """``backbone=True`` and transformers' settings (``out_indices`` in its stage numbering,
+    ``out_features``, ``apply_layernorm``, ``reshape_hidden_states``) taken out of load's
+    keyword arguments; None without ``backbone=True``."""
+    if not options.pop("backbone", False):
+        given = [k for k in BACKBONE_OPTIONS if k in options]
+        if given:
+            raise VitkitError(f"{', '.join(given)} need backbone=True (transformers' backbone)")
+        return None
+    if "features_only" in options:
+        raise VitkitError("backbone=True and features_only=True are two outputs: choose one")
+    return {k: options.pop(k) for k in ("out_indices", *BACKBONE_OPTIONS) if k in options}
+
+
+def backbone_model(model: Any, meta: dict[str, Any], options: dict[str, Any]) -> Any:
+    """``model`` as transformers' backbone class: the folder's (``meta["backbone"]``) with its
+    settings, or for any other checkpoint the Dinov2 / DINOv3 class of its layout; the
+    ``options`` of :func:`pop_backbone_options` over them."""
+    from vitkit.models.hf_backbone import HFBackbone
+
+    b = meta.get("backbone")
+    cfg = model.cfg
+    if b:
+        cls = b["class"]
+        settings: dict[str, Any] = {
+            "apply_layernorm": b["apply_layernorm"],
+            "reshape_hidden_states": b["reshape_hidden_states"],
+            "return_class_token": b.get("return_class_token", False),
+        }
+        if "out_indices" not in options and "out_features" not in options:
+            settings["out_indices"] = b.get("given_out_indices", b["out_indices"])
+    else:
+        cls = DINOV3[0] if cfg.rope == "dinov3" else DINOV2[1 if cfg.num_reg_tokens else 0]
+        settings = {}
+    return HFBackbone(model, cls, **{**settings, **options})
 
 
 def as_backbone(

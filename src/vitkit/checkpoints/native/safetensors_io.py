@@ -160,6 +160,9 @@ def save_checkpoint(
     If ``path`` already exists it is replaced only once the new checkpoint is complete.
     """
     path = Path(path)
+    if not hasattr(model, "cfg"):  # (a features-only or backbone wrapper: its .model is one)
+        inner = ": save the model it wraps (.model)" if hasattr(model, "model") else ""
+        raise VitkitError(f"{path}: a {type(model).__name__} is not a vitkit model{inner}")
     cfg: ModelConfig = model.cfg  # type: ignore[assignment]
     preprocess = preprocess or PreprocessConfig.for_model(cfg)
     if class_names and len(class_names) != cfg.num_classes:  # a file vitkit would not read
