@@ -17,6 +17,12 @@ from vitkit.cli.options import (
     positive_int,
     set_threads,
 )
+from vitkit.cli.serve_bounds import (
+    add_bound_options,
+    request_limits,
+    server_options,
+    show_access_log,
+)
 from vitkit.errors import VitkitError
 
 KEY_VARIABLE = "VITKIT_API_KEY"
@@ -95,6 +101,7 @@ def add_commands(sub: Any) -> None:
     g.add_argument(
         "--max-images", type=positive_int, default=16, help="images per request (default 16)"
     )
+    add_bound_options(g)
     add_engine_options(p, fast=True)
     p.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     p.set_defaults(func=cmd_serve)
@@ -145,7 +152,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _, uvicorn = require_serve()  # the missing extra first, before loading any weights
     from vitkit.serve.http_app import Settings, build_app
-    from vitkit.serve.served_model import Limits
 
     set_threads(args.threads)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
@@ -161,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     served = served_model(args)
     served.warm_up(args.max_batch)
-    limits = Limits(args.max_body, args.max_pixels, args.max_images)
+    limits = request_limits(args)
     settings = Settings(limits, args.max_batch, args.max_wait_ms, key)
     app = build_app(served, settings)
     what = (
@@ -181,7 +187,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=args.access_log,
         lifespan="on",
+        **server_options(args),
     )
+    show_access_log(args)
     server = _draining_server()(config)
     server.announce = f"serving {what}"
     try:

@@ -10,11 +10,14 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from PIL.Image import DecompressionBombError
 
+from vitkit.data.resize_plan import resize_refusal
 from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
 
 if TYPE_CHECKING:
     from vitkit.registry.model_config import PreprocessConfig
+
+RESIZE_BUDGET = 200_000_000  # pixels the eval transform's resize may allocate (about 1 GB)
 
 
 def check_image_files(paths: Sequence[str | Path]) -> None:
@@ -24,14 +27,24 @@ def check_image_files(paths: Sequence[str | Path]) -> None:
             raise VitkitError(f"{path}: no such image file")
 
 
-def load_image_file(path: str | Path, channels: int) -> Image.Image:
+def load_image_file(
+    path: str | Path, channels: int, transform: PilEvalTransform | None = None
+) -> Image.Image:
     """Open an image for prediction, with a one-line error naming the file if that fails;
-    16-bit and float pixels are scaled by their range (:func:`convert_image`), not clipped."""
+    16-bit and float pixels are scaled by their range (:func:`convert_image`), not clipped.
+    With ``transform``, an image it would resize to more than :data:`RESIZE_BUDGET` pixels
+    (an extreme aspect ratio) is refused from its header, before it is decoded."""
     p = Path(path)
     if not p.is_file():
         raise VitkitError(f"{p}: no such image file")
     try:
         with Image.open(p) as img:
+            width, height = img.size
+            why = (
+                "" if transform is None else resize_refusal(transform, width, height, RESIZE_BUDGET)
+            )
+            if why:
+                raise VitkitError(f"{p}: {why}: crop or resize the image first")
             img.load()
             return convert_image(img, channels)
     except (UnidentifiedImageError, DecompressionBombError, OSError, ValueError) as e:
@@ -42,7 +55,7 @@ def load_images(paths: Sequence[str | Path], preprocess: PreprocessConfig) -> to
     """Image files → the uint8 batch [B, C, H, W] the checkpoint's eval transform makes
     (:func:`vitkit.data.transforms.normalize` with its mean, std and rescale factor next)."""
     transform = eval_transform(preprocess)
-    images = [load_image_file(p, preprocess.channels) for p in paths]  # fail before any work
+    images = [load_image_file(p, preprocess.channels, transform) for p in paths]  # before work
     return torch.stack([transform(img) for img in images])
 
 

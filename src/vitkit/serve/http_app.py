@@ -26,12 +26,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vitkit.serve.batcher import Batcher
+from vitkit.serve.decode import DecodePool
+from vitkit.serve.limits import check_multipart, quiet_multipart
 from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
 from vitkit.serve.served_model import Limits, RequestError, ServedModel
 
 ROUTES = ("/", "/health", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
 KEY_HINT = "send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
-INLINE_DECODE_BYTES = 64_000  # smaller bodies are decoded on the event loop (no thread hop)
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,12 @@ class Guard:
                 status[0] = message["status"]
             await send(message)
 
-        self.metrics.in_flight += 1
+        counted = scope["path"] != "/metrics"  # (a scrape does not count itself)
+        self.metrics.in_flight += counted
         try:
             await self._handle(scope, receive, send_counted)
         finally:
-            self.metrics.in_flight -= 1
+            self.metrics.in_flight -= counted
             self.metrics.request_done(route, status[0], time.perf_counter() - start)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -213,8 +215,9 @@ class Guard:
 async def _request_images(request: Request, limits: Limits) -> list[bytes]:
     """The images of a request: a raw body (one image), or every file of a multipart form."""
     ctype = request.headers.get("content-type", "")
-    if not ctype.startswith("multipart/form-data"):
+    if not ctype.lower().startswith("multipart/form-data"):  # (media types: any letter case)
         return [await request.body()]
+    check_multipart(await request.body(), ctype, 2 * limits.max_images)
     try:
         async with request.form(max_files=limits.max_images, max_fields=limits.max_images) as form:
             files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
@@ -231,8 +234,6 @@ async def _request_images(request: Request, limits: Limits) -> list[bytes]:
 
 def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     """The application serving ``served`` (the batcher starts and stops with it)."""
-    from starlette.concurrency import run_in_threadpool
-
     limits = settings.limits
     metrics: Metrics
     batcher = Batcher(
@@ -279,10 +280,11 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def failed(_: Request, e: Exception) -> JSONResponse:
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
+    decoder = DecodePool(limits.decode_workers)  # (never on the event loop)
+    quiet_multipart()
+
     async def prepare(data: bytes, what: str) -> Any:
-        if len(data) <= INLINE_DECODE_BYTES:
-            return served.prepare(data, limits, what)
-        return await run_in_threadpool(served.prepare, data, limits, what)
+        return await decoder.run(served.prepare, data, limits, what)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:

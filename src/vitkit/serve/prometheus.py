@@ -29,8 +29,8 @@ class Histogram:
             running += n
             le = "+Inf" if bound == float("inf") else f"{bound:g}"
             out.append(f'{name}_bucket{{{labels}{sep}le="{le}"}} {running}')
-        braces = f"{{{labels}}}" if labels else ""
-        out += [f"{name}_sum{braces} {self.total:.6g}", f"{name}_count{braces} {running}"]
+        braces = f"{{{labels}}}" if labels else ""  # (the sum as it is: repr round-trips)
+        out += [f"{name}_sum{braces} {self.total!r}", f"{name}_count{braces} {running}"]
         return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import eval_transform
+from vitkit.data.resize_plan import resize_refusal
 from vitkit.data.transforms import convert_image, normalize
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
@@ -44,19 +45,30 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold."""
+    """What one request may hold and the work its images may cost: pixels decoded, pixels
+    the resize before the centre crop allocates (:mod:`vitkit.data.resize_plan`), images
+    decoded at once (:class:`vitkit.serve.decode.DecodePool`)."""
 
     max_body_bytes: int = 20_000_000
     max_pixels: int = 25_000_000
     max_images: int = 16
+    max_resize_pixels: int = 10_000_000
+    decode_workers: int = 2
 
 
-def decode_image(data: bytes, channels: int, max_pixels: int, what: str = "the image") -> Any:
+def decode_image(
+    data: bytes,
+    channels: int,
+    max_pixels: int,
+    what: str = "the image",
+    check: Callable[[int, int], None] | None = None,
+) -> Any:
     """Request bytes -> a PIL image in the model's mode (as ``vitkit predict`` opens a file).
 
     The size is read from the header and checked against ``max_pixels`` before any pixel is
     decoded (a decompression bomb never allocates); formats outside :data:`FORMATS`,
-    truncated and unreadable files are refused with one line (``RequestError``, 4xx)."""
+    truncated and unreadable files are refused with one line (``RequestError``, 4xx);
+    ``check(width, height)`` runs then too (it raises to refuse)."""
     if not data:
         raise RequestError(400, f"{what}: empty (no bytes)")
     try:
@@ -75,6 +87,8 @@ def decode_image(data: bytes, channels: int, max_pixels: int, what: str = "the i
             413, f"{what}: {w}x{h} = {w * h:,} pixels; the server takes at most "
             f"{max_pixels:,} (--max-pixels)",
         )  # fmt: skip
+    if check is not None:
+        check(w, h)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DecompressionBombWarning)
@@ -140,7 +154,13 @@ class ServedModel:
 
     def prepare(self, data: bytes, limits: Limits, what: str = "the image") -> Tensor:
         """Request bytes -> the uint8 [C, H, W] the checkpoint's eval transform makes."""
-        img = decode_image(data, self.ckpt.preprocess.channels, limits.max_pixels, what)
+
+        def planned(width: int, height: int) -> None:  # refused before a pixel is decoded
+            why = resize_refusal(self.transform, width, height, limits.max_resize_pixels)
+            if why:
+                raise RequestError(413, f"{what}: {why} (--max-resize-pixels)")
+
+        img = decode_image(data, self.ckpt.preprocess.channels, limits.max_pixels, what, planned)
         return self.transform(img)
 
     def normalized(self, images: Sequence[Tensor]) -> Tensor:

@@ -1,0 +1,74 @@
+"""``vitkit serve``'s bounds on the work of one request: options and what they build."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from vitkit.cli.options import non_negative_float, positive_int
+
+
+def add_bound_options(g: Any) -> None:
+    """--max-resize-pixels, --decode-workers, --max-header-bytes, --max-headers,
+    --read-timeout (in the limits group)."""
+    g.add_argument(
+        "--max-resize-pixels",
+        type=positive_int,
+        default=10_000_000,
+        help="pixels the resize before the centre crop may allocate for one image, known from "
+        "its header before it is decoded (an extreme aspect ratio, such as 1 x 1,000,000, "
+        "is refused; default 10,000,000)",
+    )
+    g.add_argument(
+        "--decode-workers",
+        type=positive_int,
+        default=2,
+        help="threads that decode and transform images, never the event loop; images decoded "
+        "at once, so decode memory is at most this many times --max-pixels plus "
+        "--max-resize-pixels (default 2)",
+    )
+    g.add_argument(
+        "--max-header-bytes",
+        type=positive_int,
+        default=16_384,
+        help="bytes of a request's line and headers (431 and the connection closed; "
+        "default 16,384)",
+    )
+    g.add_argument(
+        "--max-headers", type=positive_int, default=64, help="headers of a request (default 64)"
+    )
+    g.add_argument(
+        "--read-timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds from a request's first byte (or the connection's opening) to its last: "
+        "slower ones get 408 and the connection closed (default 30; 0: none)",
+    )
+
+
+def request_limits(args: argparse.Namespace) -> Any:
+    from vitkit.serve.served_model import Limits
+
+    return Limits(
+        args.max_body,
+        args.max_pixels,
+        args.max_images,
+        max_resize_pixels=args.max_resize_pixels,
+        decode_workers=args.decode_workers,
+    )
+
+
+def server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn.Config's arguments for the request head and its read timeout."""
+    from vitkit.serve.limits import HttpLimits, bounded_http
+
+    http = HttpLimits(args.max_header_bytes, args.max_headers, args.read_timeout or None)
+    return {"http": bounded_http(http)}
+
+
+def show_access_log(args: argparse.Namespace) -> None:
+    """--access-log: uvicorn's line per request (its Config set the logger to the server's
+    log level, "warning", which leaves those INFO lines out: call this after it)."""
+    if args.access_log:
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
