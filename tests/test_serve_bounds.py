@@ -293,16 +293,11 @@ def test_histogram_sums_are_exact():
     assert "x_sum 1000003.5" in h.lines("x")
 
 
-def test_python_multipart_prints_nothing_on_the_servers_output(work, server, capfd):
-    body, headers = multipart([file_part((work / "img.png").read_bytes())])
-    capfd.readouterr()
-    status, _ = call(server.port, "/v1/classify", body + b"junk after the end", headers)
-    assert status == 200
-    out, err = capfd.readouterr()
-    assert "boundary" not in (out + err).lower(), out + err
-
-
-def test_access_log_prints_a_line_per_request(work):
+def test_the_output_has_the_access_log_and_no_bare_lines_from_python_multipart(work):
+    """`--access-log` prints a line per request (uvicorn's access logger was left at the
+    server's "warning" level: nothing); a malformed form gets its 400 and one line, and the
+    server's output has no bare line from python-multipart's logger ("Expected boundary
+    character ...")."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "vitkit", "serve", str(work / "ck"), "--port", "0", "--access-log"],
         stdout=subprocess.PIPE,
@@ -318,11 +313,16 @@ def test_access_log_prints_a_line_per_request(work):
                 break
         assert port is not None
         assert call(port, "/health")[0] == 200
+        body, headers = multipart([file_part((work / "img.png").read_bytes())])
+        status, got = call(port, "/v1/classify", body.replace(b"--", b"-x", 1), headers)
+        assert status == 400 and "multipart" in json.loads(got)["error"]
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=30)[0]
     finally:
         proc.kill()
     assert re.search(r'"GET /health HTTP/1.1" 200', rest), rest
+    assert re.search(r'"POST /v1/classify HTTP/1.1" 400', rest), rest
+    assert "boundary" not in rest.lower(), rest
 
 
 def test_the_page_classifies_on_an_engine_without_attention_and_says_why(work):
