@@ -8,6 +8,7 @@ good clients: every hostile request must be refused fast, the server's memory st
 clients. Alone, on the MNIST model:
 
     python bench/serve_hostile.py --seconds 20
+    python bench/serve_hostile.py --alone          # each case alone: time, /health, memory
 """
 
 from __future__ import annotations
@@ -153,24 +154,35 @@ async def slowloris(port: int, seconds: float) -> dict[str, Any]:
     return {"held_s": round(time.perf_counter() - start, 2), "answer": answer[:12].decode()}
 
 
+class PeakRss:
+    """The server's resident memory now and its peak until :meth:`stop` (sampled every 20 ms)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.idle = pid, rss_mb(pid)
+        self.peak = self.idle
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.is_set():
+            self.peak = max(self.peak, rss_mb(self.pid))
+            time.sleep(0.02)
+
+    def stop(self) -> tuple[float, float]:
+        self.done.set()
+        self.thread.join()
+        return self.idle, round(self.peak, 1)
+
+
 def run(
     *, port: int, seconds: float, good_request: Any, check: Any, server_pid: int
 ) -> dict[str, Any]:
     """8 good clients for ``seconds`` while every hostile request is fired in turn (again
     and again), 4 slowloris connections are opened and /health is asked every 50 ms; the
-    server's resident memory sampled every 50 ms."""
+    server's resident memory sampled every 20 ms."""
     requests = list(hostile_requests())
-    idle = rss_mb(server_pid)
-    peak = [idle]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], rss_mb(server_pid))
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    memory = PeakRss(server_pid)
 
     async def main() -> dict[str, Any]:
         stop_at = time.perf_counter() + seconds
@@ -201,8 +213,7 @@ def run(
                 "slowloris": slow}  # fmt: skip
 
     got = asyncio.run(main())
-    done.set()
-    sampler.join()
+    idle, peak = memory.stop()
 
     def ms(values: list[float], q: float) -> float | None:
         import numpy as np
@@ -226,9 +237,44 @@ def run(
         "health_max_ms": ms(got["health"], 100),
         "slowloris": got["slowloris"],
         "rss_idle_mb": idle,
-        "rss_peak_mb": round(peak[0], 1),
-        "rss_growth_mb": round(peak[0] - idle, 1),
+        "rss_peak_mb": peak,
+        "rss_growth_mb": round(peak - idle, 1),
     }
+
+
+def alone(port: int, server_pid: int, strips: bool = True) -> list[dict[str, Any]]:
+    """Cases sent alone, each while /health is asked every 50 ms: the two strips, 8 concurrent
+    5,000 x 5,000 PNGs, 12 concurrent forms of 16 such PNGs; statuses, seconds, the worst
+    /health, the server's memory before and at its peak."""
+    big = _png(5000, 5000, "L")
+    headers, form = _form([_file(big)] * 16)
+    png = [("Content-Type", "image/png")]
+    form_req = encode("POST", "/v1/classify", headers, form)
+    cases = [
+        ("1 x 1,000,000 px PNG", [encode("POST", "/v1/classify", png, _png(1, 1_000_000))]),
+        ("3,000,000 x 1 px PNG", [encode("POST", "/v1/classify", png, _png(3_000_000, 1))]),
+        ("8 concurrent 5,000 x 5,000 px PNGs", [encode("POST", "/v1/classify", png, big)] * 8),
+        ("12 concurrent forms of 16 such PNGs", [form_req] * 12),
+    ][0 if strips else 2 :]
+    out = []
+    for name, requests in cases:
+        memory = PeakRss(server_pid)
+
+        async def main(requests: list[bytes]) -> tuple[list[int], float, float]:
+            start, worst = time.perf_counter(), 0.0
+            sent = asyncio.gather(*(fire(port, r) for r in requests))
+            while not sent.done():
+                status, took = await fire(port, encode("GET", "/health", [], b""))
+                worst = max(worst, took if status == 200 else float("inf"))
+                await asyncio.sleep(0.05)
+            return [s for s, _ in await sent], time.perf_counter() - start, worst
+
+        statuses, seconds, worst = asyncio.run(main(requests))
+        idle, peak = memory.stop()
+        out.append({"case": name, "statuses": sorted(set(statuses)), "seconds": round(seconds, 2),
+                    "health_worst_ms": round(worst * 1000, 1), "rss_before_mb": idle,
+                    "rss_peak_mb": peak})  # fmt: skip
+    return out
 
 
 def _main() -> None:
@@ -238,6 +284,8 @@ def _main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--serve-args", default="", help="more `vitkit serve` options")
     ap.add_argument("--src", default=None, help="the vitkit sources to serve (default: ../src)")
+    ap.add_argument("--alone", action="store_true", help="the cases of alone() instead")
+    ap.add_argument("--no-strips", action="store_true", help="with --alone: not the strips")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = mnist_checkpoint(Path(tmp) / "mnist")
@@ -248,8 +296,12 @@ def _main() -> None:
         try:
             good = _png(28, 28, "L")
             request = ("POST", "/v1/classify", good, {"Content-Type": "image/png"})
-            out = run(port=port, seconds=args.seconds, good_request=lambda _: request,
-                      check=None, server_pid=proc.pid)  # fmt: skip
+            out: Any = (
+                alone(port, proc.pid, not args.no_strips)
+                if args.alone
+                else run(port=port, seconds=args.seconds, good_request=lambda _: request,
+                         check=None, server_pid=proc.pid)
+            )  # fmt: skip
         finally:
             proc.terminate()
             proc.wait(timeout=60)
