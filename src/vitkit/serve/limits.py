@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from vitkit.errors import VitkitError
 from vitkit.serve.served_model import RequestError
 
 PART_HEAD_BYTES = 16_384  # one multipart part's headers
@@ -40,7 +41,12 @@ def _reason(status: int) -> bytes:
 
 def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol under ``limits`` (uvicorn.Config's ``http``)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # (httptools is part of the serve extra)
+        raise VitkitError(
+            "vitkit serve needs httptools (its bounded HTTP parser): pip install 'vitkit[serve]'"
+        ) from None
 
     class BoundedHttp(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
