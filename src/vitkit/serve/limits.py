@@ -192,5 +192,6 @@ def check_multipart(body: bytes, content_type: str, max_parts: int) -> None:
 def quiet_multipart() -> None:
     """python-multipart logs what it skips in a malformed body; without a handler Python
     printed those as bare lines on the server's output. The client gets its own answer."""
-    logging.getLogger("python_multipart").addHandler(logging.NullHandler())
-    logging.getLogger("python_multipart").propagate = False
+    for name in ("python_multipart", "multipart"):  # (its name before 0.0.13, and now)
+        logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).propagate = False
