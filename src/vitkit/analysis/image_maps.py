@@ -37,6 +37,12 @@ def output_stems(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}_{i + 1}" for i, s in enumerate(stems)]
 
 
+def shown_name(path: str | os.PathLike[str]) -> str:
+    """A file's name as a figure shows it: bytes that are not UTF-8 (a name Python keeps as
+    surrogates, which fonts cannot draw) become U+FFFD."""
+    return os.fsencode(Path(path).name).decode("utf-8", "replace")
+
+
 def output_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Every file :func:`explain_files` may write for ``paths``."""
     kinds = ("rollout", "layers", "pool")
@@ -73,7 +79,8 @@ def explain_files(
     explained = []
     for i, (path, stem) in enumerate(zip(paths, output_stems(paths))):
         shown = format_top_k(tops[i])
-        title = f"{Path(path).name}: {shown}" if shown else Path(path).name
+        name = shown_name(path)
+        title = f"{name}: {shown}" if shown else name
         pixels = raw[i].float() / 255
         rollout_png = plot_rollout(
             pixels, found.rollout[i], out / f"{stem}_rollout.png", title=title

@@ -84,6 +84,23 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VitkitError(f"{path}: unreadable JSON ({e})") from None
+    except RecursionError:  # a hostile file nested deeper than Python's parser goes
+        raise VitkitError(f"{path}: unreadable JSON (nested too deeply)") from None
+
+
+def _label_names(hub: dict[str, Any], cfg: Any, p: Path) -> tuple[str, ...]:
+    """A timm folder's ``label_names``: one per output of the head, or refused (a shorter list
+    would leave outputs without a label; a longer one names classes the head does not have)."""
+    raw = hub.get("label_names") or ()
+    if not isinstance(raw, list | tuple):
+        raise VitkitError(f"{p / CONFIG}: label_names is not a list")
+    names = tuple(str(n) for n in raw)
+    if names and len(names) != cfg.num_classes:
+        raise VitkitError(
+            f"{p / CONFIG}: {len(names)} label_names for a head of {cfg.num_classes} outputs; "
+            "give one name per output (or remove label_names: outputs are then labelled by index)"
+        )
+    return names
 
 
 def detect_format(path: str | Path) -> Format:
@@ -350,7 +367,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         )
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+        names = _label_names(hub, cfg, p)
     elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
@@ -380,7 +397,7 @@ def _read_timm_eva(
     cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
     pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-    names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    names = _label_names(hub, cfg, p)
     ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
@@ -400,7 +417,7 @@ def _read_timm_relpos(
     if hub is not None:
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+        names = _label_names(hub, cfg, p)
     else:
         pre, names = PreprocessConfig.for_model(cfg), ()
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)

@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from vitkit.registry.model_config import PreprocessConfig
 
 
+# The image formats vitkit opens, from a file or a request (serve): PIL knows more (EPS runs
+# Ghostscript on the file; others are rarely images a person has), and those are refused before
+# PIL parses them further.
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+
+
+def open_image(fp: Any) -> Image.Image:
+    """``Image.open`` limited to :data:`FORMATS` (a file of another format: ValueError, with the
+    formats named)."""
+    try:
+        return Image.open(fp, formats=FORMATS)
+    except UnidentifiedImageError:
+        raise ValueError(f"not an image of a format vitkit reads ({', '.join(FORMATS)})") from None
+
+
 def check_image_files(paths: Sequence[str | Path]) -> None:
     """The cheapest mistake first: every path is an existing file (before loading weights)."""
     for path in paths:
@@ -31,7 +46,7 @@ def load_image_file(path: str | Path, channels: int) -> Image.Image:
     if not p.is_file():
         raise VitkitError(f"{p}: no such image file")
     try:
-        with Image.open(p) as img:
+        with open_image(p) as img:
             img.load()
             return convert_image(img, channels)
     except (UnidentifiedImageError, DecompressionBombError, OSError, ValueError) as e:
