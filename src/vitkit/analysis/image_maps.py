@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vitkit.analysis.attention import HeadFusion, explain
 from vitkit.checkpoints import Checkpoint
-from vitkit.data.images import load_images
+from vitkit.data.images import load_images, shown_name
 from vitkit.data.transforms import normalize
 from vitkit.eval.predict import Prediction, class_names, format_top_k, top_k
 from vitkit.models.vit import VisionTransformer
@@ -35,12 +35,6 @@ def output_stems(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     several images share one."""
     stems = [Path(p).stem for p in paths]
     return [s if stems.count(s) == 1 else f"{s}_{i + 1}" for i, s in enumerate(stems)]
-
-
-def shown_name(path: str | os.PathLike[str]) -> str:
-    """A file's name as a figure shows it: bytes that are not UTF-8 (a name Python keeps as
-    surrogates, which fonts cannot draw) become U+FFFD."""
-    return os.fsencode(Path(path).name).decode("utf-8", "replace")
 
 
 def output_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -79,7 +73,7 @@ def explain_files(
     explained = []
     for i, (path, stem) in enumerate(zip(paths, output_stems(paths))):
         shown = format_top_k(tops[i])
-        name = shown_name(path)
+        name = shown_name(Path(path).name)
         title = f"{name}: {shown}" if shown else name
         pixels = raw[i].float() / 255
         rollout_png = plot_rollout(

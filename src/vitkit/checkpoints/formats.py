@@ -372,6 +372,7 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
         )
+        _check_bare_eva_grid(p, sd, cfg, grid)
         ckpt = Checkpoint(
             p, cfg, PreprocessConfig.for_model(cfg), timm_eva.eva_to_state_dict(sd, cfg)
         )
@@ -388,6 +389,30 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
     ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
+
+
+def _check_bare_eva_grid(
+    p: Path, sd: dict[str, Tensor], cfg: ViTConfig, grid: tuple[int, int] | None
+) -> None:
+    """A bare EVA / EVA-02 file is read on a square grid (its rotary embedding follows the
+    grid, which only a timm folder states): a grid given, or position rows that no square grid
+    fills, are refused with what to do instead."""
+    rows = sd["pos_embed"].shape[1] if "pos_embed" in sd else None
+    gh, gw = cfg.grid_size
+    fits = rows is None or rows == gh * gw + cfg.num_pos_prefix
+    if grid is None and fits:
+        return
+    why = (
+        f"a grid ({grid[0]}x{grid[1]}) was given"
+        if grid is not None
+        else f"its {rows} position rows fill no square grid"
+    )
+    raise VitkitError(
+        f"{p}: {why}, and a bare EVA / EVA-02 state dict takes no grid: it is read on a square "
+        "one, as its rotary embedding follows the grid; for another grid read a timm folder: "
+        "this file as model.safetensors beside a config.json naming the timm eva.py entry "
+        "(architecture) with model_args.img_size [height, width]"
+    )
 
 
 def _read_timm_eva(

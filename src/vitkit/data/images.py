@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,12 @@ def open_image(fp: Any) -> Image.Image:
         return Image.open(fp, formats=FORMATS)
     except UnidentifiedImageError:
         raise ValueError(f"not an image of a format vitkit reads ({', '.join(FORMATS)})") from None
+
+
+def shown_name(path: str | os.PathLike[str] | None) -> str:
+    """A path as a figure or a line of text shows it: bytes that are not UTF-8 (which Python
+    keeps as surrogates, that neither a font nor a UTF-8 terminal can take) become U+FFFD."""
+    return os.fsencode(str(path) if path is None else path).decode("utf-8", "replace")
 
 
 def check_image_files(paths: Sequence[str | Path]) -> None:
