@@ -88,21 +88,6 @@ def _read_json(path: Path) -> Any:
         raise VitkitError(f"{path}: unreadable JSON (nested too deeply)") from None
 
 
-def _label_names(hub: dict[str, Any], cfg: Any, p: Path) -> tuple[str, ...]:
-    """A timm folder's ``label_names``: one per output of the head, or refused (a shorter list
-    would leave outputs without a label; a longer one names classes the head does not have)."""
-    raw = hub.get("label_names") or ()
-    if not isinstance(raw, list | tuple):
-        raise VitkitError(f"{p / CONFIG}: label_names is not a list")
-    names = tuple(str(n) for n in raw)
-    if names and len(names) != cfg.num_classes:
-        raise VitkitError(
-            f"{p / CONFIG}: {len(names)} label_names for a head of {cfg.num_classes} outputs; "
-            "give one name per output (or remove label_names: outputs are then labelled by index)"
-        )
-    return names
-
-
 def detect_format(path: str | Path) -> Format:
     """Which format ``path`` holds (from its layout and, for bare weight files, its keys)."""
     p = Path(path)
@@ -367,12 +352,12 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         )
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = _label_names(hub, cfg, p)
+        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
         )
-        _check_bare_eva_grid(p, sd, cfg, grid)
+        timm_eva_bare.check_bare_eva_grid(p, sd, cfg, grid)
         ckpt = Checkpoint(
             p, cfg, PreprocessConfig.for_model(cfg), timm_eva.eva_to_state_dict(sd, cfg)
         )
@@ -391,30 +376,6 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
     return ckpt
 
 
-def _check_bare_eva_grid(
-    p: Path, sd: dict[str, Tensor], cfg: ViTConfig, grid: tuple[int, int] | None
-) -> None:
-    """A bare EVA / EVA-02 file is read on a square grid (its rotary embedding follows the
-    grid, which only a timm folder states): a grid given, or position rows that no square grid
-    fills, are refused with what to do instead."""
-    rows = sd["pos_embed"].shape[1] if "pos_embed" in sd else None
-    gh, gw = cfg.grid_size
-    fits = rows is None or rows == gh * gw + cfg.num_pos_prefix
-    if grid is None and fits:
-        return
-    why = (
-        f"a grid ({grid[0]}x{grid[1]}) was given"
-        if grid is not None
-        else f"its {rows} position rows fill no square grid"
-    )
-    raise VitkitError(
-        f"{p}: {why}, and a bare EVA / EVA-02 state dict takes no grid: it is read on a square "
-        "one, as its rotary embedding follows the grid; for another grid read a timm folder: "
-        "this file as model.safetensors beside a config.json naming the timm eva.py entry "
-        "(architecture) with model_args.img_size [height, width]"
-    )
-
-
 def _read_timm_eva(
     p: Path, hub: dict[str, Any], sd: dict[str, Tensor], num_heads: int | None
 ) -> Checkpoint:
@@ -422,7 +383,7 @@ def _read_timm_eva(
     cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
     pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-    names = _label_names(hub, cfg, p)
+    names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
@@ -442,7 +403,7 @@ def _read_timm_relpos(
     if hub is not None:
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = _label_names(hub, cfg, p)
+        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     else:
         pre, names = PreprocessConfig.for_model(cfg), ()
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
