@@ -11,7 +11,9 @@ would keep a run from the other users of a shared machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,7 +48,9 @@ def set_file_mode(path: str | os.PathLike[str]) -> None:
 
 
 def publish(tmp: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
-    """Move the finished file ``tmp`` to ``dst``: the umask's mode, fsynced, renamed."""
+    """Move the finished file ``tmp`` to ``dst``: the umask's mode, fsynced, renamed (never
+    over a device, FIFO or socket: :func:`check_kind`)."""
+    check_kind(dst)
     set_file_mode(tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
@@ -60,6 +64,60 @@ def read_paths(read: str | os.PathLike[str]) -> list[Path]:
     itself and, for a run's checkpoint (``RUN/checkpoints/step_N``), ``RUN/checkpoints``."""
     p = Path(read).resolve()
     return [p, p.parent] if p.parent.name == "checkpoints" else [p]
+
+
+def _kind(st: os.stat_result) -> str:
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(st.st_mode):
+            return name
+    return "not a regular file"
+
+
+def check_kind(path: str | os.PathLike[str]) -> None:
+    """Refuse to replace ``path`` if it exists (itself, or where its symbolic link leads) and is
+    neither a regular file nor a directory: a device, a FIFO or a socket is never turned into a
+    regular file, ``--overwrite`` or not."""
+    p = Path(path)
+    for st in _stats(p):
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise VitkitError(
+                f"{p}: is {_kind(st)}; vitkit writes only regular files and directories and "
+                "never replaces anything else (--overwrite or not): choose another destination"
+            )
+
+
+def _stats(p: Path) -> list[os.stat_result]:
+    out = []
+    for follow in (False, True):
+        # absent, a dangling link, a name the system refuses: nothing there to protect
+        with contextlib.suppress(OSError, ValueError):
+            out.append(os.stat(p, follow_symlinks=follow))
+    return out
+
+
+def check_writable(dst: str | os.PathLike[str], *, inside: bool = False) -> None:
+    """Refuse, before any work, a destination whose nearest existing directory this user
+    cannot write (a read-only or immutable directory): one line naming it, not a traceback.
+    ``inside``: files are written into the directory ``dst`` only (else ``dst`` itself is
+    written beside, under a temporary name, and renamed: its parent must be writable too)."""
+    p = Path(dst).absolute()
+    dirs = [p] if p.is_dir() else []
+    if not (inside and dirs):
+        d = p.parent
+        while not d.exists() and d != d.parent:
+            d = d.parent
+        dirs.append(d)
+    for d in dirs:
+        if d.is_dir() and not os.access(d, os.W_OK | os.X_OK):
+            raise VitkitError(
+                f"{dst}: cannot write into {d} (permission denied: read-only, immutable or "
+                "another user's): choose another destination"
+            )
 
 
 def check_destination(
@@ -76,6 +134,10 @@ def check_destination(
     whole directory that must then be absent or empty."""
     dst = Path(dst)
     target = dst.resolve()
+    writes = None if writes is None else list(writes)
+    check_kind(dst)
+    for name in writes or ():
+        check_kind(dst / name)
     for read in reads:
         for p in read_paths(read):
             if target == p or p in target.parents:
@@ -84,6 +146,7 @@ def check_destination(
                     f"into a checkpoint or dataset being read ({flag} or not): choose another "
                     "destination"
                 )
+    check_writable(dst, inside=writes is not None)
     if overwrite:
         return
     if writes is not None:
@@ -135,6 +198,7 @@ def check_run_dir(out: str | os.PathLike[str]) -> None:
     directory (``RUN/checkpoints/step_N``): the new run would be read back under the old one's
     name. (``out`` itself holding a run is the trainer's to judge: refused unless resumed.)"""
     target = Path(out).resolve()
+    check_kind(out)
     if _holds_run_or_checkpoint(target) == "a checkpoint":
         raise VitkitError(f"{out}: is a checkpoint; a run directory is never made in one")
     for parent in target.parents:
@@ -144,11 +208,14 @@ def check_run_dir(out: str | os.PathLike[str]) -> None:
                 f"{out}: lies inside {parent}, {kind}; a run directory is never made inside "
                 "a run or a checkpoint: choose another --out-dir"
             )
+    check_writable(out, inside=True)
 
 
 __all__ = [
     "check_destination",
+    "check_kind",
     "check_run_dir",
+    "check_writable",
     "file_mode",
     "fresh_directory",
     "fsync_dir",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vitkit.analysis.attention import HeadFusion, explain
 from vitkit.checkpoints import Checkpoint
-from vitkit.data.images import load_images
+from vitkit.data.images import load_images, shown_name
 from vitkit.data.transforms import normalize
 from vitkit.eval.predict import Prediction, class_names, format_top_k, top_k
 from vitkit.models.vit import VisionTransformer
@@ -73,7 +73,8 @@ def explain_files(
     explained = []
     for i, (path, stem) in enumerate(zip(paths, output_stems(paths))):
         shown = format_top_k(tops[i])
-        title = f"{Path(path).name}: {shown}" if shown else Path(path).name
+        name = shown_name(Path(path).name)
+        title = f"{name}: {shown}" if shown else name
         pixels = raw[i].float() / 255
         rollout_png = plot_rollout(
             pixels, found.rollout[i], out / f"{stem}_rollout.png", title=title

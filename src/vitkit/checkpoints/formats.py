@@ -84,6 +84,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VitkitError(f"{path}: unreadable JSON ({e})") from None
+    except RecursionError:  # a hostile file nested deeper than Python's parser goes
+        raise VitkitError(f"{path}: unreadable JSON (nested too deeply)") from None
 
 
 def detect_format(path: str | Path) -> Format:
@@ -350,11 +352,12 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         )
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
         )
+        timm_eva_bare.check_bare_eva_grid(p, sd, cfg, grid)
         ckpt = Checkpoint(
             p, cfg, PreprocessConfig.for_model(cfg), timm_eva.eva_to_state_dict(sd, cfg)
         )
@@ -380,7 +383,7 @@ def _read_timm_eva(
     cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
     pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-    names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+    names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
@@ -400,7 +403,7 @@ def _read_timm_relpos(
     if hub is not None:
         pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
+        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
     else:
         pre, names = PreprocessConfig.for_model(cfg), ()
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)

@@ -49,7 +49,7 @@ _TIMM_FILTER_CORNERS = ("base_patch16_radio_v3", "huge_patch16_radio_v3")  # ali
 def _config(path: Path) -> dict[str, Any]:
     try:
         found = json.loads((path / CONFIG).read_text())
-    except (OSError, ValueError):  # (read already by the format's reader)
+    except (OSError, ValueError, RecursionError):  # (read already by the format's reader)
         return {}
     return found if isinstance(found, dict) else {}
 

@@ -109,6 +109,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print("vitkit: interrupted", file=sys.stderr)
         return 130
+    except PermissionError as e:  # a read-only or immutable place met past the checks up front
+        where = e.filename if e.filename is not None else "a file"
+        print(f"vitkit: error: {where}: permission denied ({e.strerror})", file=sys.stderr)
+        return 2
     except Exception as e:  # a DataLoader worker re-raises our errors wrapped in its own type
         if "VitkitError: " in str(e):
             print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)

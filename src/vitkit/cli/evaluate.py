@@ -288,7 +288,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vitkit.data.images import check_image_files
+    from vitkit.data.images import check_image_files, shown_name
     from vitkit.eval.predict import format_top_k, predict_files
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
@@ -302,7 +302,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"image": str(path), "top_k": preds}))
         else:
-            print(f"{path}: {format_top_k(preds)}")
+            print(f"{shown_name(path)}: {format_top_k(preds)}")
     return 0
 
 

@@ -103,7 +103,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from vitkit.analysis.attention import require_attention
     from vitkit.analysis.image_maps import explain_files, output_names
     from vitkit.checkpoints import load_model
-    from vitkit.data.images import check_image_files
+    from vitkit.data.images import check_image_files, shown_name
     from vitkit.eval.predict import format_top_k
 
     check_image_files(args.images)
@@ -131,10 +131,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 record["prefix_rollout_share"] = found.prefix_rollout
             print(json.dumps(record))
         else:
-            print(f"{found.image}: {shown}" if shown else f"{found.image}:")
-            print(f"    {found.rollout_png}\n    {found.layers_png}")
+            name = shown_name(found.image)  # (a name that is not UTF-8 prints as U+FFFD)
+            print(f"{name}: {shown}" if shown else f"{name}:")
+            print(f"    {shown_name(found.rollout_png)}\n    {shown_name(found.layers_png)}")
             if found.pool_png is not None:
-                print(f"    {found.pool_png}  (the MAP head's attention)")
+                print(f"    {shown_name(found.pool_png)}  (the MAP head's attention)")
             if found.prefix_rollout:
                 shares = ", ".join(f"{k} {v:.3f}" for k, v in found.prefix_rollout.items())
                 print(f"    rollout share on prefix tokens (not in the maps): {shares}")

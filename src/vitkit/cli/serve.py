@@ -178,7 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"{'required' if key else 'not required'}"
     )
     if args.dry_run:
-        print(f"would serve {what} on http://{args.host}:{args.port}")
+        print(f"would serve {what} on {http_url(args.host, args.port)}")
         return 0
     config = uvicorn.Config(
         app,
@@ -202,6 +202,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def http_url(host: str, port: int) -> str:
+    """``http://HOST:PORT``, an IPv6 address in brackets (``http://[::]:8000``, RFC 3986)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _draining_server() -> Any:
     import uvicorn
 
@@ -221,7 +226,7 @@ def _draining_server() -> Any:
             await super().startup(sockets)
             if self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
-                print(f"{self.announce}\nready: http://{host}:{port}/", flush=True)
+                print(f"{self.announce}\nready: {http_url(host, port)}/", flush=True)
                 sys.stdout.flush()
 
     return DrainingServer

@@ -19,6 +19,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vitkit.data.arrays import DataInfo
+from vitkit.data.images import open_image
 from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
 
@@ -77,7 +78,7 @@ class ImageFolderDataset(Dataset):
         path, label = self.samples[index]
         img: Image.Image
         try:
-            with Image.open(path) as img:
+            with open_image(path) as img:
                 img.load()  # the full decode, inside the `try`
                 img = convert_image(img, self.channels)  # 16-bit / float: by their range
         except _DECODE_ERRORS as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,27 @@ if TYPE_CHECKING:
     from vitkit.registry.model_config import PreprocessConfig
 
 RESIZE_BUDGET = 200_000_000  # pixels the eval transform's resize may allocate (about 1 GB)
+
+
+# The image formats vitkit opens, from a file or a request (serve): PIL knows more (EPS runs
+# Ghostscript on the file; others are rarely images a person has), and those are refused before
+# PIL parses them further.
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+
+
+def open_image(fp: Any) -> Image.Image:
+    """``Image.open`` limited to :data:`FORMATS` (a file of another format: ValueError, with the
+    formats named)."""
+    try:
+        return Image.open(fp, formats=FORMATS)
+    except UnidentifiedImageError:
+        raise ValueError(f"not an image of a format vitkit reads ({', '.join(FORMATS)})") from None
+
+
+def shown_name(path: str | os.PathLike[str] | None) -> str:
+    """A path as a figure or a line of text shows it: bytes that are not UTF-8 (which Python
+    keeps as surrogates, that neither a font nor a UTF-8 terminal can take) become U+FFFD."""
+    return os.fsencode(str(path) if path is None else path).decode("utf-8", "replace")
 
 
 def check_image_files(paths: Sequence[str | Path]) -> None:
@@ -38,7 +60,7 @@ def load_image_file(
     if not p.is_file():
         raise VitkitError(f"{p}: no such image file")
     try:
-        with Image.open(p) as img:
+        with open_image(p) as img:
             width, height = img.size
             why = (
                 "" if transform is None else resize_refusal(transform, width, height, RESIZE_BUDGET)

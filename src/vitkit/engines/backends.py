@@ -136,7 +136,7 @@ def read_engine_dir(path: str | Path) -> tuple[dict[str, Any], Checkpoint]:
             meta=dict(info.get("meta", {})),
             format=FORMAT,
         )
-    except (OSError, KeyError, TypeError, ValueError, VitkitError) as e:
+    except (OSError, KeyError, TypeError, ValueError, VitkitError, RecursionError) as e:
         raise VitkitError(f"{path / ENGINE_FILE}: not a model vitkit export wrote ({e})") from None
     return info, ckpt
 

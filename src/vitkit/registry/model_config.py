@@ -460,8 +460,20 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
     cfg = ViTConfig(**base)
     for side, i, p in zip(("height", "width"), cfg.image_size, cfg.patch_size):
         if i % p:  # a new model tiles its images; a loaded one may floor (so400m/14 at 384)
-            raise VitkitError(f"image {side} {i} is not a positive multiple of the patch {p}")
+            raise VitkitError(
+                f"image {side} {i} is not a positive multiple of the patch {p}" + _tiling_fix(i, p)
+            )
     return cfg
+
+
+def _tiling_fix(image: int, patch: int) -> str:
+    """What makes ``patch`` tile ``image``: a smaller patch that divides it, or an image size
+    that is a multiple of the patch."""
+    fixes = [f"--image-size {max(patch, image // patch * patch)}"]
+    divisor = next((d for d in range(patch - 1, 1, -1) if image % d == 0), None)
+    if divisor is not None:
+        fixes.insert(0, f"-o patch_size={divisor}")
+    return ": pass " + " or ".join(fixes)
 
 
 def config_from_dict(d: dict[str, Any]) -> ModelConfig:

@@ -23,15 +23,11 @@ from PIL.Image import DecompressionBombError, DecompressionBombWarning
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
-from vitkit.data.images import eval_transform
+from vitkit.data.images import FORMATS, eval_transform  # the formats a request may hold
 from vitkit.data.resize_plan import resize_refusal
 from vitkit.data.transforms import convert_image, normalize
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
-
-# The image formats a request may hold. PIL opens more (EPS runs Ghostscript; others are rarely
-# images a person sends): those are refused before they are parsed further.
-FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
 class RequestError(Exception):

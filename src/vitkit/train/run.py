@@ -29,6 +29,7 @@ from vitkit.eval.checkpoint_eval import non_finite_weights
 from vitkit.hardware import resolve_precision
 from vitkit.models.sdpa_backend import check_sdpa_backend, sdpa_backend, set_attention_backend
 from vitkit.models.vit import build_model
+from vitkit.output_files import check_run_dir
 from vitkit.registry.model_config import ModelConfig, PreprocessConfig, ResNetConfig
 from vitkit.train import distributed as D
 from vitkit.train import setup
@@ -71,6 +72,7 @@ class TrainingRun:
     self_supervised = False  # the pre-trainer runs the objectives that need no labels
 
     def __init__(self, cfg: TrainConfig) -> None:
+        check_run_dir(cfg.out_dir)  # before any work or banner: a refused place says so first
         if cfg.objective != "classify" and not self.self_supervised:
             raise VitkitError(
                 f"objective {cfg.objective!r} is self-supervised pre-training: run it with "

@@ -15,6 +15,7 @@ from vitkit.checkpoints.overrides_applied import PREPROCESS_FIELDS
 from vitkit.checkpoints.posemb_kernels import load_time_kernel
 from vitkit.data import DataInfo, is_shard_dir, load_dataset
 from vitkit.errors import VitkitError
+from vitkit.registry.config_checks import check_fields
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, model_config
 from vitkit.train.train_config import TrainConfig
 
@@ -116,6 +117,11 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
 def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
     """The starting checkpoint's config with the model options a fine-tuning run may set:
     those that do not change the weights (dropout, attention dropout, stochastic depth)."""
+    cls = type(init.model_config)  # one message with every command's: "unknown model option(s)"
+    model_fields = set(cfg.model_overrides) - set(PREPROCESS_FIELDS) - {"crop_pct", "resize"}
+    check_fields(
+        cls, model_fields, "ResNet model option(s)" if cls is ResNetConfig else "model option(s)"
+    )
     ignored = sorted({"crop_pct", "resize"} & set(cfg.model_overrides))
     if ignored:  # the run crops as its data does: 1.0 in memory, 0.875 for image folders
         raise VitkitError(

@@ -254,6 +254,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VitkitError(f"{path}: unreadable JSON ({e})") from None
+    except RecursionError:  # a hostile file nested deeper than Python's parser goes
+        raise VitkitError(f"{path}: unreadable JSON (nested too deeply)") from None
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:

@@ -9,6 +9,7 @@ layouts (DINOv3, LingBot, RoPE-ViT: the same keys, other RoPE) are refused bare 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from torch import Tensor
 
@@ -20,6 +21,7 @@ from vitkit.checkpoints.timm.bare import (
     heads_assumed,
 )
 from vitkit.checkpoints.timm.eva import check_eva_architecture, eva_hub_config_provenance
+from vitkit.errors import VitkitError
 from vitkit.registry.model_config import ViTConfig
 
 
@@ -136,4 +138,28 @@ def _bare_pe(
     )
     return cfg, prov.assume(
         Assumption("rope", "axial", why, "a model of this layout may have none", "none")
+    )
+
+
+def check_bare_eva_grid(
+    p: Path, sd: dict[str, Tensor], cfg: ViTConfig, grid: tuple[int, int] | None
+) -> None:
+    """A bare EVA / EVA-02 file is read on a square grid (its rotary embedding follows the
+    grid, which only a timm folder states): a grid given, or position rows that no square grid
+    fills, are refused with what to do instead."""
+    rows = sd["pos_embed"].shape[1] if "pos_embed" in sd else None
+    gh, gw = cfg.grid_size
+    fits = rows is None or rows == gh * gw + cfg.num_pos_prefix
+    if grid is None and fits:
+        return
+    why = (
+        f"a grid ({grid[0]}x{grid[1]}) was given"
+        if grid is not None
+        else f"its {rows} position rows fill no square grid"
+    )
+    raise VitkitError(
+        f"{p}: {why}, and a bare EVA / EVA-02 state dict takes no grid: it is read on a square "
+        "one, as its rotary embedding follows the grid; for another grid read a timm folder: "
+        "this file as model.safetensors beside a config.json naming the timm eva.py entry "
+        "(architecture) with model_args.img_size [height, width]"
     )

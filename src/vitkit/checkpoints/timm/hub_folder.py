@@ -10,6 +10,7 @@ matter for training are ignored, and an unknown key is refused by name.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -169,3 +170,18 @@ def timm_hub_config_provenance(
         prov.set("given", ["num_heads"])
     prov.assumptions = []  # a registered entry fixes every setting
     return cfg.replace(**changes), prov
+
+
+def hub_label_names(hub: dict[str, Any], cfg: ViTConfig, config: Path) -> tuple[str, ...]:
+    """A timm folder's ``label_names``: one per output of the head, or refused (a shorter list
+    would leave outputs without a label; a longer one names classes the head does not have)."""
+    raw = hub.get("label_names") or ()
+    if not isinstance(raw, list | tuple):
+        raise VitkitError(f"{config}: label_names is not a list")
+    names = tuple(str(n) for n in raw)
+    if names and len(names) != cfg.num_classes:
+        raise VitkitError(
+            f"{config}: {len(names)} label_names for a head of {cfg.num_classes} outputs; "
+            "give one name per output (or remove label_names: outputs are then labelled by index)"
+        )
+    return names
