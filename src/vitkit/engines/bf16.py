@@ -1,0 +1,144 @@
+"""bf16 CPU inference: the model's weights converted to bf16 once, not cast per call.
+
+On a CPU that multiplies bf16 natively (AVX512-BF16, AMX) oneDNN's bf16 matmuls run several
+times faster than fp32 ones (bench/results/cpu_inference.md: the bf16 and fp32 ceilings of the
+host, measured in the same run). ``torch.autocast`` casts every weight to bf16 on every call;
+:func:`bf16_model` converts the weights once and runs the whole forward in bf16 (LayerNorm and
+softmax accumulate in fp32 inside PyTorch's CPU kernels), returning fp32 logits. Optionally
+compiled by inductor (``compiled=True``), which fuses the element-wise work between matmuls.
+
+Where bf16 is emulated (a CPU with AVX2 only) a bf16 matmul is many times slower than fp32
+(bench/results/precision.md): inference at ``precision="bf16"`` is refused there in one line
+(:func:`check_bf16_cpu`), never run slowly without a word.
+
+Accuracy: bf16 keeps 8 bits of mantissa; ``vitkit eval --precision bf16`` records its top-1
+beside fp32's on the same images, and their agreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.errors import VitkitError
+
+INFERENCE_PRECISIONS = ("fp32", "bf16")
+
+
+def bf16_refusal(native: bool, cpu: str) -> str | None:
+    """Why bf16 inference is refused on ``cpu`` (None where ``native``)."""
+    if native:
+        return None
+    return (
+        f"--precision bf16: {cpu} has no native bf16 (AVX512-BF16 or AMX); bf16 would be "
+        "emulated, many times slower than fp32: use --precision fp32"
+    )
+
+
+def check_bf16_cpu() -> None:
+    """Refuse bf16 CPU inference where the CPU would emulate it."""
+    from vitkit.hardware import cpu_name, native_bf16
+
+    native = native_bf16(torch.device("cpu"))
+    why = bf16_refusal(native, "this CPU" if native else cpu_name())
+    if why is not None:
+        raise VitkitError(why)
+
+
+def check_precision(precision: str) -> str:
+    if precision not in INFERENCE_PRECISIONS:
+        raise VitkitError(
+            f"inference precision must be one of {', '.join(INFERENCE_PRECISIONS)}, "
+            f"got {precision!r}"
+        )
+    return precision
+
+
+class BF16Model(nn.Module):
+    """``model`` with bf16 weights: ``forward(x float) -> logits fp32`` (the input cast to
+    bf16 on the way in). ``engine`` and ``precision`` say what runs it."""
+
+    def __init__(self, model: nn.Module, compiled: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.engine = "torch"
+        self.precision = "bf16"
+        self.compiled = compiled
+        self._run: Any = torch.compile(model, dynamic=False) if compiled else model
+
+    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        if isinstance(x, dict):  # a NaFlex packed batch: its pixel values in bf16
+            x = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+        elif x.is_floating_point():
+            x = x.to(torch.bfloat16)
+        with torch.inference_mode():
+            return self._run(x).float()
+
+    def extra_repr(self) -> str:
+        return f"engine=torch{' compiled' if self.compiled else ''}, precision=bf16"
+
+
+def bf16_model(model: nn.Module, compiled: bool = False) -> BF16Model:
+    """``model`` (fp32, in place: its weights become bf16) as a :class:`BF16Model`, in eval
+    mode. Refused on a CPU without native bf16."""
+    check_bf16_cpu()
+    return BF16Model(model.to(torch.bfloat16).eval(), compiled=compiled)
+
+
+def export_bf16(
+    model: nn.Module,
+    ckpt: Any,
+    out: str | Path,
+    *,
+    engine: str = "openvino",
+    measure: Callable[[nn.Module], dict[str, Any] | None] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` (fp32, eval) into the engine directory ``out`` for ``engine`` at bf16:
+    OpenVINO IR of the fp32 graph (``model.xml`` + ``model.bin``) that OpenVINO's CPU plugin
+    runs with its bf16 inference precision, and ``engine.json`` recording ``precision: bf16``
+    and ``versus_fp32``: what ``measure(bf16 engine model)`` returns (top-1 beside fp32's and
+    the agreement; null where nothing was measured). Refused on a CPU without native bf16
+    (OpenVINO would run fp32 there and the accuracy would not be bf16's)."""
+    from vitkit.engines.backends import EngineModel, openvino_runner, require
+    from vitkit.engines.int8 import write_engine_dir
+
+    if engine != "openvino":
+        raise VitkitError(
+            f"--precision bf16 writes a model for openvino, not {engine} (PyTorch converts a "
+            "checkpoint to bf16 as it loads it: vitkit predict --precision bf16)"
+        )
+    require("openvino")
+    check_bf16_cpu()
+    ov = require("openvino")
+
+    def make(fp32: Path, tmp: Path) -> dict[str, Any]:
+        ov.save_model(ov.Core().read_model(str(fp32)), str(tmp / "model.xml"), False)
+        run = openvino_runner(tmp / "model.xml", None, "bf16")
+        versus = measure(EngineModel(run, "openvino", "bf16")) if measure else None
+        return {
+            "engine": "openvino",
+            "precision": "bf16",
+            "files": {"openvino": "model.xml"},
+            "versus_fp32": versus,
+        }
+
+    return write_engine_dir(model, ckpt, out, BF16_FILES, make, overwrite=overwrite)
+
+
+BF16_FILES = ("model.xml", "model.bin", "engine.json")
+
+__all__ = [
+    "BF16_FILES",
+    "BF16Model",
+    "export_bf16",
+    "INFERENCE_PRECISIONS",
+    "bf16_model",
+    "bf16_refusal",
+    "check_bf16_cpu",
+    "check_precision",
+]
