@@ -4,8 +4,11 @@ On a CPU that multiplies bf16 natively (AVX512-BF16, AMX) oneDNN's bf16 matmuls 
 times faster than fp32 ones (bench/results/cpu_inference.md: the bf16 and fp32 ceilings of the
 host, measured in the same run). ``torch.autocast`` casts every weight to bf16 on every call;
 :func:`bf16_model` converts the weights once and runs the whole forward in bf16 (LayerNorm and
-softmax accumulate in fp32 inside PyTorch's CPU kernels), returning fp32 logits. Optionally
-compiled by inductor (``compiled=True``), which fuses the element-wise work between matmuls.
+softmax accumulate in fp32 inside PyTorch's CPU kernels), returning fp32 logits, with the
+Linear layers called on oneDNN directly and each MLP's fc1 + GELU one oneDNN call
+(vitkit.engines.onednn). Optionally compiled by inductor (``compiled=True``); on a 2-vCPU AMD
+EPYC (AVX512-BF16) compiling B/16 took over a minute and was not faster at batch 32
+(bench/results/cpu_inference_bf16.md), so the command line does not compile.
 
 Where bf16 is emulated (a CPU with AVX2 only) a bf16 matmul is many times slower than fp32
 (bench/results/precision.md): inference at ``precision="bf16"`` is refused there in one line
@@ -85,8 +88,13 @@ class BF16Model(nn.Module):
 def bf16_model(model: nn.Module, compiled: bool = False) -> BF16Model:
     """``model`` (fp32, in place: its weights become bf16) as a :class:`BF16Model`, in eval
     mode. Refused on a CPU without native bf16."""
+    from vitkit.engines.onednn import onednn_linears
+
     check_bf16_cpu()
-    return BF16Model(model.to(torch.bfloat16).eval(), compiled=compiled)
+    model = model.to(torch.bfloat16).eval()
+    if not compiled:  # fc1 + GELU as one oneDNN call, Linear layers straight to oneDNN
+        onednn_linears(model)
+    return BF16Model(model, compiled=compiled)
 
 
 def export_bf16(
