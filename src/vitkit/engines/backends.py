@@ -18,7 +18,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -208,7 +208,7 @@ def engine_model(
     if engine == "torch":
         if precision == "bf16":
             return bf16_model(model, compiled=compiled)
-        return torch.compile(model) if compiled else model
+        return cast(nn.Module, torch.compile(model)) if compiled else model
     if compiled:
         raise VitkitError("compiled=True is the torch engine's")
     require(engine)
