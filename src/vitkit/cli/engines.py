@@ -256,7 +256,8 @@ def cmd_export_bf16(args: argparse.Namespace) -> int:
 
     from vitkit.checkpoints import load_model
     from vitkit.engines.backends import require
-    from vitkit.engines.bf16 import BF16_FILES, check_bf16_cpu, export_bf16
+    from vitkit.engines.bf16 import check_bf16_cpu
+    from vitkit.engines.bf16_export import BF16_FILES, export_bf16
     from vitkit.engines.onednn import onednn_linears
     from vitkit.eval.compare import format_comparison
     from vitkit.output_files import check_destination

@@ -20,8 +20,6 @@ beside fp32's on the same images, and their agreement.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,53 +95,8 @@ def bf16_model(model: nn.Module, compiled: bool = False) -> BF16Model:
     return BF16Model(model, compiled=compiled)
 
 
-def export_bf16(
-    model: nn.Module,
-    ckpt: Any,
-    out: str | Path,
-    *,
-    engine: str = "openvino",
-    measure: Callable[[nn.Module], dict[str, Any] | None] | None = None,
-    overwrite: bool = False,
-) -> Path:
-    """Write ``model`` (fp32, eval) into the engine directory ``out`` for ``engine`` at bf16:
-    OpenVINO IR of the fp32 graph (``model.xml`` + ``model.bin``) that OpenVINO's CPU plugin
-    runs with its bf16 inference precision, and ``engine.json`` recording ``precision: bf16``
-    and ``versus_fp32``: what ``measure(bf16 engine model)`` returns (top-1 beside fp32's and
-    the agreement; null where nothing was measured). Refused on a CPU without native bf16
-    (OpenVINO would run fp32 there and the accuracy would not be bf16's)."""
-    from vitkit.engines.backends import EngineModel, openvino_runner, require
-    from vitkit.engines.int8 import write_engine_dir
-
-    if engine != "openvino":
-        raise VitkitError(
-            f"--precision bf16 writes a model for openvino, not {engine} (PyTorch converts a "
-            "checkpoint to bf16 as it loads it: vitkit predict --precision bf16)"
-        )
-    require("openvino")
-    check_bf16_cpu()
-    ov = require("openvino")
-
-    def make(fp32: Path, tmp: Path) -> dict[str, Any]:
-        ov.save_model(ov.Core().read_model(str(fp32)), str(tmp / "model.xml"), False)
-        run = openvino_runner(tmp / "model.xml", None, "bf16")
-        versus = measure(EngineModel(run, "openvino", "bf16")) if measure else None
-        return {
-            "engine": "openvino",
-            "precision": "bf16",
-            "files": {"openvino": "model.xml"},
-            "versus_fp32": versus,
-        }
-
-    return write_engine_dir(model, ckpt, out, BF16_FILES, make, overwrite=overwrite)
-
-
-BF16_FILES = ("model.xml", "model.bin", "engine.json")
-
 __all__ = [
-    "BF16_FILES",
     "BF16Model",
-    "export_bf16",
     "INFERENCE_PRECISIONS",
     "bf16_model",
     "bf16_refusal",
