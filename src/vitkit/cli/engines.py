@@ -16,9 +16,10 @@ from vitkit.errors import VitkitError
 # ONNX Runtime, more over vitkit's own oneDNN path) and 0.9-1.3x ONNX Runtime on an AVX2 one.
 FAST_FP32 = ("openvino", "onnxruntime", "torch")
 FAST_INT8 = ("onnxruntime", "openvino")
-# --fast --precision bf16: PyTorch with bf16 weights was faster than OpenVINO at its bf16
-# precision for B/16 at batch 32 on a 2-vCPU AMD EPYC with AVX512-BF16 (1.2-1.4x, interleaved),
-# and loads without OpenVINO's export and compilation (half a minute for B/16).
+# --fast --precision bf16: PyTorch with bf16 weights. For B/16 at batch 32 on a shared 2-vCPU
+# AMD EPYC with AVX512-BF16, OpenVINO at its bf16 precision ran at 0.87x and 1.14x PyTorch's in
+# two interleaved runs (bench/results/cpu_inference_bf16.md), and needs an ONNX export and a
+# compilation first (11-27 s for B/16) that PyTorch's path does not.
 FAST_BF16 = ("torch", "openvino")
 
 
