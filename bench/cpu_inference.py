@@ -4,9 +4,11 @@ For each model (random weights, the same in every path; timm gets vitkit's weigh
 vitkit's converter) it times, at batch 1 (latency) and ``--batch`` (throughput):
 
 - timm fp32 eager; vitkit fp32 eager (as ``vitkit eval`` / ``predict`` run it: Linear layers
-  on oneDNN, vitkit.engines.onednn); vitkit bf16 autocast (only where bf16 is native: an
-  emulated bf16 matmul runs at a few GFLOP/s and would take the run hours); vitkit
-  ``torch.compile`` (fp32);
+  on oneDNN, vitkit.engines.onednn); vitkit ``torch.compile`` (fp32);
+- only where bf16 is native (an emulated bf16 matmul runs at a few GFLOP/s and would take the
+  run hours): timm and vitkit with bf16 autocast; "vitkit bf16", what ``predict --precision
+  bf16`` runs (the weights converted to bf16 once, vitkit.engines.bf16), also compiled by
+  inductor; OpenVINO at its bf16 inference precision;
 - vitkit's ONNX export under ONNX Runtime fp32 and under OpenVINO fp32;
 - the int8 models ``vitkit export --int8`` writes (vitkit.engines.int8): ONNX Runtime dynamic
   (``quantize_dynamic``), ONNX Runtime static QDQ and OpenVINO + NNCF, calibrated on random
@@ -23,6 +25,7 @@ OpenVINO partly not).
 
     python bench/cpu_inference.py                 # mnist,Ti/16,S/16,B/16, batch 1 and 32, 2 rounds
     python bench/cpu_inference.py --models B/16 --rounds 5
+    python bench/cpu_inference.py --models B/16 --skip batch1,fp32-only --paths ''  # bf16 paths
 """
 
 from __future__ import annotations
@@ -63,7 +66,11 @@ from vitkit.registry.counts import count_flops  # noqa: E402
 PRECISION = {  # the ceiling each path is measured against
     "timm fp32": "fp32",
     "vitkit fp32": "fp32",
+    "timm bf16 autocast": "bf16",
+    "vitkit bf16 autocast": "bf16",
     "vitkit bf16": "bf16",
+    "vitkit bf16 compiled": "bf16",
+    "OpenVINO bf16": "bf16",
     "vitkit compiled": "fp32",
     "ORT fp32": "fp32",
     "OpenVINO fp32": "fp32",
@@ -149,7 +156,25 @@ def build_paths(name: str, batches: list[int], tmp: Path, args) -> tuple[dict, d
     onednn_linears(fast)  # what vitkit eval / predict run: fp32 Linear layers on oneDNN
     paths = {"timm fp32": torch_fns(t), "vitkit fp32": torch_fns(fast)}
     if native_bf16(torch.device("cpu")):
-        paths["vitkit bf16"] = torch_fns(ours, bf16=True)
+        paths["timm bf16 autocast"] = torch_fns(t, bf16=True)
+        paths["vitkit bf16 autocast"] = torch_fns(ours, bf16=True)
+        # what predict / serve --precision bf16 run: the weights in bf16, converted once
+        bf16 = engines.engine_model(copy.deepcopy(ours), "torch", "bf16")
+        paths["vitkit bf16"] = {b: (lambda b=b: bf16(xs[b])) for b in batches}
+        if "compiled" in args.paths:
+            s = time.perf_counter()
+            comp = engines.engine_model(copy.deepcopy(ours), "torch", "bf16", compiled=True)
+            for b in batches:
+                comp(xs[b])  # compile (one graph per batch size)
+            paths["vitkit bf16 compiled"] = {b: (lambda b=b: comp(xs[b])) for b in batches}
+            prep["vitkit bf16 compiled"] = time.perf_counter() - s
+        if engines.available("openvino"):
+            s = time.perf_counter()
+            ov = engines.engine_model(copy.deepcopy(ours), "openvino", "bf16")
+            paths["OpenVINO bf16"] = {b: (lambda b=b: ov(xs[b])) for b in batches}
+            prep["OpenVINO bf16"] = time.perf_counter() - s
+    if "fp32-only" in args.skip:
+        return paths, prep
     if "compiled" in args.paths:
         s = time.perf_counter()
         compiled = torch.compile(ours)
@@ -219,10 +244,16 @@ def main() -> None:
     ap.add_argument("--min-s", type=float, default=0.5, help="timing per measurement (s)")
     ap.add_argument("--calib-images", type=int, default=16)
     ap.add_argument("--paths", default="compiled", help="'compiled' or '' (skip torch.compile)")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated: 'batch1' (only --batch), 'fp32-only' (no compiled fp32, ONNX "
+        "Runtime, OpenVINO fp32 or int8 path: timm and vitkit eager fp32 and the bf16 paths)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench/results/cpu_inference"))
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    batches = [1, args.batch]
+    batches = [args.batch] if "batch1" in args.skip else [1, args.batch]
     cpu = torch.device("cpu")
     ceilings = {"fp32 MKL": matmul_ceiling(torch.float32, cpu)}
     if onednn_available():
@@ -305,20 +336,27 @@ def write(rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace
         base = {
             r["batch"]: r["img_s"] for r in rows if r["model"] == name and r["path"] == "timm fp32"
         }
+        base16 = {
+            r["batch"]: r["img_s"]
+            for r in rows
+            if r["model"] == name and r["path"] == "timm bf16 autocast"
+        }
         lines += [
             f"## {name}",
             "",
-            "| path | batch | img/s | latency ms | x timm fp32 | of ceiling | peak MiB "
-            "| prepare s |",
-            "|---|---|---|---|---|---|---|---|",
+            "| path | batch | img/s | latency ms | x timm fp32 | x timm bf16 autocast "
+            "| of ceiling | peak MiB | prepare s |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sorted(
             (r for r in rows if r["model"] == name), key=lambda r: (r["batch"], -r["img_s"])
         ):
             frac, peak, prep = r["fraction_of_ceiling"], r["peak_mib"], r["prepare_s"]
+            vs16 = f"{r['img_s'] / base16[r['batch']]:.2f}" if r["batch"] in base16 else ""
             lines.append(
                 f"| {r['path']} | {r['batch']} | {r['img_s']:.1f} | {r['latency_ms']:.1f} | "
                 f"{r['img_s'] / base[r['batch']]:.2f} | "
+                f"{vs16} | "
                 f"{'' if frac is None else f'{100 * frac:.0f} %'} | "
                 f"{'' if peak is None else f'{peak:.0f}'} | "
                 f"{'' if prep is None else f'{prep:.0f}'} |"

@@ -1,9 +1,12 @@
-"""int8 accuracy of a trained run, every quantization path beside its fp32 source.
+"""int8 and bf16 accuracy of a trained run, every path beside its fp32 source.
 
-For each path it runs `vitkit export RUN WORK/PATH --int8 ...` and `vitkit eval --from
+For each int8 path it runs `vitkit export RUN WORK/PATH --int8 ...` and `vitkit eval --from
 WORK/PATH`, which evaluates the int8 model and its fp32 source on the same test images and records
-the top-1 of both, the difference and the top-1 agreement (eval.json's `versus_source`). Writes
-OUT.json and OUT.md with the target (lose <= 0.3 points, agree on >= 99 %) checked per path.
+the top-1 of both, the difference and the top-1 agreement (eval.json's `versus_source`). The bf16
+paths: `vitkit eval RUN --precision bf16` (PyTorch, the weights in bf16) and `vitkit export RUN
+WORK/PATH --precision bf16` (OpenVINO at bf16) + `eval --from`, recorded the same way. Writes
+OUT.json and OUT.md with the target checked per path (int8: lose <= 0.3 points, agree on >= 99 %;
+bf16: lose <= 0.1 points, agree on >= 99.5 %).
 The work folder is created by this command and refused if it exists (`--overwrite` replaces it).
 
     python bench/int8_accuracy.py runs/shapes-vit --out bench/results/int8_accuracy_shapes_vit
@@ -37,39 +40,52 @@ PATHS = {  # name: (label, export options)
         ["--engine", "openvino", "--keep-fp32", "mlp.fc2"],
     ),
 }
+BF16_PATHS = {  # name: (label, export options; None: eval --precision bf16 of the run itself)
+    "bf16": ("PyTorch bf16 weights (eval --precision bf16)", None),
+    "openvino-bf16": ("OpenVINO bf16 (export --precision bf16)", ["--precision", "bf16"]),
+}
 TARGET = {"max_loss_points": 0.3, "min_agreement_percent": 99.0}
+BF16_TARGET = {"max_loss_points": 0.1, "min_agreement_percent": 99.5}
 
 
 def measure(run: Path, work: Path, name: str) -> dict:
-    label, options = PATHS[name]
+    label, options = {**PATHS, **BF16_PATHS}[name]
+    target = BF16_TARGET if name in BF16_PATHS else TARGET
     engine, evals = work / name, work / f"{name}-eval"
     start = time.perf_counter()
-    if vitkit(["export", str(run), str(engine), "--int8", *options]) != 0:
-        return {"path": name, "label": label, "error": "export failed (see above)"}
-    if vitkit(["eval", "--from", str(engine), "--out", str(evals)]) != 0:
-        return {"path": name, "label": label, "error": "eval failed (see above)"}
+    if options is None:
+        if vitkit(["eval", "--from", str(run), "--precision", "bf16", "--out", str(evals)]) != 0:
+            return {"path": name, "label": label, "error": "eval failed (see above)"}
+    else:
+        kind = [] if name in BF16_PATHS else ["--int8"]
+        if vitkit(["export", str(run), str(engine), *kind, *options]) != 0:
+            return {"path": name, "label": label, "error": "export failed (see above)"}
+        if vitkit(["eval", "--from", str(engine), "--out", str(evals)]) != 0:
+            return {"path": name, "label": label, "error": "eval failed (see above)"}
     versus = json.loads((evals / "eval.json").read_text())["versus_source"]
     ok = (
-        versus["top1_difference"] >= -TARGET["max_loss_points"]
-        and versus["top1_agreement"] >= TARGET["min_agreement_percent"]
+        versus["top1_difference"] >= -target["max_loss_points"]
+        and versus["top1_agreement"] >= target["min_agreement_percent"]
     )
     seconds = time.perf_counter() - start  # export (calibration included) and both evaluations
-    return {"path": name, "label": label, **versus, "target_met": ok, "seconds": seconds}
+    return {"path": name, "label": label, **versus, "target": target, "target_met": ok,
+            "seconds": seconds}  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="a trained vitkit run (its checkpoint)")
-    ap.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
+    every = {**PATHS, **BF16_PATHS}
+    ap.add_argument("--paths", default=",".join(every), help=f"of {', '.join(every)}")
     ap.add_argument("--work", type=Path, help="folder for the int8 models (default OUT_work)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing work folder")
     ap.add_argument("--out", default="bench/results/int8_accuracy")
     args = ap.parse_args()
     out = Path(args.out)
     work = args.work or out.with_name(out.name + "_work")
-    unknown = [p for p in args.paths.split(",") if p not in PATHS]
+    unknown = [p for p in args.paths.split(",") if p not in every]
     if unknown:
-        sys.exit(f"int8_accuracy: unknown path(s) {', '.join(unknown)} (of {', '.join(PATHS)})")
+        sys.exit(f"int8_accuracy: unknown path(s) {', '.join(unknown)} (of {', '.join(every)})")
     if not (args.run / "report.json").is_file():
         sys.exit(f"int8_accuracy: {args.run}: not a finished vitkit run (no report.json)")
     if work.exists():
@@ -81,16 +97,18 @@ def main() -> None:
     report = json.loads((args.run / "report.json").read_text())
     meta = {"cpu": cpu_name(), "run": str(args.run), "model": report.get("model"),
             "dataset": report.get("dataset"), "run_test_top1": report.get("test_top1"),
-            "command": " ".join(sys.argv), "target": TARGET}  # fmt: skip
+            "command": " ".join(sys.argv), "target": TARGET,
+            "bf16_target": BF16_TARGET}  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
-        f"# int8 accuracy of {meta['model']} on {meta['dataset']} ({args.run})",
+        f"# int8 and bf16 accuracy of {meta['model']} on {meta['dataset']} ({args.run})",
         "",
         f"{meta['cpu']}. Command: `{meta['command']}`. Target: lose <= 0.3 points of "
-        "top-1 and agree with fp32 on >= 99 % of the test images.",
+        "top-1 and agree with fp32 on >= 99 % of the test images (bf16: <= 0.1 points, "
+        ">= 99.5 %).",
         "",
-        "| int8 path | top-1 | fp32 top-1 | difference | agreement with fp32 | target |",
+        "| path | top-1 | fp32 top-1 | difference | agreement with fp32 | target |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:

@@ -32,7 +32,7 @@ def test_an_unknown_path_is_one_line_naming_the_choices(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "int8_accuracy: unknown path(s) fp8 "
-        "(of dynamic, static, openvino, dynamic-fc2, openvino-fc2)"
+        "(of dynamic, static, openvino, dynamic-fc2, openvino-fc2, bf16, openvino-bf16)"
     )
     assert not (tmp_path / "r_work").exists()
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from vitkit.cli.engines import add_int8_options, cmd_export_int8
+from vitkit.cli.engines import add_int8_options, cmd_export_bf16, cmd_export_int8
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -183,10 +183,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.output_files import check_destination
 
+    if args.precision == "bf16":
+        if args.int8:
+            raise VitkitError("--int8 or --precision bf16: one precision per export")
+        _check_path(output_directory, args.out)
+        return cmd_export_bf16(args)
     if args.int8 or args.engine or args.static or args.keep_fp32:
         if not args.int8:
             raise VitkitError(
-                "--engine, --static and --keep-fp32 choose how --int8 quantizes: add --int8"
+                "--engine, --static and --keep-fp32 choose how --int8 quantizes: add --int8 "
+                "(or --engine openvino --precision bf16)"
             )
         _check_path(output_directory, args.out)
         return cmd_export_int8(args)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import loading, positive_int
+from vitkit.cli.options import INFERENCE_PRECISION_HELP, add_precision, loading, positive_int
 from vitkit.errors import VitkitError
 
 # What --fast picks (bench/results/cpu_inference.md): an exact fp32 path for a checkpoint, the
@@ -16,10 +16,22 @@ from vitkit.errors import VitkitError
 # ONNX Runtime, more over vitkit's own oneDNN path) and 0.9-1.3x ONNX Runtime on an AVX2 one.
 FAST_FP32 = ("openvino", "onnxruntime", "torch")
 FAST_INT8 = ("onnxruntime", "openvino")
+# --fast --precision bf16: PyTorch with bf16 weights. For B/16 at batch 32 on a shared 2-vCPU
+# AMD EPYC with AVX512-BF16, OpenVINO at its bf16 precision ran at 0.87x and 1.14x PyTorch's in
+# two interleaved runs (bench/results/cpu_inference_bf16.md), and needs an ONNX export and a
+# compilation first (11-27 s for B/16) that PyTorch's path does not.
+FAST_BF16 = ("torch", "openvino")
 
 
 def add_int8_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("int8 (CPU inference; OUT is then a directory)")
+    g = p.add_argument_group("int8 and bf16 engines (CPU inference; OUT is then a directory)")
+    add_precision(
+        g,
+        default=None,
+        help="bf16: OUT/engine.json + OpenVINO IR run at its bf16 inference precision (a CPU "
+        "with native bf16; engine.json records top-1 against fp32 on the test split of the "
+        "checkpoint's dataset or --calib-data's)",
+    )
     g.add_argument(
         "--int8",
         action="store_true",
@@ -55,8 +67,12 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_engine_options(p: argparse.ArgumentParser, *, fast: bool = False) -> None:
+def add_engine_options(
+    p: argparse.ArgumentParser, *, fast: bool = False, precision: bool = False
+) -> None:
     g = p.add_argument_group("engine")
+    if precision:  # (eval has --precision in its compute group: the same definition)
+        add_precision(g, default=None, help=INFERENCE_PRECISION_HELP)
     g.add_argument(
         "--engine",
         choices=("torch", "onnxruntime", "openvino"),
@@ -68,7 +84,8 @@ def add_engine_options(p: argparse.ArgumentParser, *, fast: bool = False) -> Non
         g.add_argument(
             "--fast",
             action="store_true",
-            help="the fastest installed engine at the model's own precision (says which)",
+            help="the fastest installed engine at the model's own precision, or at "
+            "--precision bf16 the fastest bf16 path (says which)",
         )
 
 
@@ -105,11 +122,16 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
 
 
 def load_for_inference(
-    args: argparse.Namespace, path: str, *, batch: int | None = None
+    args: argparse.Namespace,
+    path: str,
+    *,
+    batch: int | None = None,
+    precision: str | None = None,
 ) -> tuple[Any, Any, str]:
-    """The model of ``path`` run by ``--engine`` (or what ``--fast`` picks), its checkpoint,
-    and the one line saying which engine and precision run it."""
-    from vitkit.engines.backends import available, fp32_engine_model, is_engine_dir, load_engine_dir
+    """The model of ``path`` run by ``--engine`` (or what ``--fast`` picks) at ``precision``
+    (None: fp32 for a checkpoint, an engine directory's own), its checkpoint, and the one line
+    saying which engine and precision run it."""
+    from vitkit.engines.backends import available, engine_model, is_engine_dir, load_engine_dir
 
     threads = getattr(args, "threads", None)
     fast = getattr(args, "fast", False)
@@ -118,6 +140,12 @@ def load_for_inference(
         from vitkit.engines.backends import read_engine_dir
 
         info, _ = read_engine_dir(path)
+        own = str(info.get("precision", "int8"))
+        if precision is not None and precision != own:
+            raise VitkitError(
+                f"{path}: an exported {own} model runs at {own} only; for --precision "
+                f"{precision}, give the checkpoint it was exported from"
+            )
         if engine is None and fast:
             files = info.get("files", {})
             engine = next((e for e in FAST_INT8 if e in files and available(e)), None)
@@ -126,24 +154,36 @@ def load_for_inference(
         return em, ckpt, f"engine: {em.engine}, {em.precision} ({why})"
     from vitkit.checkpoints import load_model
 
+    precision = precision or "fp32"
+    if precision == "bf16":
+        from vitkit.engines.bf16 import check_bf16_cpu
+
+        check_bf16_cpu()  # before any weights are read
     model, ckpt = load_model(path, **loading(args))
+    compiled = False
     if engine is None and fast:
-        engine = next(e for e in FAST_FP32 if available(e))
-        why = "--fast: the fastest exact fp32 path installed"
+        if precision == "bf16":
+            engine = next(e for e in FAST_BF16 if available(e))
+            why = "--fast: the fastest bf16 path installed on this CPU"
+        else:
+            engine = next(e for e in FAST_FP32 if available(e))
+            why = "--fast: the fastest exact fp32 path installed"
     else:
         why = "as asked" if engine else "default"
         engine = engine or "torch"
-    if engine != "torch":
+    if engine != "torch" or precision == "bf16":
         from vitkit.eval.checkpoint_eval import check_finite_weights
 
         check_finite_weights(model, ckpt)
-        model = fp32_engine_model(model, engine, threads)
+        model = engine_model(model, engine, precision, threads, compiled=compiled)
+        if engine == "torch":
+            why += "; bf16 weights"
     else:
         from vitkit.engines.onednn import onednn_linears
 
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
-    return model, ckpt, f"engine: {engine}, fp32 ({why})"
+    return model, ckpt, f"engine: {engine}, {precision} ({why})"
 
 
 def source_comparison(
@@ -174,3 +214,91 @@ def source_comparison(
     c = comparison(result.metrics()["top1"], ref.metrics()["top1"], agree, source)
     print(format_comparison(c, str(getattr(recorded.model, "precision", "int8"))))
     return c
+
+
+def bf16_weights(args: argparse.Namespace, model: Any, tta: bool) -> bool:
+    """Whether ``eval`` runs ``model`` with bf16 weights: ``--precision bf16`` asked on the CPU
+    for a PyTorch model (without test-time augmentation, which keeps autocast). Refused on a
+    CPU without native bf16."""
+    from vitkit.engines.backends import EngineModel
+
+    if args.precision != "bf16" or tta or isinstance(model, EngineModel):
+        return False
+    if str(args.device or "cpu") != "cpu":
+        return False
+    from vitkit.engines.bf16 import check_bf16_cpu
+
+    check_bf16_cpu()
+    return True
+
+
+def versus_fp32(
+    recorded: Any, fp32: Any, ckpt: Any, dataset: Any, batch_size: int, result: Any = None
+) -> dict[str, Any]:
+    """A lower-precision model (a Recorder, or a module) beside the fp32 ``fp32`` on the same
+    images: top-1 of each, the difference and the agreement (vitkit.eval.compare)."""
+    from vitkit.eval.checkpoint_eval import evaluate_checkpoint
+    from vitkit.eval.compare import Recorder, agreement, comparison
+
+    if not isinstance(recorded, Recorder):
+        recorded = Recorder(recorded)
+    if result is None:
+        result = evaluate_checkpoint(recorded, ckpt, dataset, batch_size=batch_size, progress=False)
+    ref = Recorder(fp32)
+    base = evaluate_checkpoint(ref, ckpt, dataset, batch_size=batch_size, progress=False)
+    agree = agreement(recorded.predictions(), ref.predictions())
+    return comparison(result.metrics()["top1"], base.metrics()["top1"], agree, str(ckpt.path))
+
+
+def cmd_export_bf16(args: argparse.Namespace) -> int:
+    """``export --precision bf16 [--engine openvino]``: an engine directory run at bf16, with
+    its top-1 beside fp32's on the test split of the checkpoint's dataset (or --calib-data's)."""
+    import copy
+
+    from vitkit.checkpoints import load_model
+    from vitkit.engines.backends import require
+    from vitkit.engines.bf16 import check_bf16_cpu
+    from vitkit.engines.bf16_export import BF16_FILES, export_bf16
+    from vitkit.engines.onednn import onednn_linears
+    from vitkit.eval.compare import format_comparison
+    from vitkit.output_files import check_destination
+
+    engine = args.engine or "openvino"
+    if args.static or args.keep_fp32:
+        raise VitkitError("--static and --keep-fp32 choose how --int8 quantizes, not bf16")
+    if engine != "openvino":
+        raise VitkitError(
+            f"--precision bf16 writes a model for openvino, not {engine} (PyTorch converts a "
+            "checkpoint to bf16 as it loads it: vitkit predict --precision bf16)"
+        )
+    require(engine)
+    check_bf16_cpu()
+    model, ckpt = load_model(args.ckpt, **loading(args))
+    check_destination(args.out, reads=[ckpt.path], writes=BF16_FILES, overwrite=args.overwrite)
+    data = args.calib_data or ckpt.meta.get("dataset")
+    measure = None
+    if data and ckpt.model_config.num_classes:
+        from vitkit.eval.checkpoint_eval import checkpoint_dataset
+
+        dataset = checkpoint_dataset(ckpt, data, "test", None)
+        fp32 = copy.deepcopy(model).eval()
+        onednn_linears(fp32)  # the fp32 model as the torch engine runs it
+
+        def measure(em: Any) -> dict[str, Any]:
+            print(f"measuring bf16 against fp32 on {data} (test split, {len(dataset)} images)")
+            return versus_fp32(em, fp32, ckpt, dataset, 64)
+    else:
+        print(
+            f"{ckpt.path}: no dataset to measure bf16 against fp32 on (--calib-data D: D's "
+            "test split); engine.json records versus_fp32: null"
+        )
+    out = export_bf16(
+        model, ckpt, args.out, engine=engine, measure=measure, overwrite=args.overwrite
+    )
+    from vitkit.engines.backends import read_engine_dir
+
+    info, _ = read_engine_dir(out)
+    print(f"wrote {out} ({engine}, bf16): {', '.join(BF16_FILES)}")
+    if info.get("versus_fp32"):
+        print(format_comparison(info["versus_fp32"], "bf16"))
+    return 0

@@ -4,12 +4,19 @@ predictions."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.engines import add_engine_options, load_for_inference, source_comparison
+from vitkit.cli.engines import (
+    add_engine_options,
+    bf16_weights,
+    load_for_inference,
+    source_comparison,
+    versus_fp32,
+)
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -132,7 +139,7 @@ def add_commands(sub: Any) -> None:
         help="a NaFlex model: keep each image's aspect ratio, at most N patches (no crop)",
     )
     add_json(p)
-    add_engine_options(p, fast=True)
+    add_engine_options(p, fast=True, precision=True)
     p.set_defaults(func=cmd_predict)
 
 
@@ -165,7 +172,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
-    from vitkit.engines.backends import EngineModel
+    from vitkit.engines.backends import EngineModel, engine_model
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint_eval import (
         checkpoint_dataset,
@@ -173,7 +180,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         eval_output_dir,
         evaluate_checkpoint,
     )
-    from vitkit.eval.compare import Recorder
+    from vitkit.eval.compare import Recorder, format_comparison
     from vitkit.eval.tta import JitterTTA, check_jitter
     from vitkit.plotting import plot_confusion_matrix
 
@@ -209,12 +216,16 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         raise VitkitError(f"{ckpt.path}: the model has no classification head to evaluate")
     dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
     names = dataset.info.class_names
+    fp32_model = None
+    if bf16_weights(args, model, any(jitter)):  # bf16 weights, measured beside fp32
+        fp32_model, model = model, Recorder(engine_model(copy.deepcopy(model), "torch", "bf16"))
+        why += "; bf16 weights"
     result = evaluate_checkpoint(
         model,
         ckpt,
         dataset,
         batch_size=args.batch_size,
-        precision=precision,
+        precision="fp32" if fp32_model is not None else precision,
         device=args.device,
         num_workers=args.num_workers,
         max_seq_len=max_seq_len,
@@ -229,6 +240,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     if isinstance(model, Recorder):
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)
+        if fp32_model is not None:
+            versus = versus_fp32(model, fp32_model, ckpt, dataset, args.batch_size, result)
+            print(format_comparison(versus, "bf16"))
         if versus is not None:
             record["versus_source"] = versus
     if tuple(names) == HARD_CLASSES:  # the label's two questions, scored apart
@@ -292,8 +306,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vitkit.eval.predict import format_top_k, predict_files
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
-    model, ckpt, engine_line = load_for_inference(args, args.ckpt)
-    if args.engine or args.fast or ckpt.format == "vitkit-engine":
+    model, ckpt, engine_line = load_for_inference(args, args.ckpt, precision=args.precision)
+    if args.engine or args.fast or args.precision or ckpt.format == "vitkit-engine":
         print(engine_line, file=sys.stderr if args.json else sys.stdout)
     max_seq_len = run_max_seq_len(args.max_seq_len, ckpt)
     for path, preds in zip(

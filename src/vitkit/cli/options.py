@@ -402,6 +402,12 @@ def add_runtime(
     add_threads_device(g, device="cpu")
 
 
+INFERENCE_PRECISION_HELP = (
+    "bf16: the weights converted to bf16 once, on a CPU with native bf16 (AVX512-BF16 or AMX; "
+    "refused elsewhere); default fp32 (a model of 'vitkit export': its own)"
+)
+
+
 def add_precision(
     g: Any, default: str | None, help: str = "bf16: autocast", auto: bool = False
 ) -> None:

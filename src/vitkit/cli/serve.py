@@ -102,7 +102,7 @@ def add_commands(sub: Any) -> None:
         "--max-images", type=positive_int, default=16, help="images per request (default 16)"
     )
     add_bound_options(g)
-    add_engine_options(p, fast=True)
+    add_engine_options(p, fast=True, precision=True)
     p.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     p.set_defaults(func=cmd_serve)
 
@@ -112,21 +112,22 @@ def served_model(args: argparse.Namespace) -> Any:
     ``--fast`` (what ``vitkit predict`` runs), explanations by the PyTorch model where there
     is one."""
     from vitkit.engines.backends import EngineModel
+    from vitkit.engines.bf16 import BF16Model
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.models.vit import VisionTransformer
     from vitkit.serve.served_model import ServedModel
 
-    model, ckpt, engine_line = load_for_inference(args, args.ckpt)
+    model, ckpt, engine_line = load_for_inference(args, args.ckpt, precision=args.precision)
     print(engine_line)
     attention, why = None, ""
-    if isinstance(model, EngineModel):
+    if isinstance(model, (EngineModel, BF16Model)):
         engine, precision = model.engine, model.precision
         if ckpt.format == "vitkit-engine":
             why = (
                 f"the {engine} engine ({precision}) gives no attention maps: serve the fp32 "
                 "checkpoint it was exported from (--engine torch) for /v1/explain"
             )
-        else:  # a fp32 checkpoint: its PyTorch model explains
+        else:  # a checkpoint: its fp32 PyTorch model explains
             from vitkit.checkpoints import load_model
 
             attention, _ = load_model(args.ckpt, **loading(args))

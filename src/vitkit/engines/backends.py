@@ -18,7 +18,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -74,7 +74,11 @@ class EngineModel(nn.Module):
         return f"engine={self.engine}, precision={self.precision}"
 
 
-def onnxruntime_runner(path: Path, threads: int | None = None) -> Callable[[Any], Any]:
+def onnxruntime_runner(
+    path: Path, threads: int | None = None, precision: str = "fp32"
+) -> Callable[[Any], Any]:
+    if precision != "fp32":  # (its CPU provider has no bf16 matmul)
+        raise VitkitError(f"the onnxruntime engine runs fp32 and int8 models, not {precision}")
     ort = require("onnxruntime")
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads or torch.get_num_threads()
@@ -94,13 +98,22 @@ def onnxruntime_runner(path: Path, threads: int | None = None) -> Callable[[Any]
     return run
 
 
-def openvino_runner(path: Path, threads: int | None = None) -> Callable[[Any], Any]:
+def openvino_runner(
+    path: Path, threads: int | None = None, precision: str = "fp32"
+) -> Callable[[Any], Any]:
+    """OpenVINO's CPU plugin running ``path``: exact fp32 (an int8 model stays int8, the rest
+    fp32), or with ``precision="bf16"`` its bf16 inference precision (refused on a CPU without
+    native bf16, where OpenVINO would silently run fp32)."""
     ov = require("openvino")
     core = ov.Core()
+    if precision == "bf16":
+        from vitkit.engines.bf16 import check_bf16_cpu
+
+        check_bf16_cpu()
     config = {
         "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(),
         "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": "f32",  # an int8 model stays int8; the rest is exact fp32
+        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
     }
     compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
@@ -160,23 +173,54 @@ def load_engine_dir(
             f"{path}: holds a model for {written}, not {engine}; export it again with "
             f"--int8 --engine {engine}"
         )
-    run = RUNNERS[engine](Path(path) / files[engine], threads)
-    return EngineModel(run, engine, str(info.get("precision", "int8"))), ckpt
+    precision = str(info.get("precision", "int8"))
+    if precision == "bf16" and engine != "openvino":
+        raise VitkitError(f"{path}: a bf16 model runs under openvino only, not {engine}")
+    run = RUNNERS[engine](
+        Path(path) / files[engine], threads, "bf16" if precision == "bf16" else "fp32"
+    )
+    return EngineModel(run, engine, precision), ckpt
 
 
 def fp32_engine_model(model: nn.Module, engine: str, threads: int | None = None) -> nn.Module:
     """``model`` (fp32) run by ``engine``: itself for torch, else exported to ONNX (a temporary
     file) and loaded into the engine, the same numbers to about 1e-5."""
+    return engine_model(model, engine, "fp32", threads)
+
+
+def engine_model(
+    model: nn.Module,
+    engine: str = "torch",
+    precision: str = "fp32",
+    threads: int | None = None,
+    *,
+    compiled: bool = False,
+) -> nn.Module:
+    """``model`` (fp32, eval) run by ``engine`` at ``precision`` ("fp32" or "bf16") for CPU
+    inference, taking and returning fp32 tensors. fp32: itself for torch, else exported to ONNX
+    (a temporary file) and loaded into the engine, the same numbers to about 1e-5. bf16 (a CPU
+    with native bf16 only, else refused in one line): torch converts the weights to bf16 once,
+    in place (``compiled``: also ``torch.compile``, vitkit.engines.bf16); openvino compiles the
+    fp32 graph with its bf16 inference precision; onnxruntime has no bf16."""
+    from vitkit.engines.bf16 import bf16_model, check_precision
+
+    check_precision(precision)
     if engine == "torch":
-        return model
+        if precision == "bf16":
+            return bf16_model(model, compiled=compiled)
+        return cast(nn.Module, torch.compile(model)) if compiled else model
+    if compiled:
+        raise VitkitError("compiled=True is the torch engine's")
     require(engine)
+    if precision == "bf16" and engine != "openvino":
+        raise VitkitError(f"bf16 runs under the torch or openvino engine, not {engine}")
     from vitkit.engines.onnx_export import export_onnx
 
     with tempfile.TemporaryDirectory(prefix="vitkit-engine-") as tmp:
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
             path = export_onnx(model, Path(tmp) / "model.onnx")
-        run = RUNNERS[engine](path, threads)  # the loaded model holds the graph; the file can go
-    return EngineModel(run, engine, "fp32")
+        run = RUNNERS[engine](path, threads, precision)  # the engine holds the graph now
+    return EngineModel(run, engine, precision)
 
 
 __all__ = [
@@ -184,6 +228,7 @@ __all__ = [
     "ENGINE_FILE",
     "EngineModel",
     "available",
+    "engine_model",
     "fp32_engine_model",
     "is_engine_dir",
     "load_engine_dir",

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,16 +247,54 @@ def export_int8(
     the engine's file(s) and ``engine.json``. ``calib``: normalised calibration images (None:
     ONNX Runtime's dynamic quantization). Every file is written under a temporary name first;
     nothing is written into the checkpoint read, nor over a file without ``overwrite``."""
-    from vitkit.engines.onnx_export import export_onnx
     from vitkit.eval.checkpoint_eval import check_finite_weights
 
-    out = Path(out)
     names = int8_files(engine)
-    check_destination(out, reads=[ckpt.path], writes=names, overwrite=overwrite)
+    check_destination(Path(out), reads=[ckpt.path], writes=names, overwrite=overwrite)
     check_finite_weights(model, ckpt)
     require(engine)
     if engine == "openvino" and calib is None:
         raise VitkitError("the openvino engine quantizes with calibration images only")
+
+    def make(fp32: Path, tmp: Path) -> dict[str, Any]:
+        if engine == "openvino":
+            assert calib is not None
+            quantize_openvino(fp32, tmp / "model.xml", calib, keep_fp32)
+            files = {"openvino": "model.xml"}
+        else:
+            quantize_onnxruntime(fp32, tmp / "model.onnx", calib, keep_fp32)
+            files = {"onnxruntime": "model.onnx", "openvino": "model.onnx"}
+        return {
+            "engine": engine,
+            "precision": "int8",
+            "files": files,
+            "calibration": calibration or {"method": "dynamic"},
+            "keep_fp32": list(keep_fp32),
+        }
+
+    return write_engine_dir(model, ckpt, out, names, make, overwrite=overwrite)
+
+
+def write_engine_dir(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    out: str | Path,
+    names: tuple[str, ...],
+    make: Callable[[Path, Path], dict[str, Any]],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """The engine directory ``out`` of ``model`` (fp32, eval): ``make(fp32_onnx, tmp)`` writes
+    the engine's files into ``tmp`` from the model's fp32 ONNX export and returns engine.json's
+    own fields (engine, precision, files, ...); the source's config, preprocessing, classes and
+    dataset are added here. Every file is written under a temporary name first, engine.json
+    last; nothing is written into the checkpoint read, nor over a file without ``overwrite``."""
+    from vitkit.engines.onnx_export import export_onnx
+    from vitkit.eval.checkpoint_eval import check_finite_weights
+
+    out = Path(out)
+    check_destination(out, reads=[ckpt.path], writes=names, overwrite=overwrite)
+    check_finite_weights(model, ckpt)
     created = not out.exists()  # removed again if the export fails: no empty directory left
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(f".{out.name}.tmp-*"):  # left by an export killed before its end
@@ -269,25 +307,16 @@ def export_int8(
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
             fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
-        if engine == "openvino":
-            assert calib is not None
-            quantize_openvino(fp32, tmp / "model.xml", calib, keep_fp32)
-            files = {"openvino": "model.xml"}
-        else:
-            quantize_onnxruntime(fp32, tmp / "model.onnx", calib, keep_fp32)
-            files = {"onnxruntime": "model.onnx", "openvino": "model.onnx"}
+        own = make(fp32, tmp)
         info = {
             "format": FORMAT,
-            "engine": engine,
-            "precision": "int8",
-            "files": files,
+            **{k: own[k] for k in ("engine", "precision", "files")},
             "model": ckpt.model_config.to_dict(),
             "preprocess": ckpt.preprocess.to_dict(),
             "class_names": list(ckpt.class_names),
             "meta": {k: v for k, v in ckpt.meta.items() if k in ("dataset", "train_config")},
             "source": str(ckpt.path),
-            "calibration": calibration or {"method": "dynamic"},
-            "keep_fp32": list(keep_fp32),
+            **{k: v for k, v in own.items() if k not in ("engine", "precision", "files")},
         }
         (tmp / ENGINE_FILE).write_text(json.dumps(info, indent=1))
         for name in names:  # engine.json last: a directory without it is not a model yet
@@ -325,4 +354,5 @@ __all__ = [
     "nodes_of_modules",
     "quantize_onnxruntime",
     "quantize_openvino",
+    "write_engine_dir",
 ]

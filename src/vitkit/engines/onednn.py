@@ -27,6 +27,8 @@ from torch import Tensor, nn
 from vitkit.models.block_parts import Mlp
 
 ENV = "VITKIT_ONEDNN"
+# fp32 always; bf16 where the CPU has it natively (a model with bf16 weights, vitkit.engines.bf16)
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def onednn_available() -> bool:
@@ -43,11 +45,12 @@ def onednn_available() -> bool:
 
 
 def _plain_inference(x: Tensor, w: Tensor) -> bool:
-    """Whether ``x @ w.T`` is fp32 CPU inference that oneDNN may compute (nothing to record
-    for autograd, no autocast, not traced by the compiler, an exporter or TorchScript)."""
+    """Whether ``x @ w.T`` is fp32 (or all-bf16) CPU inference that oneDNN may compute (nothing
+    to record for autograd, no autocast, not traced by the compiler, an exporter or
+    TorchScript)."""
     return not (
-        x.dtype != torch.float32
-        or w.dtype != torch.float32
+        x.dtype not in ONEDNN_DTYPES
+        or w.dtype != x.dtype
         or x.device.type != "cpu"
         or w.device.type != "cpu"
         or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))

@@ -1,0 +1,142 @@
+"""bf16 CPU inference: ``--precision bf16`` on predict, serve, export and eval, the engine API,
+and the one line refusing it on a CPU that would emulate bf16."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.checkpoints import save_checkpoint
+from vitkit.cli import main
+from vitkit.engines.backends import available, engine_model, load_engine_dir
+from vitkit.engines.bf16 import BF16Model, bf16_refusal
+from vitkit.errors import VitkitError
+from vitkit.hardware import native_bf16
+
+NATIVE = native_bf16(torch.device("cpu"))
+needs_bf16 = pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16")
+
+
+def test_bf16_is_refused_in_one_line_saying_why_without_native_bf16():
+    line = bf16_refusal(False, "Some CPU (2 vCPUs; avx2)")
+    assert line is not None and "\n" not in line
+    assert "Some CPU" in line and "no native bf16" in line and "emulated" in line
+    assert "--precision fp32" in line
+    assert bf16_refusal(True, "Some CPU") is None
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny trained-looking model on the 8x8 digits (its own dataset, for the comparison)."""
+    pytest.importorskip("sklearn")
+    d = tmp_path_factory.mktemp("bf16")
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=10, width=32, depth=2, num_heads=2, mlp_dim=64
+    )
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_checkpoint(d / "ck", m, meta={"dataset": "digits"})
+    img = d / "digit.png"
+    Image.fromarray((np.arange(64).reshape(8, 8) * 4).astype(np.uint8)).save(img)
+    return d, m.eval(), img
+
+
+@needs_bf16
+def test_engine_api_runs_bf16_weights_close_to_fp32(ckpt):
+    _, model, _ = ckpt
+    import copy
+
+    x = torch.randn(16, 1, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    bf = engine_model(copy.deepcopy(model), "torch", "bf16")
+    assert isinstance(bf, BF16Model) and bf.precision == "bf16"
+    assert all(p.dtype == torch.bfloat16 for p in bf.model.parameters())  # converted once
+    got = bf(x)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    assert not torch.equal(got, ref)  # it did run in bf16
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+    with pytest.raises(VitkitError, match="not onnxruntime"):
+        engine_model(copy.deepcopy(model), "onnxruntime", "bf16")
+    with pytest.raises(VitkitError, match="fp32, bf16"):
+        engine_model(copy.deepcopy(model), "torch", "fp16")
+
+
+@needs_bf16
+def test_predict_at_bf16_says_so_and_agrees_with_fp32(ckpt, capsys):
+    d, _, img = ckpt
+    assert main(["predict", "--from", str(d / "ck"), str(img), "--top-k", "1"]) == 0
+    fp32 = capsys.readouterr().out.splitlines()[-1]
+    args = ["predict", "--from", str(d / "ck"), str(img), "--top-k", "1", "--precision", "bf16"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("engine: torch, bf16 (default; bf16 weights")
+    assert out[1].split()[1] == fp32.split()[1]  # the same top-1 label
+    assert main([*args, "--fast"]) == 0
+    fast = capsys.readouterr().out.splitlines()[0]
+    assert fast.startswith("engine: torch, bf16 (--fast: the fastest bf16 path"), fast
+
+
+@needs_bf16
+def test_eval_at_bf16_records_top1_against_fp32_and_agreement(ckpt, capsys):
+    d, _, _ = ckpt
+    out = d / "ev-bf16"
+    args = ["eval", "--from", str(d / "ck"), "--precision", "bf16", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "bf16 vs fp32 source" in printed and "top-1 agreement" in printed
+    record = json.loads((out / "eval.json").read_text())
+    v = record["versus_source"]
+    assert record["precision"] == "bf16" and record["engine"] == "torch"
+    assert v["top1"] == pytest.approx(100 * record["top1"])
+    assert v["top1_difference"] == pytest.approx(v["top1"] - v["source_top1"])
+    assert 95 <= v["top1_agreement"] <= 100
+
+
+@needs_bf16
+@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+def test_export_bf16_for_openvino_records_precision_and_accuracy(ckpt, capsys, tmp_path):
+    d, model, img = ckpt
+    out = d / "ov-bf16"
+    assert main(["export", str(d / "ck"), str(out), "--precision", "bf16"]) == 0
+    printed = capsys.readouterr().out
+    assert "(openvino, bf16)" in printed and "bf16 vs fp32 source" in printed
+    info = json.loads((out / "engine.json").read_text())
+    assert info["precision"] == "bf16" and info["engine"] == "openvino"
+    v = info["versus_fp32"]
+    assert v["top1_difference"] == pytest.approx(v["top1"] - v["source_top1"])
+    assert 95 <= v["top1_agreement"] <= 100
+    em, _ = load_engine_dir(out)
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    got = em(x)
+    assert em.precision == "bf16" and (got - ref).abs().max() < 0.05 * ref.abs().max()
+    assert main(["predict", "--from", str(out), str(img)]) == 0
+    assert capsys.readouterr().out.startswith("engine: openvino, bf16 (as written)")
+    # an exported model runs at its own precision; int8 and bf16 are one precision per export
+    assert main(["predict", "--from", str(out), str(img), "--precision", "fp32"]) == 2
+    assert "runs at bf16 only" in capsys.readouterr().err
+    both = ["export", str(d / "ck"), str(tmp_path / "x"), "--precision", "bf16", "--int8"]
+    assert main(both) == 2
+    assert "one precision per export" in capsys.readouterr().err
+    ort = ["export", str(d / "ck"), str(tmp_path / "y"), "--precision", "bf16"]
+    assert main([*ort, "--engine", "onnxruntime"]) == 2
+    assert "for openvino, not onnxruntime" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@needs_bf16
+def test_serve_dry_run_at_bf16_serves_bf16(ckpt, capsys):
+    pytest.importorskip("fastapi")
+    d, _, _ = ckpt
+    assert main(["serve", str(d / "ck"), "--precision", "bf16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "engine: torch, bf16" in out, out
