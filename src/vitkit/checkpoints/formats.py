@@ -64,6 +64,7 @@ from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance, carried
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
+from vitkit.checkpoints.arch import check_name_against_weights
 from vitkit.checkpoints.timm import hub_folder as timm_hub
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
@@ -344,11 +345,14 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
     if p.is_dir():
         assert hub is not None
         if arch.split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
+            margs = hub.get("model_args") if isinstance(hub.get("model_args"), dict) else {}
+            shapes = {k: tuple(v.shape) for k, v in sd.items()}
+            check_name_against_weights(arch.split(".")[0], shapes, margs, str(p / CONFIG))
             return _read_timm_eva(p, hub, sd, num_heads)
         cfg, prov = _wrap(
             lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
         )
-        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg, str(p / CONFIG)), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
@@ -378,7 +382,7 @@ def _read_timm_eva(
 ) -> Checkpoint:
     """A timm folder naming an eva.py entry vitkit reads (:mod:`vitkit.checkpoints.timm.eva`)."""
     cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
-    pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+    pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg, str(p / CONFIG)), p)
     prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
     names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
@@ -398,7 +402,7 @@ def _read_timm_relpos(
         lambda: timm_relpos.relpos_config_provenance(sd, hub, str(p), num_heads, grid), p
     )
     if hub is not None:
-        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
+        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg, str(p / CONFIG)), p)
         prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
         names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     else:

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.checkpoints.arch import check_name_against_weights
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.checkpoints.timm import switches as later
 from vitkit.checkpoints.timm.naflexvit import naflex_hub_config_provenance
@@ -117,6 +118,9 @@ def timm_hub_config_provenance(
         raise VitkitError(f"{source}: model_args is not a JSON object")
     named = _name_settings(arch)
     args = {**named, **model_args}
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    pooled = {**args, "global_pool": args.get("global_pool", hub.get("global_pool"))}
+    check_name_against_weights(arch, shapes, model_args, source, pooled)
     grid = None  # the input size, where given, says which E_pos rows are the patch grid
     size, proj = args.get("img_size"), sd.get("patch_embed.proj.weight")
     if size is not None and proj is not None and not any(k.startswith(_BACKBONE) for k in sd):
