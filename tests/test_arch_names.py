@@ -78,7 +78,9 @@ def test_the_true_name_still_loads(tmp_path):
 
 @pytest.mark.parametrize("fc_norm", [None, True])
 def test_pooled_global_pool_without_fc_norm_weights_is_refused(tmp_path, fc_norm):
-    args = {"img_size": 32, "depth": 2, "global_pool": "avg"} | ({} if fc_norm is None else {"fc_norm": True})
+    args = {"img_size": 32, "depth": 2, "global_pool": "avg"} | (
+        {} if fc_norm is None else {"fc_norm": True}
+    )
     d, sd = _plain_folder(tmp_path, "vit_tiny_patch16_224", args)
     assert _timm_refuses("vit_tiny_patch16_224", {**PLAIN, **args}, sd)
     with pytest.raises(VitkitError, match="fc_norm.weight"):
