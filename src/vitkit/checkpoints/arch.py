@@ -4,9 +4,11 @@ A timm folder's ``config.json`` names its ``architecture``; ``vitkit.load(path, 
 ``--arch NAME`` name one for a file that says nothing. timm builds that entry (its own settings,
 then the folder's ``model_args``) and loads the weights strictly. vitkit reads the weights with
 what the name fixes, so a name whose entry has another layout than the weights (a class token,
-position embeddings, a SwiGLU MLP, layer scale, a MAP head, fc_norm, another width or depth) would
+position embeddings, a SwiGLU MLP, layer scale, a MAP head, fc_norm) would
 be read as that entry with no word. :func:`check_name_against_weights` refuses it, naming the keys
-that contradict the name. ``timm/entries.json`` holds, for every registered entry vitkit reads,
+that contradict the name. Sizes (width, depth, patch, MLP width) are read from the weights, as
+they always were: they leave nothing to guess. ``timm/entries.json`` holds, for every
+registered entry vitkit reads,
 the layout facts of its state dict (:func:`layout_facts`) and the settings its name fixes;
 ``bench/timm_entries.py`` writes it from the installed timm and ``tests/test_arch_names.py``
 checks it against timm.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -79,6 +82,8 @@ _ARG_FACTS: dict[str, tuple[str, ...]] = {
     "attn_type": ("qkv_bias", "qk_norm", "attn_norm"),
 }
 _POOLED = ("avg", "avgmax", "max")
+# sizes the weights fix exactly whatever the name (the heads then come from the width's table)
+_SIZES = frozenset({"width", "patch", "depth", "mlp_hidden"})
 
 
 def pool_contradictions(shapes: dict[str, tuple[int, ...]], args: dict[str, Any]) -> list[str]:
@@ -152,7 +157,8 @@ def entries() -> dict[str, dict[str, Any]]:
 
 def _said(fact: str, want: Any, seen: Any) -> str:
     if isinstance(want, bool):
-        return f"{FACT_KEYS[fact]}: {'in' if want else 'not in'} the entry, {'in' if seen else 'not in'} the weights"
+        where = ("in" if want else "not in", "in" if seen else "not in")
+        return f"{FACT_KEYS[fact]}: {where[0]} the entry, {where[1]} the weights"
     return f"{FACT_KEYS[fact]}: {fact} {want} in the entry, {seen} in the weights"
 
 
@@ -170,7 +176,7 @@ def name_contradictions(
         return []
     out = []
     for fact, value in want.items():
-        if fact in given or seen.get(fact) == value:
+        if fact in _SIZES or fact in given or seen.get(fact) == value:
             continue
         out.append(_said(fact, value, seen[fact]))
     return out
@@ -193,3 +199,66 @@ def check_name_against_weights(
             "timm refuses these weights for it too: name the architecture they were trained as "
             "(--arch NAME), or give the settings in model_args"
         )
+
+
+def named_hub(arch: str, path: Any, fmt: str, read_json: Callable[[Any], Any]) -> dict[str, Any]:
+    """The timm ``config.json`` that ``arch=NAME`` states for the file at ``path``: the entry's
+    name and its default ``pretrained_cfg`` (its input and preprocessing). A folder that names
+    its own architecture must name the same one; other formats say theirs."""
+    name = arch.split(".")[0]
+    if name not in entries():
+        raise VitkitError(
+            f"{path}: arch={arch!r} is not a timm entry vitkit reads (a registered "
+            f"VisionTransformer or eva.py name of timm {_timm_version()})"
+        )
+    if fmt != "timm":
+        raise VitkitError(
+            f"{path}: arch={arch!r} names a timm entry for a timm state dict; this is a {fmt} "
+            "checkpoint, which says its own architecture"
+        )
+    if path.is_dir():
+        own = (read_json(path / "config.json") or {}).get("architecture", "")
+        if str(own).split(".")[0] != name:
+            raise VitkitError(
+                f"{path}: its config.json names {own!r}, not {name!r}; a folder says its own "
+                "architecture (arch= is for a file that does not)"
+            )
+    pcfg = dict(entries()[name]["pretrained_cfg"])
+    size = {"img_size": list(pcfg["input_size"][1:])} if "input_size" in pcfg else {}
+    return {"architecture": name, "model_args": size, "pretrained_cfg": pcfg}
+
+
+def named_checkpoint(
+    path: Any,
+    sd: dict[str, Any],
+    hub: dict[str, Any],
+    num_heads: int | None,
+    read_eva: Callable[..., Any],
+    read_vit: Callable[..., Any],
+) -> Any:
+    """A bare timm state dict read as the entry ``hub`` names: the weights checked against the
+    entry, then read as a folder naming it would be; nothing assumed."""
+    name = hub["architecture"]
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    check_name_against_weights(name, shapes, {}, str(path))
+    eva = name in _eva_names()
+    ckpt = read_eva(path, hub, sd, num_heads) if eva else read_vit(path, hub, sd, num_heads)
+    ckpt.meta = {**ckpt.meta, "timm_arch": name}
+    prov = ckpt.provenance
+    if prov is not None:
+        note = f"timm's {name} (arch=)"
+        prov.set("name", [f for f, s in prov.sources.items() if s == "file"], note)
+        prov.assumptions = []
+    return ckpt
+
+
+@cache
+def _eva_names() -> frozenset[str]:
+    from vitkit.checkpoints.timm.names import EVA_NAMES
+
+    return EVA_NAMES
+
+
+def _timm_version() -> str:
+    text = resources.files("vitkit.checkpoints.timm").joinpath("entries.json").read_text()
+    return str(json.loads(text)["timm"])

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import posemb_kernels
 from vitkit.checkpoints.adapt import adapt
+from vitkit.checkpoints.arch import check_name_against_weights, named_checkpoint, named_hub
 from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
 from vitkit.checkpoints.google import npz as npz_conv
 from vitkit.checkpoints.hf import backbone as hf_backbone
@@ -64,7 +65,6 @@ from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance, carried
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
-from vitkit.checkpoints.arch import check_name_against_weights
 from vitkit.checkpoints.timm import hub_folder as timm_hub
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
@@ -179,6 +179,7 @@ def read_checkpoint(
     format: Format | None = None,
     num_heads: int | None = None,
     grid: tuple[int, int] | None = None,
+    arch: str | None = None,
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     pre_logits: bool | None = None,
@@ -187,6 +188,9 @@ def read_checkpoint(
 ) -> Checkpoint:
     """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
 
+    ``arch``: a registered timm name (``"vit_base_patch16_224"``) stating the architecture and
+    preprocessing of a bare timm state dict, read as a folder naming it would be (nothing
+    assumed; a name its weights contradict is refused, :mod:`.arch`).
     ``num_heads`` / ``grid`` fill in what a bare state dict cannot say (heads of a non-standard
     timm width; a non-square position-embedding grid). ``image_size``, ``num_classes``,
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`;
@@ -212,6 +216,7 @@ def read_checkpoint(
                 format=format,
                 num_heads=num_heads,
                 grid=grid,
+                arch=arch,
                 image_size=image_size,
                 num_classes=num_classes,
                 pre_logits=pre_logits,
@@ -226,6 +231,7 @@ def read_checkpoint(
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    named = None if arch is None else named_hub(arch, p, fmt, _read_json)
     if fmt == "vitkit":
         ckpt = load_checkpoint(p)
         ckpt.provenance = Provenance().set("file", [*ckpt.model_config.to_dict(), *_PRE])
@@ -238,7 +244,7 @@ def read_checkpoint(
         ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
         ckpt.provenance = npz_conv.npz_provenance(cfg, _PRE)
     elif fmt == "timm":
-        ckpt = _read_timm(p, num_heads, grid)
+        ckpt = _read_timm(p, num_heads, grid, named)
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
@@ -313,7 +319,10 @@ def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
     return PreprocessConfig.for_model(cfg)
 
 
-def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> Checkpoint:
+def _read_timm(
+    p: Path, num_heads: int | None, grid: tuple[int, int] | None, named: dict[str, Any] | None
+) -> Checkpoint:
+    """A timm state dict or folder; ``named``: the config a bare file's ``arch=`` states."""
     if p.is_dir():
         sd = _weights_in(p)
     else:
@@ -336,9 +345,11 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         ckpt = Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
         ckpt.provenance = prov
         return ckpt
-    hub = _read_json(p / CONFIG) if p.is_dir() else None
+    hub = _read_json(p / CONFIG) if p.is_dir() else named
     if p.is_dir() and not isinstance(hub, dict):
         raise VitkitError(f"{p / CONFIG}: not a JSON object")
+    if named is not None and not p.is_dir():
+        return named_checkpoint(p, sd, named, num_heads, _read_timm_eva, _read_timm_vit)
     arch = str((hub or {}).get("architecture", ""))
     if timm_relpos.relpos_family(sd) or relpos_module(arch):  # BEiT, timm's relpos ViTs
         return _read_timm_relpos(p, sd, hub, num_heads, grid)
@@ -349,13 +360,8 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
             shapes = {k: tuple(v.shape) for k, v in sd.items()}
             check_name_against_weights(arch.split(".")[0], shapes, margs, str(p / CONFIG))
             return _read_timm_eva(p, hub, sd, num_heads)
-        cfg, prov = _wrap(
-            lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
-        )
-        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg, str(p / CONFIG)), p)
-        prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = tuple(str(n) for n in hub.get("label_names", ()) or ())
-    elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
+        return _read_timm_vit(p, hub, sd, num_heads)
+    if timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
         )
@@ -372,6 +378,20 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         pre, names = PreprocessConfig.for_model(cfg), ()
         prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
+    ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
+    ckpt.provenance = prov
+    return ckpt
+
+
+def _read_timm_vit(
+    p: Path, hub: dict[str, Any], sd: dict[str, Tensor], num_heads: int | None
+) -> Checkpoint:
+    """A timm folder naming a VisionTransformer entry (or a bare file with ``arch=``)."""
+    cfg, prov = _wrap(lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p)
+    src = str(p / CONFIG if p.is_dir() else p)
+    pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg, src), p)
+    prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
+    names = tuple(str(n) for n in hub.get("label_names", ()) or ())
     ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
     ckpt.provenance = prov
     return ckpt
@@ -554,6 +574,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
         "format",
         "num_heads",
         "grid",
+        "arch",
         "image_size",
         "num_classes",
         "pre_logits",

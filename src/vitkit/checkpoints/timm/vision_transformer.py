@@ -577,8 +577,8 @@ def timm_hub_preprocess(
     if "crop_pct" in p and p["crop_pct"] is not None and not p["crop_pct"]:
         warnings.warn(  # timm's resolve_data_config takes a falsy crop_pct as its default
             AssumptionWarning(
-                f"{source}: pretrained_cfg crop_pct={p['crop_pct']!r} read as 0.875, as timm reads it "
-                "(a crop_pct of 0 means timm's default); set another with -o crop_pct=X"
+                f"{source}: pretrained_cfg crop_pct={p['crop_pct']!r} read as 0.875, as timm "
+                "reads it (a crop_pct of 0 means timm's default); set another with -o crop_pct=X"
             ),
             stacklevel=3,
         )
