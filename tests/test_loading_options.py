@@ -92,3 +92,33 @@ def test_arch_the_weights_contradict_is_refused(tmp_path, capsys):
         vitkit.load(f, arch="vit_nonesuch")
     assert main(["inspect", str(f), "--arch", "vit_base_patch16_siglip_224"]) != 0
     assert "attn_pool" in capsys.readouterr().err
+
+
+def test_the_guide_s_arch_line_runs_with_nothing_assumed(tmp_path, capsys):
+    """docs/guide/checkpoints.md's ``--arch`` predict line as written, on a bare CLIP tower."""
+    import json
+    import shlex
+
+    import numpy as np
+    from doc_commands import page_commands
+    from PIL import Image
+
+    (line,) = [c for c in page_commands("docs/guide/checkpoints.md") if "--arch" in c]
+    timm = import_reference("timm")
+    ref = perturbed(timm.create_model("vit_base_patch16_clip_224", depth=1))
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()},
+        str(tmp_path / "model.safetensors"),
+    )
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "cat.jpg", format="PNG")
+    args = [
+        str(tmp_path / a) if a in ("cat.jpg", "model.safetensors") else a
+        for a in shlex.split(line)[1:]
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*args, "--json"]) == 0
+    assert not [w for w in caught if issubclass(w.category, AssumptionWarning)]
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(row["top_k"]) == 5

@@ -356,7 +356,8 @@ def _read_timm(
     if p.is_dir():
         assert hub is not None
         if arch.split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
-            margs = hub.get("model_args") if isinstance(hub.get("model_args"), dict) else {}
+            margs = hub.get("model_args")
+            margs = margs if isinstance(margs, dict) else {}
             shapes = {k: tuple(v.shape) for k, v in sd.items()}
             check_name_against_weights(arch.split(".")[0], shapes, margs, str(p / CONFIG))
             return _read_timm_eva(p, hub, sd, num_heads)

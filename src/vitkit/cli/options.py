@@ -303,7 +303,8 @@ def loading(args: argparse.Namespace) -> dict[str, Any]:
 def reading(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`loading` for ``read_checkpoint``: the config fields under ``overrides``."""
     kw = loading(args)
-    reads = {k: kw.pop(k) for k in ("num_heads", "format", "grid", "arch") if k in kw}
+    keys = ("num_heads", "format", "grid", "arch")
+    reads: dict[str, Any] = {k: kw.pop(k) for k in keys if k in kw}
     return {**reads, "overrides": kw}
 
 

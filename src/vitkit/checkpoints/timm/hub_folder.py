@@ -118,9 +118,6 @@ def timm_hub_config_provenance(
         raise VitkitError(f"{source}: model_args is not a JSON object")
     named = _name_settings(arch)
     args = {**named, **model_args}
-    shapes = {k: tuple(v.shape) for k, v in sd.items()}
-    pooled = {**args, "global_pool": args.get("global_pool", hub.get("global_pool"))}
-    check_name_against_weights(arch, shapes, model_args, source, pooled)
     grid = None  # the input size, where given, says which E_pos rows are the patch grid
     size, proj = args.get("img_size"), sd.get("patch_embed.proj.weight")
     if size is not None and proj is not None and not any(k.startswith(_BACKBONE) for k in sd):
@@ -152,6 +149,9 @@ def timm_hub_config_provenance(
         raise VitkitError(f"{source}: pool_include_prefix=True (pooling the prefix tokens too)")
     if pool == "token" and not cfg.has_class_token:
         raise VitkitError(f"{source}: global_pool 'token' without a class token")
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}  # (after the refusals above)
+    pooled = {**args, "global_pool": global_pool}
+    check_name_against_weights(arch, shapes, model_args, source, pooled)
     if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
         has = cfg.has_class_token
         changes.update(pool=pool, class_token=None if has == (pool == "token") else has)
