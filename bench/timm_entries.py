@@ -36,7 +36,7 @@ def main() -> int:
         shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         pcfg = dict(getattr(model, "pretrained_cfg", {}) or {})
         out[name] = {
-            "layout": layout_facts(shapes),
+            "layout": layout_facts(shapes, list(pcfg.get("input_size", [3]))[1:] or None),
             "pretrained_cfg": {k: pcfg[k] for k in _PRE if pcfg.get(k) is not None},
         }
     OUT.write_text(json.dumps({"timm": TIMM_VERSION, "entries": out}, sort_keys=True) + "\n")

@@ -108,5 +108,6 @@ def test_entries_equal_the_installed_timm(name):
     with torch.device("meta"):
         model = timm.create_model(name, pretrained=False)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    assert entries()[name]["layout"] == json.loads(json.dumps(layout_facts(shapes)))
+    size = list(model.pretrained_cfg["input_size"][1:])
+    assert entries()[name]["layout"] == json.loads(json.dumps(layout_facts(shapes, size)))
     assert set(entries()) == set(VIT_NAMES | EVA_NAMES)

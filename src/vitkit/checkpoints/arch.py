@@ -33,6 +33,7 @@ FACT_KEYS: dict[str, str] = {
     "class_token": "cls_token",
     "reg_tokens": "reg_token",
     "pos_embed": "pos_embed",
+    "pos_prefix": "pos_embed (rows beyond the patch grid)",
     "norm_pre": "norm_pre.weight",
     "norm": "norm.weight",
     "fc_norm": "fc_norm.weight",
@@ -53,10 +54,10 @@ _ARG_FACTS: dict[str, tuple[str, ...]] = {
     "patch_size": ("patch",),
     "depth": ("depth",),
     "mlp_ratio": ("mlp_hidden",),
-    "class_token": ("class_token", "pos_embed"),
-    "reg_tokens": ("reg_tokens",),
-    "num_reg_tokens": ("reg_tokens",),
-    "no_embed_class": ("pos_embed",),
+    "class_token": ("class_token", "pos_embed", "pos_prefix"),
+    "reg_tokens": ("reg_tokens", "pos_prefix"),
+    "num_reg_tokens": ("reg_tokens", "pos_prefix"),
+    "no_embed_class": ("pos_embed", "pos_prefix"),
     "pos_embed": ("pos_embed",),
     "use_abs_pos_emb": ("pos_embed",),
     "pre_norm": ("norm_pre",),
@@ -82,8 +83,9 @@ _ARG_FACTS: dict[str, tuple[str, ...]] = {
     "attn_type": ("qkv_bias", "qk_norm", "attn_norm"),
 }
 _POOLED = ("avg", "avgmax", "max")
-# sizes the weights fix exactly whatever the name (the heads then come from the width's table)
-_SIZES = frozenset({"width", "patch", "depth", "mlp_hidden"})
+# the depth the weights fix exactly whatever the name (nothing else follows from it); a width,
+# patch or MLP width the name contradicts is refused (the heads follow from the width's table)
+_SIZES = frozenset({"depth"})
 
 
 def pool_contradictions(shapes: dict[str, tuple[int, ...]], args: dict[str, Any]) -> list[str]:
@@ -107,8 +109,9 @@ def pool_contradictions(shapes: dict[str, tuple[int, ...]], args: dict[str, Any]
     ]
 
 
-def layout_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The layout a timm ViT / Eva state dict shows (``shapes``: key -> shape)."""
+def layout_facts(shapes: dict[str, tuple[int, ...]], img_size: Any = None) -> dict[str, Any]:
+    """The layout a timm ViT / Eva state dict shows (``shapes``: key -> shape); with the input
+    ``img_size`` also how many position-embedding rows are not the patch grid's."""
 
     def has(k: str) -> bool:
         return k in shapes
@@ -127,6 +130,10 @@ def layout_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
         fc2 = shapes.get("blocks.0.mlp.fc2.weight", (0, 0))
         mlp, hidden = ("glu" if fc1[0] == 2 * fc2[1] and fc1[0] else "mlp"), fc2[1]
     reg = shapes.get("reg_token")
+    pos, prefix = shapes.get("pos_embed"), None
+    if pos is not None and proj is not None and img_size is not None:
+        h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+        prefix = pos[1] - (int(h) // proj[2]) * (int(w) // proj[3])
     return {
         "width": proj[0] if proj else None,
         "patch": list(proj[2:]) if proj else None,
@@ -134,6 +141,7 @@ def layout_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
         "class_token": has("cls_token"),
         "reg_tokens": reg[1] if reg else 0,
         "pos_embed": has("pos_embed"),
+        "pos_prefix": prefix,
         "norm_pre": has("norm_pre.weight"),
         "norm": has("norm.weight"),
         "fc_norm": has("fc_norm.weight"),
@@ -171,12 +179,15 @@ def name_contradictions(
     if entry is None:
         return []
     given = {f for a in model_args for f in _ARG_FACTS.get(a, ())}
-    want, seen = entry["layout"], layout_facts(shapes)
+    # (the prefix rows where the folder says its input; else vitkit reads the grid from the rows)
+    want, seen = entry["layout"], layout_facts(shapes, model_args.get("img_size"))
+    if seen.get("pos_prefix") is None:
+        given.add("pos_prefix")
     if seen["width"] is None:  # a hybrid's stem or another layout: the converters decide
         return []
     out = []
     for fact, value in want.items():
-        if fact in _SIZES or fact in given or seen.get(fact) == value:
+        if fact in _SIZES or fact in given or seen.get(fact) == value or value is None:
             continue
         out.append(_said(fact, value, seen[fact]))
     return out
