@@ -83,9 +83,9 @@ _ARG_FACTS: dict[str, tuple[str, ...]] = {
     "attn_type": ("qkv_bias", "qk_norm", "attn_norm"),
 }
 _POOLED = ("avg", "avgmax", "max")
-# the depth the weights fix exactly whatever the name (nothing else follows from it); a width,
-# patch or MLP width the name contradicts is refused (the heads follow from the width's table)
-_SIZES = frozenset({"depth"})
+# sizes the weights fix exactly whatever the name; but the entry's heads are its width's, so
+# another width needs its heads given (:func:`check_name_against_weights`)
+_SIZES = frozenset({"width", "patch", "depth", "mlp_hidden"})
 
 
 def pool_contradictions(shapes: dict[str, tuple[int, ...]], args: dict[str, Any]) -> list[str]:
@@ -199,10 +199,19 @@ def check_name_against_weights(
     model_args: dict[str, Any],
     source: str,
     pool_args: dict[str, Any] | None = None,
+    heads_given: bool = False,
 ) -> None:
     """Refuse a timm name whose entry the weights contradict (:func:`name_contradictions`, and
     with ``pool_args`` given, :func:`pool_contradictions`)."""
     bad = name_contradictions(arch, shapes, model_args)
+    entry, proj = entries().get(arch), shapes.get("patch_embed.proj.weight")
+    width = None if entry is None or proj is None else entry["layout"]["width"]
+    other = width is not None and proj is not None and proj[0] != width
+    if other and not heads_given and "num_heads" not in model_args:
+        bad.append(
+            f"patch_embed.proj.weight: width {proj[0] if proj else None}, the entry's {width}, "
+            "so the entry's heads do not apply: give num_heads (--num-heads N, or model_args)"
+        )
     bad += pool_contradictions(shapes, pool_args) if pool_args is not None else []
     if bad:
         raise VitkitError(
@@ -251,7 +260,7 @@ def named_checkpoint(
     entry, then read as a folder naming it would be; nothing assumed."""
     name = hub["architecture"]
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
-    check_name_against_weights(name, shapes, {}, str(path))
+    check_name_against_weights(name, shapes, {}, str(path), None, num_heads is not None)
     eva = name in _eva_names()
     ckpt = read_eva(path, hub, sd, num_heads) if eva else read_vit(path, hub, sd, num_heads)
     ckpt.meta = {**ckpt.meta, "timm_arch": name}

@@ -359,7 +359,8 @@ def _read_timm(
             margs = hub.get("model_args")
             margs = margs if isinstance(margs, dict) else {}
             shapes = {k: tuple(v.shape) for k, v in sd.items()}
-            check_name_against_weights(arch.split(".")[0], shapes, margs, str(p / CONFIG))
+            name, src = arch.split(".")[0], str(p / CONFIG)
+            check_name_against_weights(name, shapes, margs, src, None, num_heads is not None)
             return _read_timm_eva(p, hub, sd, num_heads)
         return _read_timm_vit(p, hub, sd, num_heads)
     if timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family

@@ -151,7 +151,7 @@ def timm_hub_config_provenance(
         raise VitkitError(f"{source}: global_pool 'token' without a class token")
     shapes = {k: tuple(v.shape) for k, v in sd.items()}  # (after the refusals above)
     pooled = {**args, "global_pool": global_pool}
-    check_name_against_weights(arch, shapes, model_args, source, pooled)
+    check_name_against_weights(arch, shapes, model_args, source, pooled, num_heads is not None)
     if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
         has = cfg.has_class_token
         changes.update(pool=pool, class_token=None if has == (pool == "token") else has)
