@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import posemb_kernels
 from vitkit.checkpoints.adapt import adapt
+from vitkit.checkpoints.arch import check_name_against_weights, named_checkpoint, named_hub
 from vitkit.checkpoints.description import describe  # noqa: F401  (vitkit.checkpoints.describe)
 from vitkit.checkpoints.google import npz as npz_conv
 from vitkit.checkpoints.hf import backbone as hf_backbone
@@ -64,8 +65,10 @@ from vitkit.checkpoints.provenance import PAPER_PREPROCESS, Provenance, carried
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
-from vitkit.checkpoints.timm import hub_folder as timm_hub
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
+from vitkit.checkpoints.timm.folder_reading import PRE as _PRE
+from vitkit.checkpoints.timm.folder_reading import read_timm_eva, read_timm_relpos, read_timm_vit
+from vitkit.checkpoints.timm.folder_reading import wrap as _wrap
 from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.errors import VitkitError
@@ -180,6 +183,7 @@ def read_checkpoint(
     format: Format | None = None,
     num_heads: int | None = None,
     grid: tuple[int, int] | None = None,
+    arch: str | None = None,
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     pre_logits: bool | None = None,
@@ -188,6 +192,9 @@ def read_checkpoint(
 ) -> Checkpoint:
     """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
 
+    ``arch``: a registered timm name (``"vit_base_patch16_224"``) stating the architecture and
+    preprocessing of a bare timm state dict, read as a folder naming it would be (nothing
+    assumed; a name its weights contradict is refused, :mod:`.arch`).
     ``num_heads`` / ``grid`` fill in what a bare state dict cannot say (heads of a non-standard
     timm width; a non-square position-embedding grid). ``image_size``, ``num_classes``,
     ``pre_logits`` and ``resample`` move it to another resolution or head (:func:`adapt`;
@@ -213,6 +220,7 @@ def read_checkpoint(
                 format=format,
                 num_heads=num_heads,
                 grid=grid,
+                arch=arch,
                 image_size=image_size,
                 num_classes=num_classes,
                 pre_logits=pre_logits,
@@ -227,6 +235,7 @@ def read_checkpoint(
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise VitkitError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    named = None if arch is None else named_hub(arch, p, fmt, _read_json)
     if fmt == "vitkit":
         ckpt = load_checkpoint(p)
         ckpt.provenance = Provenance().set("file", [*ckpt.model_config.to_dict(), *_PRE])
@@ -239,7 +248,7 @@ def read_checkpoint(
         ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
         ckpt.provenance = npz_conv.npz_provenance(cfg, _PRE)
     elif fmt == "timm":
-        ckpt = _read_timm(p, num_heads, grid)
+        ckpt = _read_timm(p, num_heads, grid, named)
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
@@ -265,10 +274,6 @@ def read_checkpoint(
         pre_logits=pre_logits,
         resample=posemb_kernels.load_time_kernel(ckpt) if resample is None else resample,
     )
-
-
-# preprocessing fields a caller may state when loading (-o mean=...); not the model's size
-_PRE = ("mean", "std", "interpolation", "crop_pct")  # the ones provenance lists
 
 
 def adapt_checkpoint(
@@ -301,20 +306,15 @@ def adapt_checkpoint(
     )
 
 
-def _wrap(fn: Any, p: Path) -> Any:
-    try:
-        return fn()
-    except (VitkitError, TypeError, ValueError) as e:  # a malformed field of a file's config
-        said = str(e)  # (a converter's message that names the file already is kept as it is)
-        raise VitkitError(said if said.startswith(f"{p}: ") else f"{p}: {said}") from None
-
-
 def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
     """The official code's input pipeline: pixels scaled to [-1, 1], bilinear resize."""
     return PreprocessConfig.for_model(cfg)
 
 
-def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> Checkpoint:
+def _read_timm(
+    p: Path, num_heads: int | None, grid: tuple[int, int] | None, named: dict[str, Any] | None
+) -> Checkpoint:
+    """A timm state dict or folder; ``named``: the config a bare file's ``arch=`` states."""
     if p.is_dir():
         sd = _weights_in(p)
     else:
@@ -337,23 +337,25 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         ckpt = Checkpoint(p, bit, pre, timm_conv.timm_bit_to_state_dict(sd, bit))
         ckpt.provenance = prov
         return ckpt
-    hub = _read_json(p / CONFIG) if p.is_dir() else None
+    hub = _read_json(p / CONFIG) if p.is_dir() else named
     if p.is_dir() and not isinstance(hub, dict):
         raise VitkitError(f"{p / CONFIG}: not a JSON object")
+    if named is not None and not p.is_dir():
+        return named_checkpoint(p, sd, named, num_heads, read_timm_eva, read_timm_vit)
     arch = str((hub or {}).get("architecture", ""))
     if timm_relpos.relpos_family(sd) or relpos_module(arch):  # BEiT, timm's relpos ViTs
-        return _read_timm_relpos(p, sd, hub, num_heads, grid)
+        return read_timm_relpos(p, sd, hub, num_heads, grid)
     if p.is_dir():
         assert hub is not None
         if arch.split(".")[0] in EVA_NAMES:  # RoPE: timm eva.py
-            return _read_timm_eva(p, hub, sd, num_heads)
-        cfg, prov = _wrap(
-            lambda: timm_hub.timm_hub_config_provenance(hub, sd, str(p), num_heads), p
-        )
-        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
-        prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
-    elif timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
+            margs = hub.get("model_args")
+            margs = margs if isinstance(margs, dict) else {}
+            shapes = {k: tuple(v.shape) for k, v in sd.items()}
+            name, src = arch.split(".")[0], str(p / CONFIG)
+            check_name_against_weights(name, shapes, margs, src, None, num_heads is not None)
+            return read_timm_eva(p, hub, sd, num_heads)
+        return read_timm_vit(p, hub, sd, num_heads)
+    if timm_eva_bare.bare_layout(sd):  # EVA-02 / EVA: keys that fix an eva.py family
         cfg, prov = _wrap(
             lambda: timm_eva_bare.bare_eva_config_provenance(sd, str(p), num_heads), p
         )
@@ -372,43 +374,6 @@ def _read_timm(p: Path, num_heads: int | None, grid: tuple[int, int] | None) -> 
         prov.set("assumed", ["image_size"], "the patch grid x the patch (a remainder unknown)")
         prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
     ckpt = Checkpoint(p, cfg, pre, timm_conv.timm_to_state_dict(sd, cfg), names)
-    ckpt.provenance = prov
-    return ckpt
-
-
-def _read_timm_eva(
-    p: Path, hub: dict[str, Any], sd: dict[str, Tensor], num_heads: int | None
-) -> Checkpoint:
-    """A timm folder naming an eva.py entry vitkit reads (:mod:`vitkit.checkpoints.timm.eva`)."""
-    cfg, prov = _wrap(lambda: timm_eva.eva_hub_config_provenance(hub, sd, str(p), num_heads), p)
-    pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
-    prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-    names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
-    ckpt = Checkpoint(p, cfg, pre, timm_eva.eva_to_state_dict(sd, cfg), names)
-    ckpt.provenance = prov
-    return ckpt
-
-
-def _read_timm_relpos(
-    p: Path,
-    sd: dict[str, Tensor],
-    hub: dict[str, Any] | None,
-    num_heads: int | None,
-    grid: tuple[int, int] | None,
-) -> Checkpoint:
-    """A BEiT / timm relpos state dict or folder (checkpoints/timm/beit_relpos.py)."""
-    cfg, prov = _wrap(
-        lambda: timm_relpos.relpos_config_provenance(sd, hub, str(p), num_heads, grid), p
-    )
-    if hub is not None:
-        pre = _wrap(lambda: timm_conv.timm_hub_preprocess(hub, cfg), p)
-        prov.set("file", _PRE, "pretrained_cfg (timm's defaults where it is silent)")
-        names = timm_hub.hub_label_names(hub, cfg, p / CONFIG)
-    else:
-        pre, names = PreprocessConfig.for_model(cfg), ()
-        prov.set("assumed", _PRE, "the paper's").assume(PAPER_PREPROCESS)
-    state = _wrap(lambda: timm_relpos.relpos_to_state_dict(sd, cfg, str(p)), p)
-    ckpt = Checkpoint(p, cfg, pre, state, names)
     ckpt.provenance = prov
     return ckpt
 
@@ -556,6 +521,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
         "format",
         "num_heads",
         "grid",
+        "arch",
         "image_size",
         "num_classes",
         "pre_logits",

@@ -83,7 +83,7 @@ def source_kernel(ckpt: Checkpoint) -> Checkpoint:
         note = "no learned E_pos table to resample" if not cfg.naflex else "naflex_* instead"
     elif fmt == "timm":
         mode, note = TIMM, "timm's resample_abs_pos_embed"
-        if path.is_dir():
+        if path.is_dir() or "timm_arch" in ckpt.meta:  # a folder's name, or arch=
             source = "name"
         else:
             prov.assume(BARE_TIMM)

@@ -216,7 +216,8 @@ def add_checkpoint(
     """The checkpoint a command reads: ``--from CKPT`` (or a positional ``CKPT``; none if not
     ``source``), and the loading options every command that reads one shares (``--num-heads``,
     ``-o KEY=VALUE`` for a setting the checkpoint does not say; :func:`loading` turns them
-    into ``load_model``'s keywords); with ``formats`` also ``--format``."""
+    into ``load_model``'s keywords; :func:`add_loading`); with ``formats`` also ``--format``
+    (export's ``--format`` is its output's)."""
     g = p.add_argument_group("checkpoint")
     if source and positional:
         g.add_argument(
@@ -248,11 +249,27 @@ def add_checkpoint(
             choices=("vitkit", "npz", "timm", "hf"),
             help="format of the source (default: detected)",
         )
+    add_loading(g)
+
+
+def add_loading(g: Any, *, assume: bool = True) -> None:
+    """The loading options every command that reads a checkpoint takes (one group, defined
+    once): ``--arch``, ``--num-heads`` and (unless the command's own ``-o`` sets model
+    fields already, as train's and finetune's) ``-o KEY=VALUE``."""
+    g.add_argument(
+        "--arch",
+        metavar="NAME",
+        help="a registered timm name (vit_base_patch16_224, eva02_tiny_patch14_224, ...) that "
+        "states the architecture and preprocessing of a bare timm state dict: it is then read "
+        "with nothing assumed; a name its weights contradict is refused",
+    )
     g.add_argument(
         "--num-heads",
         type=positive_int,
         help="heads of a checkpoint that does not say them (a bare timm state dict)",
     )
+    if not assume:
+        return
     g.add_argument(
         "-o",
         "--assume",
@@ -278,13 +295,16 @@ def loading(args: argparse.Namespace) -> dict[str, Any]:
         out["num_heads"] = heads
     if getattr(args, "src_format", None):
         out["format"] = args.src_format
+    if getattr(args, "arch", None):
+        out["arch"] = args.arch
     return {**out, **overrides}
 
 
 def reading(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`loading` for ``read_checkpoint``: the config fields under ``overrides``."""
     kw = loading(args)
-    reads: dict[str, Any] = {k: kw.pop(k) for k in ("num_heads", "format", "grid") if k in kw}
+    keys = ("num_heads", "format", "grid", "arch")
+    reads: dict[str, Any] = {k: kw.pop(k) for k in keys if k in kw}
     return {**reads, "overrides": kw}
 
 

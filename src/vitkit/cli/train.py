@@ -11,6 +11,7 @@ from typing import Any
 
 from vitkit.cli.options import (
     add_command,
+    add_loading,
     count,
     path,
     positive_float,
@@ -49,6 +50,7 @@ def add_commands(sub: Any) -> None:
         metavar="CKPT",
         help="start from this checkpoint (see also 'finetune')",
     )
+    add_loading(p.add_argument_group("checkpoint"), assume=False)  # (-o: the model options)
     p.set_defaults(func=cmd_train)
 
     p = add_command(
@@ -88,6 +90,7 @@ def add_commands(sub: Any) -> None:
         help="report the best sweep run instead of retraining on the whole training set",
     )
     add_train_options(p, "paper-finetune", naflex=True)
+    add_loading(p.add_argument_group("checkpoint"), assume=False)  # (-o: the model options)
     p.set_defaults(func=cmd_finetune)
 
     p = add_command(

@@ -330,6 +330,7 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["elastic"] = tuple(args.elastic)
     if getattr(args, "init_from", None):
         changes["init_from"] = args.init_from
+    changes.update(_init_reading(args, changes.get("model_overrides", cfg.model_overrides)))
     if args.keep_pre_logits:
         changes["keep_pre_logits"] = True
     if args.keep_head:
@@ -341,3 +342,14 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["progress"] = False
     changes.update(_naflex_change(args, cfg))
     return dataclasses.replace(cfg, **changes)
+
+
+def _init_reading(args: argparse.Namespace, model_overrides: dict[str, Any]) -> dict[str, Any]:
+    """The shared loading options (``--arch``, ``--num-heads``) for
+    ``--init-from`` / finetune's ``--from``: ``--num-heads N`` is ``-o num_heads=N``."""
+    out: dict[str, Any] = {}
+    if getattr(args, "num_heads", None) is not None:
+        out["model_overrides"] = {**model_overrides, "num_heads": args.num_heads}
+    if getattr(args, "arch", None):
+        out["init_arch"] = args.arch
+    return out

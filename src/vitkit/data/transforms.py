@@ -206,7 +206,8 @@ class PilEvalTransform:
 
     `resize`: "shortest_edge" keeps the aspect ratio: a square `size` puts the shorter side at
     floor(side / crop_pct) and the longer at int(that * long / short) (torchvision's and
-    Hugging Face's rule); a non-square one makes the image just cover `size / crop_pct`.
+    Hugging Face's rule); a non-square one is timm's ResizeKeepRatio: the scale that puts one
+    side at its floor(side / crop_pct) and the other at or above its own, sides rounded.
     "squash" resizes each side to floor(side / crop_pct), the aspect ratio not kept. "none"
     only crops. Where the image is smaller than the crop, the crop is padded with zeros (as
     Hugging Face's center_crop). `crop_offset` "floor" starts the crop at floor((new - size)
@@ -244,10 +245,11 @@ class PilEvalTransform:
             short, long = min(width, height), max(width, height)
             new_long = int(target_h * long / short)
             return (target_h, new_long) if width <= height else (new_long, target_h)
-        factor = max(out_h / self.crop_pct / height, out_w / self.crop_pct / width)
-        new_w = max(out_w, int(math.floor(width * factor + 1e-6)))
-        new_h = max(out_h, int(math.floor(height * factor + 1e-6)))
-        return new_w, new_h
+        # timm's ResizeKeepRatio: the side nearer its target at floor(side / crop_pct), the
+        # other rounded (half to even, as Python's round)
+        target_h, target_w = math.floor(out_h / self.crop_pct), math.floor(out_w / self.crop_pct)
+        ratio = min(height / target_h, width / target_w)
+        return round(width / ratio), round(height / ratio)
 
     def _offset(self, new: int, out: int) -> int:
         return int(round((new - out) / 2)) if self.crop_offset == "round" else (new - out) // 2

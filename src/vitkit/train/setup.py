@@ -79,21 +79,22 @@ def _read_init(cfg: TrainConfig, info: DataInfo) -> Checkpoint:
     # it (a width timm does not register: heads are never in the weights), as --num-heads is
     # for eval / predict; a file that says its heads is read as it says
     heads = None
+    hints: dict[str, Any] = {} if cfg.init_arch is None else {"arch": cfg.init_arch}  # --arch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the read below says what is still assumed)
         try:
-            sources = read_checkpoint(cfg.init_from).provenance  # type: ignore[arg-type]
+            sources = read_checkpoint(cfg.init_from, **hints).provenance  # type: ignore[arg-type]
         except VitkitError:
             heads = cfg.model_overrides.get("num_heads")
             if heads is None:
                 raise
-            sources = read_checkpoint(cfg.init_from, num_heads=heads).provenance  # type: ignore[arg-type]
+            sources = read_checkpoint(cfg.init_from, num_heads=heads, **hints).provenance  # type: ignore[arg-type]
     assumed = {f for f, s in (sources.sources if sources else {}).items() if s == "assumed"}
     # the preprocessing (-o mean=...) changes no weight: stated over what the file says too
     stated = {
         f: v for f, v in cfg.model_overrides.items() if f in assumed or f in PREPROCESS_FIELDS
     }
-    probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated)  # type: ignore[arg-type]
+    probe = read_checkpoint(cfg.init_from, num_heads=heads, overrides=stated, **hints)  # type: ignore[arg-type]
     size = cfg.image_size or info.image_size
     if not cfg.new_head and probe.model_config.num_classes != k:
         raise VitkitError(

@@ -46,6 +46,7 @@ class TrainConfig:
     image_size: int | None = None  # model input size; None: the dataset's own size
     # fine-tuning (paper Sec. 3.2): start from a checkpoint of any format
     init_from: str | None = None  # checkpoint to start from; `model` is then ignored
+    init_arch: str | None = None  # a timm name stating a bare init_from's architecture
     init_resample: Resample | None = None  # E_pos resampling to `image_size` (None: the kernel
     # of the checkpoint's source, its pos_resample: timm's antialiased bicubic for timm's)
     new_head: bool = True  # replace the head by a zero-initialised one (the paper's choice)

@@ -174,6 +174,12 @@ def vit_to_hf_preprocess(p: PreprocessConfig) -> dict[str, Any]:
     resample = {v: k for k, v in RESAMPLE.items()}[p.interpolation]
     h, w = p.image_size
     crop = {"height": h, "width": w}
+    if p.resize == "shortest_edge" and h != w:
+        raise VitkitError(
+            f"a non-square input {h}x{w} resized keeping the aspect ratio (timm's "
+            "ResizeKeepRatio) has no Hugging Face image processor that computes it; write a "
+            "timm folder (--to timm), or set -o resize=squash first"
+        )
     if p.resize == "shortest_edge":
         short = math.floor(min(h, w) / p.crop_pct + 1e-6)
         resize: dict[str, Any] = {

@@ -65,7 +65,7 @@ from vitkit.checkpoints.timm.parallel import (
     parallel_model_args,
     plain_block_view,
 )
-from vitkit.errors import VitkitError
+from vitkit.errors import AssumptionWarning, VitkitError
 from vitkit.registry.model_config import SIZES, Pool, PreprocessConfig, ResNetConfig, ViTConfig
 
 HEADS_BY_WIDTH = {s.width: s.num_heads for s in SIZES.values()}
@@ -563,7 +563,9 @@ def _name_settings(arch: str) -> dict[str, Any]:
     return out
 
 
-def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> PreprocessConfig:
+def timm_hub_preprocess(
+    hub: dict[str, Any], cfg: ViTConfig | ResNetConfig, source: str = "config.json"
+) -> PreprocessConfig:
     """``pretrained_cfg`` as timm's ``resolve_data_config`` + ``create_transform`` read it, with
     their defaults (ImageNet's mean and std, bicubic, crop_pct 0.875, crop_mode "center"); the
     crop's offset rounded as torchvision's CenterCrop. crop_mode "border" is refused."""
@@ -572,6 +574,14 @@ def timm_hub_preprocess(hub: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> P
     mean = tuple(p.get("mean") or (0.485, 0.456, 0.406))
     std = tuple(p.get("std") or (0.229, 0.224, 0.225))
     mode = p.get("crop_mode") or "center"
+    if "crop_pct" in p and p["crop_pct"] is not None and not p["crop_pct"]:
+        warnings.warn(  # timm's resolve_data_config takes a falsy crop_pct as its default
+            AssumptionWarning(
+                f"{source}: pretrained_cfg crop_pct={p['crop_pct']!r} read as 0.875, as timm "
+                "reads it (a crop_pct of 0 means timm's default); set another with -o crop_pct=X"
+            ),
+            stacklevel=3,
+        )
     if mode not in ("center", "squash"):
         raise VitkitError(f"pretrained_cfg crop_mode={mode!r}: vitkit has 'center' and 'squash'")
     return PreprocessConfig(
