@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from vitkit.cli.options import (
     threads,
 )
 from vitkit.cli.train_options import add_train_options, train_config_from_args
-from vitkit.errors import VitkitError
+from vitkit.errors import RANK_ERRORS_ENV, VitkitError
 
 
 class _Objective(argparse.Action):
@@ -262,10 +264,12 @@ def check_model_before_spawning(cfg: Any) -> None:
     """The model's config, checked once before torchrun starts N processes that would each
     fail on it (and end with torchrun's traceback hint). The data's size is not known yet: an
     error about the image size is left to the run, which knows it."""
+    from vitkit.data.datasets import check_data_spec
     from vitkit.registry.model_config import model_config
 
     if cfg.max_seq_len is not None:
         raise VitkitError("--naflex runs in one process for now (no --nproc-per-node, torchrun)")
+    check_data_spec(cfg.data)
     if cfg.init_from or cfg.resume:  # (the checkpoint's config: checked where it is read)
         return
     size = {"image_size": cfg.image_size} if cfg.image_size else {}
@@ -293,11 +297,31 @@ def launch_torchrun(nproc_per_node: int, argv: list[str]) -> int:
         elif not a.startswith("--nproc-per-node="):
             rest.append(a)
     launch = ["--standalone", "--nproc-per-node", str(nproc_per_node), "-m", "vitkit"]
-    try:
-        torchrun([*launch, *rest])
-    except ChildFailedError as e:
-        failure = e.get_first_failure()[1]
-        raise VitkitError(f"a training process failed: {failure.message}") from None
+    # One line for a failure, as without the launcher: each process writes its refusal to a
+    # file instead of stderr, the first one is printed once, and torchrun's own logging (the
+    # elastic agent's "failed (exitcode: 2)", its traceback hint) stays quiet below errors.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as errors:
+        os.environ[RANK_ERRORS_ENV] = errors
+        quiet = [logging.getLogger(n) for n in ("torch.distributed", "torch.distributed.elastic")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        try:
+            torchrun([*launch, *rest])
+        except ChildFailedError as e:
+            written = sorted(Path(errors).glob("rank*.txt"))
+            if written:
+                raise VitkitError(written[0].read_text().strip()) from None
+            rank, failure = e.get_first_failure()
+            raise VitkitError(
+                f"training process {rank} failed (exit code {failure.exitcode}); "
+                "its output is above"
+            ) from None
+        finally:
+            os.environ.pop(RANK_ERRORS_ENV, None)
+            for q, level in zip(quiet, levels, strict=True):
+                q.setLevel(level)
     return 0
 
 
