@@ -349,10 +349,19 @@ def banner(trainer: Any, env: Any) -> str:
     return (
         f"{'fine-tuning' if cfg.init_from else 'training'} {mc.short_name}{start} ({size}) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
-        f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
+        f"{count(len(trainer.train_set), 'image')}, {epochs_run(trainer)}, "
         f"{count(trainer.total_steps, 'step')}, {precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
+
+
+def epochs_run(trainer: Any) -> str:
+    """The epochs the run will do: the recipe's, or fewer where --max-steps ends it first (the
+    fine-tuning recipes set epochs=10,000 and bound the run by steps)."""
+    epochs, per_epoch = trainer.cfg.epochs, getattr(trainer, "steps_per_epoch", 0)
+    if per_epoch:
+        epochs = min(epochs, -(-trainer.total_steps // per_epoch))  # the last one may be partial
+    return count(epochs, "epoch")
 
 
 def print_summary(report: dict[str, Any], out_dir: str) -> None:
