@@ -11,7 +11,7 @@ against training wall time (``elapsed_s`` of the epoch records).
 
     python bench/mnist_best.py          # ~1.5 h on 2 AVX512-BF16 cores, ~4.5 h on 2 AVX2 ones
     python bench/mnist_best.py --jobs mnist-long,mnist-best:1 --work runs/bench-mnist-best
-    python bench/mnist_best.py --smoke --out /tmp/mb                # seconds: the plumbing only
+    python bench/mnist_best.py --smoke --out runs/mb                # seconds: the plumbing only
 """
 
 from __future__ import annotations
