@@ -116,3 +116,16 @@ def test_strict_build(tmp_path: Path) -> None:
     for command in ("vitkit train", "vitkit study data-scale", "vitkit export"):
         assert command in cli
     assert (tmp_path / "site" / "benchmarks" / "results" / "speed" / "index.html").is_file()
+
+
+def test_the_cli_page_prints_percent_as_help_does() -> None:
+    """argparse's "%%" escape appeared as "%%" in the CLI page's command table; ``--help``
+    prints "%"."""
+    spec = importlib.util.spec_from_file_location(
+        "vitkit_docs_hook", Path(__file__).parents[1] / "docs" / "hooks" / "vitkit_docs.py"
+    )
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.cli_markdown()
+    assert "1/10/100 % labels" in page and "%%" not in page
