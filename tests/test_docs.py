@@ -129,3 +129,14 @@ def test_the_cli_page_prints_percent_as_help_does() -> None:
     spec.loader.exec_module(hook)
     page = hook.cli_markdown()
     assert "1/10/100 % labels" in page and "%%" not in page
+
+
+def test_every_results_file_the_experiments_page_names_exists() -> None:
+    """docs/experiments.md names each figure's results file; a name with an extension
+    (``bench/results/x.md``, a link to ``benchmarks/results/x.json``) is a file that exists."""
+    root = Path(__file__).parents[1]
+    page = (root / "docs" / "experiments.md").read_text()
+    named = re.findall(r"(?:bench|benchmarks)/results/([\w./-]+?\.(?:md|json|png|txt))\b", page)
+    assert len(named) > 20
+    missing = sorted({n for n in named if not (root / "bench" / "results" / n).exists()})
+    assert not missing, missing
