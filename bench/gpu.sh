@@ -13,7 +13,7 @@
 # L/16, mnist 56 s. All five exceed one 10-minute call: split them, e.g. `env tests mnist` in one
 # call and `speed report` in the next, on the same warm machine. A second H100 run
 # (2026-11-27): tests 283 s at 10 epochs; B/16 with --compile-mode max-autotune-no-cudagraphs
-# did not finish its first compile in 230 s (give it a call of its own).
+# did not finish its first compile in 230 s (give it a longer time limit).
 # On an H200 (2026-11-27, bench/results/gpu_h200_levers): env, levers train for 4 impls, fp8acc
 # (one epoch), tests -k "not training_paths", levers train for 3 more, levers infer and a last
 # 2-impl train fit in one call of 437 s; float8 levers compile in 46-63 s each, the others 21-35 s.
@@ -29,7 +29,7 @@
 #   2. LEVER_MODEL=L/16 LEVER_BATCH=128 LEVERS_TRAIN=timm,vitkit,vitkit+fp8,vitkit+fp8all TAG=_L16
 #      LEVER_TASKS=train levers  (float8 where the matmuls are 1024/4096 wide)
 #   3. COMPILE_MODE=max-autotune-no-cudagraphs LEVERS_TRAIN=timm,vitkit TAG=_autotune
-#      LEVER_TASKS=train T_LEVERS=560 levers  (a call of its own: the first compile is long)
+#      LEVER_TASKS=train T_LEVERS=560 levers  (alone, with a long limit: the first compile is long)
 #   4. FP8ACC_ARGS="--epochs 5 --seeds 3 --lr 3e-4" fp8acc  (six runs, about 6-18 s an epoch each on an
 #      H200; at 1e-3 one epoch reached only 62 %, and on the CPU 100 steps at 3e-4 reached 54.6 %
 #      test top-1 against 49.3 % at 1e-3, one seed)

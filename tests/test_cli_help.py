@@ -78,3 +78,25 @@ def test_a_one_epoch_run_says_1_epoch(tmp_path: Path) -> None:
     )
     line = banner(Trainer(cfg), DistEnv())
     assert " 1 epoch, 1 step, " in line and "epochs" not in line
+
+
+def test_a_step_bounded_run_says_the_epochs_it_does(tmp_path: Path) -> None:
+    """The fine-tuning recipe sets epochs=10,000 and max_steps=10,000: the banner said
+    "10,000 epochs" for a run of far fewer; it says the epochs the steps cover."""
+    from vitkit.cli.train import banner
+    from vitkit.train.distributed import DistEnv
+    from vitkit.train.trainer import TrainConfig, Trainer
+
+    cfg = TrainConfig(
+        data="digits",
+        model="Ti/4",
+        model_overrides={"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 16},
+        epochs=10_000,
+        batch_size=512,
+        max_steps=5,
+        out_dir=str(tmp_path / "run"),
+    )
+    trainer = Trainer(cfg)
+    expected = -(-5 // trainer.steps_per_epoch)  # digits' train split: 3 steps of 512 an epoch
+    line = banner(trainer, DistEnv())
+    assert f" {expected} epochs, 5 steps, " in line and "10,000" not in line

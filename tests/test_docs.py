@@ -116,3 +116,27 @@ def test_strict_build(tmp_path: Path) -> None:
     for command in ("vitkit train", "vitkit study data-scale", "vitkit export"):
         assert command in cli
     assert (tmp_path / "site" / "benchmarks" / "results" / "speed" / "index.html").is_file()
+
+
+def test_the_cli_page_prints_percent_as_help_does() -> None:
+    """argparse's "%%" escape appeared as "%%" in the CLI page's command table; ``--help``
+    prints "%"."""
+    spec = importlib.util.spec_from_file_location(
+        "vitkit_docs_hook", Path(__file__).parents[1] / "docs" / "hooks" / "vitkit_docs.py"
+    )
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.cli_markdown()
+    assert "1/10/100 % labels" in page and "%%" not in page
+
+
+def test_every_results_file_the_experiments_page_names_exists() -> None:
+    """docs/experiments.md names each figure's results file; a name with an extension
+    (``bench/results/x.md``, a link to ``benchmarks/results/x.json``) is a file that exists."""
+    root = Path(__file__).parents[1]
+    page = (root / "docs" / "experiments.md").read_text()
+    named = re.findall(r"(?:bench|benchmarks)/results/([\w./-]+?\.(?:md|json|png|txt))\b", page)
+    assert len(named) > 20
+    missing = sorted({n for n in named if not (root / "bench" / "results" / n).exists()})
+    assert not missing, missing

@@ -20,11 +20,19 @@ ALLOWED = re.compile(
     re.I,
 )
 SUFFIXES = {".md", ".py", ".sh", ".txt", ".json", ".toml", ".cfg", ".yml", ".yaml"}
+# How a figure was judged or scheduled (a figure is stated with what it is compared with), and
+# the absolute folders of the machine it was measured on (commands are recorded relative,
+# `runs/...`): searched in docs/ and bench/, results included.
+JUDGING = re.compile(
+    r"\(bar\b|\bbar:|\bbar [0-9]|[Tt]arget met|\bTargets?:|\b[Nn]ot met\b|NOT met|\*\*met\*\*"
+    r"|met / not met|minutes of device time|a call of its own|the card's image|\(carried\)"
+)
+MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(tmp|work|root|home|Users)/")
 
 
-def hits(paths: list[Path]) -> list[str]:
+def hits(paths: list[Path], judged: bool = False) -> list[str]:
     """``file:line: text`` for every line of the text files under ``paths`` with a word that
-    is not about the product."""
+    is not about the product (``judged``: or a judging word or a machine's absolute path)."""
     out = []
     for top in paths:
         files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
@@ -32,7 +40,8 @@ def hits(paths: list[Path]) -> list[str]:
             if f.suffix not in SUFFIXES or "__pycache__" in f.parts:
                 continue
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-                if WORDS.search(line) and WORDS.search(ALLOWED.sub("", line)):
+                bad = WORDS.search(line) and WORDS.search(ALLOWED.sub("", line))
+                if bad or judged and (JUDGING.search(line) or MACHINE_PATH.search(line)):
                     out.append(
                         f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}:{n}: {line}"
                     )
@@ -64,4 +73,32 @@ def test_the_check_flags_process_words_and_passes_the_products(tmp_path: Path) -
     ]
     (tmp_path / "page.md").write_text("\n".join(bad + good) + "\n")
     found = hits([tmp_path])
+    assert [h.split(": ", 1)[1] for h in found] == bad
+
+
+@pytest.mark.parametrize("where", ["docs", "bench"])
+def test_no_judging_words_or_machine_paths(where: str) -> None:
+    found = hits([ROOT / where], judged=True)
+    assert not found, "\n".join(found[:40])
+
+
+def test_the_check_flags_judging_words_and_machine_paths(tmp_path: Path) -> None:
+    bad = [
+        "**7.39x** timm fp32 (bar: 6x and 1.2x)",
+        "Targets: mean_test_top1>=0.9965: NOT met",
+        "| int8 dynamic | 85.21 % | not met |",
+        "the test log; 15 minutes of device time, two calls",
+        "it needs a call of its own",
+        "torch 2.11.0 (the card's image), torchao 0.17.0 (carried)",
+        "Command: `bench/int8_accuracy.py /work/runs34/int8/shapes-vit`",
+        "written to /tmp/pytest-of-root/pytest-3/x",
+    ]
+    good = [
+        "Command: `bench/int8_accuracy.py runs/int8/shapes-vit --work runs/int8/work`",
+        "the MPP target is the 3-bit mean colour; -p target=pixels",
+        "a progress bar; 1.56x ONNX Runtime's dynamic int8",
+        "see docs/guide/serving.md and src/vitkit/serve/app.py",
+    ]
+    (tmp_path / "page.md").write_text("\n".join(bad + good) + "\n")
+    found = hits([tmp_path], judged=True)
     assert [h.split(": ", 1)[1] for h in found] == bad

@@ -70,3 +70,30 @@ def test_export_prints_only_its_own_lines(tmp_path):
         printed = done.stdout + done.stderr
         assert "[torch.onnx]" not in printed and "pre-processing" not in printed, printed
         assert printed.startswith(("wrote", "calibrating")), printed
+
+
+def test_export_without_torchvision_says_nothing_of_it(tmp_path):
+    """Where torchvision is not installed (vitkit does not need it), torch.onnx's exporter
+    logged "torchvision is not installed. Skipping torchvision::nms" and three more such
+    lines; export prints only its own lines. torchvision is hidden from the process as
+    ``importlib.util.find_spec`` sees a missing package."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=10, width=32, depth=1, num_heads=2, mlp_dim=64
+    )
+    save_checkpoint(tmp_path / "ck", model, meta={"dataset": "digits"})
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    program = (
+        "import sys; sys.modules['torchvision'] = None; from vitkit.cli import main; "
+        "sys.exit(main(['export', sys.argv[1], sys.argv[2]]))"
+    )
+    cmd = [sys.executable, "-c", program, str(tmp_path / "ck"), str(tmp_path / "m.onnx")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torchvision" not in done.stderr, done.stderr
+    assert (tmp_path / "m.onnx").is_file()

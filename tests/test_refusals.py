@@ -140,6 +140,35 @@ def test_a_bad_model_is_refused_before_torchrun_spawns_ranks(
     assert err.strip() == "vitkit: error: --model Ti/2: width 64 is not divisible by num_heads 3"
 
 
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--data", "nosuchdata"], "unknown dataset 'nosuchdata'"),  # refused before spawning
+        (["--data", "digits", "--data-root", "."], "applies only to mnist"),  # by the processes
+    ],
+)
+def test_nproc_per_node_refuses_in_one_line(
+    tmp_path: Path, extra: list[str], expected: str
+) -> None:
+    """Under --nproc-per-node a refusal printed once per process, then torchrun's
+    "failed (exitcode: 2)" line and its traceback hint: now the one line, as in one process."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["train", "--nproc-per-node", "2", "--model", "Ti/2", "-o", "width=64"]
+    args += ["-o", "num_heads=2", "--max-steps", "1", "--out-dir", str(tmp_path / "r"), *extra]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env.pop("OMP_NUM_THREADS", None)  # torchrun warns in a banner when it is unset
+    done = subprocess.run(
+        [sys.executable, "-m", "vitkit", *args], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vitkit: error: "), done.stderr[-2000:]
+    assert expected in lines[0]
+
+
 def test_an_unknown_model_option_is_one_message_everywhere(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

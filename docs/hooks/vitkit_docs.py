@@ -102,13 +102,14 @@ def cli_markdown() -> str:
     ]
     for path, sub in commands[1:]:
         summary = summaries.get(path[-1]) or " ".join((sub.description or "").split())
+        summary = summary.replace("%%", "%")  # argparse's escape, as --help prints it
         lines.append(f"| [`vitkit {' '.join(path)}`](#{_anchor(path)}) | {summary} |")
     for path, sub in commands:
         title = " ".join(("vitkit", *path))
         level = "##" if len(path) <= 1 else "###"
         lines += ["", f"{level} `{title}` {{ #{_anchor(path) if path else 'vitkit'} }}", ""]
         if path and sub.description:
-            lines += [" ".join(sub.description.split()), ""]
+            lines += [" ".join(sub.description.split()).replace("%%", "%"), ""]
         lines += ["```text", helps[path].rstrip(), "```"]
     return "\n".join(lines) + "\n"
 

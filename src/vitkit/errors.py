@@ -9,6 +9,10 @@ what else it could be and the override.
 
 from __future__ import annotations
 
+# Under `vitkit train --nproc-per-node N`: the folder where each process writes its one error
+# line for the launcher to print once.
+RANK_ERRORS_ENV = "VITKIT_RANK_ERRORS"
+
 
 class VitkitError(Exception):
     """A user-facing error whose message names the thing at fault and the problem."""

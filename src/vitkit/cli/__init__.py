@@ -13,12 +13,13 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from vitkit.cli import checkpoint, data, evaluate, explain, serve, study, train
 from vitkit.cli.options import Parser
 from vitkit.engines.allocator import keep_freed_memory
-from vitkit.errors import VitkitError
+from vitkit.errors import RANK_ERRORS_ENV, VitkitError
 
 EPILOG = "Run 'vitkit COMMAND --help' for a command's options."
 
@@ -104,7 +105,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(args.func(args))
     except VitkitError as e:
-        print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+        _refuse(_one_line(e))
         return 2
     except KeyboardInterrupt:
         print("vitkit: interrupted", file=sys.stderr)
@@ -115,6 +116,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except Exception as e:  # a DataLoader worker re-raises our errors wrapped in its own type
         if "VitkitError: " in str(e):
-            print(f"vitkit: error: {_one_line(e)}", file=sys.stderr)
+            _refuse(_one_line(e))
             return 2
         raise
+
+
+def _refuse(message: str) -> None:
+    """The one error line; under `--nproc-per-node` each process hands it to the launcher,
+    which prints the first once (instead of once per process)."""
+    errors, rank = os.environ.get(RANK_ERRORS_ENV), os.environ.get("RANK")
+    if errors and rank is not None and Path(errors).is_dir():
+        (Path(errors) / f"rank{int(rank):05d}.txt").write_text(message + "\n")
+        return
+    print(f"vitkit: error: {message}", file=sys.stderr)

@@ -35,7 +35,7 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--int8",
         action="store_true",
-        help="quantize to int8 (onnxruntime: dynamic, no calibration; --static or openvino: "
+        help="quantize to int8 (onnxruntime: dynamic, no calibration unless --static; openvino: "
         "calibrated): OUT/engine.json + the engine's model file(s)",
     )
     g.add_argument(
@@ -43,7 +43,8 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
         choices=("openvino", "onnxruntime"),
         help="the engine the int8 model is for (default: onnxruntime, no calibration needed, "
         "the fastest int8 on an AVX2 CPU; its ONNX file OpenVINO also runs); openvino: "
-        "1.04-2.6x faster by model and batch on a CPU with AVX512-VNNI (0.84x: MNIST, batch 1)",
+        "0.8-2.6x onnxruntime's speed by model and batch on a CPU with AVX512-VNNI "
+        "(1.04-1.8x for Ti/16 to B/16)",
     )
     g.add_argument(
         "--static",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from vitkit.cli.options import (
     threads,
 )
 from vitkit.cli.train_options import add_train_options, train_config_from_args
-from vitkit.errors import VitkitError
+from vitkit.errors import RANK_ERRORS_ENV, VitkitError
 
 
 class _Objective(argparse.Action):
@@ -265,10 +267,12 @@ def check_model_before_spawning(cfg: Any) -> None:
     """The model's config, checked once before torchrun starts N processes that would each
     fail on it (and end with torchrun's traceback hint). The data's size is not known yet: an
     error about the image size is left to the run, which knows it."""
+    from vitkit.data.datasets import check_data_spec
     from vitkit.registry.model_config import model_config
 
     if cfg.max_seq_len is not None:
         raise VitkitError("--naflex runs in one process for now (no --nproc-per-node, torchrun)")
+    check_data_spec(cfg.data)
     if cfg.init_from or cfg.resume:  # (the checkpoint's config: checked where it is read)
         return
     size = {"image_size": cfg.image_size} if cfg.image_size else {}
@@ -296,11 +300,31 @@ def launch_torchrun(nproc_per_node: int, argv: list[str]) -> int:
         elif not a.startswith("--nproc-per-node="):
             rest.append(a)
     launch = ["--standalone", "--nproc-per-node", str(nproc_per_node), "-m", "vitkit"]
-    try:
-        torchrun([*launch, *rest])
-    except ChildFailedError as e:
-        failure = e.get_first_failure()[1]
-        raise VitkitError(f"a training process failed: {failure.message}") from None
+    # One line for a failure, as without the launcher: each process writes its refusal to a
+    # file instead of stderr, the first one is printed once, and torchrun's own logging (the
+    # elastic agent's "failed (exitcode: 2)", its traceback hint) stays quiet below errors.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as errors:
+        os.environ[RANK_ERRORS_ENV] = errors
+        quiet = [logging.getLogger(n) for n in ("torch.distributed", "torch.distributed.elastic")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        try:
+            torchrun([*launch, *rest])
+        except ChildFailedError as e:
+            written = sorted(Path(errors).glob("rank*.txt"))
+            if written:
+                raise VitkitError(written[0].read_text().strip()) from None
+            rank, failure = e.get_first_failure()
+            raise VitkitError(
+                f"training process {rank} failed (exit code {failure.exitcode}); "
+                "its output is above"
+            ) from None
+        finally:
+            os.environ.pop(RANK_ERRORS_ENV, None)
+            for q, level in zip(quiet, levels, strict=True):
+                q.setLevel(level)
     return 0
 
 
@@ -328,10 +352,19 @@ def banner(trainer: Any, env: Any) -> str:
     return (
         f"{'fine-tuning' if cfg.init_from else 'training'} {mc.short_name}{start} ({size}) "
         f"({n_params:,} parameters) on {trainer.info.name}: "
-        f"{count(len(trainer.train_set), 'image')}, {count(cfg.epochs, 'epoch')}, "
+        f"{count(len(trainer.train_set), 'image')}, {epochs_run(trainer)}, "
         f"{count(trainer.total_steps, 'step')}, {precision}, "
         f"{threads()} threads{scale}{compiled} -> {cfg.out_dir}"
     )
+
+
+def epochs_run(trainer: Any) -> str:
+    """The epochs the run will do: the recipe's, or fewer where --max-steps ends it first (the
+    fine-tuning recipes set epochs=10,000 and bound the run by steps)."""
+    epochs, per_epoch = trainer.cfg.epochs, getattr(trainer, "steps_per_epoch", 0)
+    if per_epoch:
+        epochs = min(epochs, -(-trainer.total_steps // per_epoch))  # the last one may be partial
+    return count(epochs, "epoch")
 
 
 def print_summary(report: dict[str, Any], out_dir: str) -> None:

@@ -163,6 +163,15 @@ def load_dataset(
             train_transform,
             eval_transform,
         )
+    check_data_spec(spec)
+    raise AssertionError("unreachable: check_data_spec refuses what is not a directory")
+
+
+def check_data_spec(spec: str | os.PathLike[str]) -> None:
+    """Refuse a data spec that names no built-in dataset and no directory (cheap: before
+    `--nproc-per-node` starts processes that would each refuse it)."""
+    if isinstance(spec, str) and spec in BUILTIN_DATASETS or Path(spec).is_dir():
+        return
     raise VitkitError(
         f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)}, an "
         "ImageFolder directory, a CIFAR-10/100 python download or a Hugging Face dataset "

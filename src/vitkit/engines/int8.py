@@ -7,8 +7,8 @@ Two engines quantize here, each with its own maintained tool (vitkit writes no i
   saved as OpenVINO IR (``model.xml`` + ``model.bin``).
 - ``onnxruntime`` (the default: no calibration data needed, the fastest int8 measured on an
   AVX2 CPU, bench/results/cpu_inference_avx2.md; on a CPU with AVX512-VNNI OpenVINO's int8 is
-  1.04-2.6x faster by model and batch (0.84x for MNIST at batch 1),
-  bench/results/cpu_inference.md): ONNX Runtime's ``quantize_dynamic``
+  1.04-1.8x faster for Ti/16 to B/16 by model and batch, bench/results/cpu_inference.md):
+  ONNX Runtime's ``quantize_dynamic``
   (activation scales per batch), or with ``--static`` its QDQ quantization of the MatMul
   weights and inputs (per-channel symmetric int8 weights, uint8 activations with calibrated
   scales; the Conv patch embedding, a hybrid's ResNet, and the Gemm head stay fp32). The file

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,8 +45,15 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
     path.parent.mkdir(parents=True, exist_ok=True)  # as every writer: missing parents are made
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
     kwargs: dict[str, Any] = {} if opset is None else {"opset_version": opset}
-    # the exporter's own deprecation chatter and its progress lines ("[torch.onnx] ... ✅")
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    # the exporter's own deprecation chatter and its progress lines ("[torch.onnx] ... ✅"),
+    # and its registry's "torchvision is not installed. Skipping torchvision::nms" (one line per
+    # torchvision op; a ViT uses none of them)
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        _without(registry, "torchvision is not installed"),
+    ):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
@@ -58,6 +67,26 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
             **kwargs,
         )
     return publish(tmp, path)
+
+
+class _Drop(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+@contextlib.contextmanager
+def _without(logger: logging.Logger, prefix: str) -> Iterator[None]:
+    """``logger``'s records starting with ``prefix`` dropped inside the block."""
+    drop = _Drop(prefix)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def check_onnx(
