@@ -5,8 +5,8 @@ WORK/PATH`, which evaluates the int8 model and its fp32 source on the same test 
 the top-1 of both, the difference and the top-1 agreement (eval.json's `versus_source`). The bf16
 paths: `vitkit eval RUN --precision bf16` (PyTorch, the weights in bf16) and `vitkit export RUN
 WORK/PATH --precision bf16` (OpenVINO at bf16) + `eval --from`, recorded the same way. Writes
-OUT.json and OUT.md, each path marked close to fp32 where it does (int8: loses <= 0.3 points, agree on >= 99 %;
-bf16: lose <= 0.1 points, agree on >= 99.5 %).
+OUT.json and OUT.md, each path marked close to fp32 where it is (int8: loses <= 0.3 points and
+agrees on >= 99 %; bf16: loses <= 0.1 points and agrees on >= 99.5 %).
 The work folder is created by this command and refused if it exists (`--overwrite` replaces it).
 
     python bench/int8_accuracy.py runs/shapes-vit --out bench/results/int8_accuracy_shapes_vit

@@ -109,6 +109,20 @@ def pool_contradictions(shapes: dict[str, tuple[int, ...]], args: dict[str, Any]
     ]
 
 
+def entry_fc_norm(arch: str, entry_pool: Any) -> dict[str, bool]:
+    """``{"fc_norm": value}`` where timm's ``arch`` entry passes fc_norm itself (its layout's
+    fc_norm is not what its own ``entry_pool`` would build), else ``{}``."""
+    entry = entries().get(arch)
+    if entry is None:
+        return {}
+    layout = entry["layout"]
+    if entry_pool is None:  # an entry with no class token and no MAP head pools the patches
+        pooling = not layout["class_token"] and not layout["attn_pool"]
+        entry_pool = "avg" if pooling else "token"
+    has = bool(layout["fc_norm"])
+    return {} if has == (entry_pool in _POOLED) else {"fc_norm": has}
+
+
 def layout_facts(shapes: dict[str, tuple[int, ...]], img_size: Any = None) -> dict[str, Any]:
     """The layout a timm ViT / Eva state dict shows (``shapes``: key -> shape); with the input
     ``img_size`` also how many position-embedding rows are not the patch grid's."""
@@ -131,7 +145,8 @@ def layout_facts(shapes: dict[str, tuple[int, ...]], img_size: Any = None) -> di
         mlp, hidden = ("glu" if fc1[0] == 2 * fc2[1] and fc1[0] else "mlp"), fc2[1]
     reg = shapes.get("reg_token")
     pos, prefix = shapes.get("pos_embed"), None
-    if pos is not None and proj is not None and img_size is not None:
+    hybrid = any(k.startswith("patch_embed.backbone.") for k in shapes)  # a stem's stride
+    if pos is not None and proj is not None and img_size is not None and not hybrid:
         h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
         prefix = pos[1] - (int(h) // proj[2]) * (int(w) // proj[3])
     return {

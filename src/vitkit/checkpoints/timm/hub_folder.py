@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.checkpoints.arch import check_name_against_weights
+from vitkit.checkpoints.arch import check_name_against_weights, entry_fc_norm
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.checkpoints.timm import switches as later
 from vitkit.checkpoints.timm.naflexvit import naflex_hub_config_provenance
@@ -152,6 +152,8 @@ def timm_hub_config_provenance(
         raise VitkitError(f"{source}: global_pool 'token' without a class token")
     shapes = {k: tuple(v.shape) for k, v in sd.items()}  # (after the refusals above)
     pooled = {**args, "global_pool": global_pool}
+    if "fc_norm" not in pooled:  # an entry that sets fc_norm itself keeps it under any pool
+        pooled.update(entry_fc_norm(arch, named.get("global_pool")))
     check_name_against_weights(arch, shapes, model_args, source, pooled, num_heads is not None)
     if pool != cfg.pool:  # a class token that is not what the head reads, or fc_norm on it
         has = cfg.has_class_token
