@@ -32,6 +32,19 @@ def port_number(text: str) -> int:
     return n
 
 
+def wait_ms(text: str) -> float:
+    """--max-wait-ms: 0 .. MAX_WAIT_MS_CAP (a lone request waits that long for company)."""
+    from vitkit.serve.admission import MAX_WAIT_MS_CAP
+
+    v = non_negative_float(text)
+    if v > MAX_WAIT_MS_CAP:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_WAIT_MS_CAP:,.0f} ms (a lone request waits that long for others), "
+            f"got {text}"
+        )
+    return v
+
+
 def host_name(text: str) -> str:
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"not a host name or address: {text!r}")
@@ -78,9 +91,34 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument(
         "--max-wait-ms",
-        type=non_negative_float,
+        type=wait_ms,
         default=5.0,
-        help="how long the first image of a forward waits for others (default 5)",
+        help="how long the first image of a forward waits for others (default 5, at most 10,000)",
+    )
+    g = p.add_argument_group(
+        "admission (a request refused or given up gets 503, Retry-After and one line)"
+    )
+    g.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=256,
+        help="images waiting for a forward; a request that would overfill it is refused at "
+        "once (default 256)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds a request may take from its arrival: refused at once where recent "
+        "forwards say it would take longer, dropped before its forward when it passes "
+        "(default 30; 0: no deadline)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="on SIGTERM, seconds to answer what is in flight; what still waits then gets "
+        "503 and the server exits (default 30)",
     )
     g = p.add_argument_group("limits (a request over one gets 413 and one line)")
     g.add_argument(
@@ -140,12 +178,22 @@ def served_model(args: argparse.Namespace) -> Any:
     )
 
 
+def server_settings(args: argparse.Namespace, key: str | None) -> Any:
+    """The server's Settings from the command line (limits, batching, admission, key)."""
+    from vitkit.serve.admission import Admission
+    from vitkit.serve.http_app import Settings
+    from vitkit.serve.served_model import Limits
+
+    limits = Limits(args.max_body, args.max_pixels, args.max_images)
+    admission = Admission(args.max_queue, args.timeout or None, args.drain_timeout)
+    return Settings(limits, args.max_batch, args.max_wait_ms, key, admission)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from vitkit.serve import require_serve
 
     _, uvicorn = require_serve()  # the missing extra first, before loading any weights
-    from vitkit.serve.http_app import Settings, build_app
-    from vitkit.serve.served_model import Limits
+    from vitkit.serve.http_app import build_app
 
     set_threads(args.threads)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
@@ -161,14 +209,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     served = served_model(args)
     served.warm_up(args.max_batch)
-    limits = Limits(args.max_body, args.max_pixels, args.max_images)
-    settings = Settings(limits, args.max_batch, args.max_wait_ms, key)
+    settings = server_settings(args, key)
+    limits = settings.limits
     app = build_app(served, settings)
     what = (
         f"{served.describe()['model']['name']} from {args.ckpt}: batches of up to "
         f"{args.max_batch} images (waiting up to {args.max_wait_ms:g} ms), bodies up to "
         f"{limits.max_body_bytes:,} bytes, {limits.max_images} images of up to "
-        f"{limits.max_pixels:,} pixels a request, API key "
+        f"{limits.max_pixels:,} pixels a request, at most {args.max_queue} images waiting, "
+        f"{f'{args.timeout:g} s' if args.timeout else 'no'} deadline, API key "
         f"{'required' if key else 'not required'}"
     )
     if args.dry_run:
@@ -181,16 +230,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=args.access_log,
         lifespan="on",
+        timeout_graceful_shutdown=args.drain_timeout + 0.5,  # (to send the 503s)
     )
     server = _draining_server()(config)
     server.announce = f"serving {what}"
+    server.batcher, server.drain_timeout = app.state.batcher, args.drain_timeout
     try:
         server.run()
     except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
         raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
     if not server.started:
         raise VitkitError(f"could not listen on {args.host}:{args.port}")
-    print("stopped: every request in flight was answered", flush=True)
+    refused = app.state.metrics.dropped["shutdown"]
+    late = f" ({refused} after --drain-timeout with 503)" if refused else ""
+    print(f"stopped: every request in flight was answered{late}", flush=True)
+    if not getattr(app.state, "forward_ended", True):
+        print(
+            "stopped: a forward still ran after --drain-timeout; its requests were answered 503",
+            flush=True,
+        )
+        sys.stderr.flush()
+        os._exit(0)  # (the model's thread is in native code: no waiting for it)
     return 0
 
 
@@ -202,12 +262,19 @@ def _draining_server() -> Any:
         return (uvicorn would then re-raise the signal: the process would not exit 0)."""
 
         announce = ""
+        batcher: Any = None
+        drain_timeout = 30.0
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True  # a second Ctrl-C: stop without waiting
             else:
                 self.should_exit = True
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            if self.batcher is not None:  # run what waits now; refuse it after the timeout
+                self.batcher.drain(self.drain_timeout)
+            await super().shutdown(sockets)
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
