@@ -308,3 +308,75 @@ def test_sigterm_exits_within_the_drain_timeout_with_a_lone_request_waiting(work
         assert "stopped: every request in flight was answered" in proc.stdout.read()  # type: ignore[union-attr]
     finally:
         proc.kill()
+
+
+# -- --workers ------------------------------------------------------------------------------
+
+
+def start(argv: list[str]) -> tuple[Any, list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+    lines: list[str] = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append(line)
+        if line.startswith("ready: ") or line.startswith("vitkit: error"):
+            break
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # type: ignore[arg-type]
+    return proc, lines
+
+
+def listening(lines: list[str]) -> dict[int, int]:
+    """worker index -> pid, the latest of each."""
+    found = [re.match(r"worker (\d+) listening \(pid (\d+)\)", ln) for ln in lines]
+    return {int(m.group(1)): int(m.group(2)) for m in found if m}
+
+
+def test_two_workers_share_the_port_a_dead_one_is_started_again_and_sigterm_stops_all(work):
+    proc, lines = start([str(work / "ck"), "--port", "0", "--workers", "2"])
+    try:
+        assert lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
+        assert "2 workers, 1 threads each" in "".join(lines)  # this host's 2 CPUs shared out
+        port = int(lines[-1].rsplit(":", 1)[1].strip(" /\n"))
+        pids = listening(lines)
+        assert sorted(pids) == [1, 2] and len(set(pids.values())) == 2
+        png = (work / "img.png").read_bytes()
+        answers = [call(port, "/v1/classify", png) for _ in range(6)]
+        assert [a[0] for a in answers] == [200] * 6
+        assert len({a[1] for a in answers}) == 1  # every worker answers the same
+        os.kill(pids[1], signal.SIGKILL)  # a worker dies: the other serves meanwhile
+        assert call(port, "/v1/classify", png)[0] == 200
+        for _ in range(600):
+            if listening(lines).get(1, pids[1]) != pids[1]:
+                break
+            time.sleep(0.1)
+        again = listening(lines)
+        assert again[1] != pids[1] and again[2] == pids[2], "".join(lines)
+        assert "worker 1 exited with code -9: starting it again" in "".join(lines)
+        assert call(port, "/v1/classify", png)[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        time.sleep(0.2)
+        assert "stopped: 2 workers, exit codes [0, 0]" in "".join(lines), "".join(lines)
+        for pid in again.values():  # no worker left behind
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "zombie" in Path(f"/proc/{pid}/status").read_text()
+            )
+    finally:
+        proc.kill()
+
+
+def test_workers_that_cannot_start_stop_the_server_loudly(work, tmp_path):
+    # a directory that holds no checkpoint (read by the workers only: the supervisor loads none)
+    proc, lines = start([str(tmp_path), "--port", "0", "--workers", "2"])
+    try:
+        assert proc.wait(timeout=120) == 2
+        time.sleep(0.2)
+        text = "".join(lines)
+        assert "not a checkpoint vitkit knows" in text, text  # the worker's own line
+        assert "before it listened: stopping every worker" in text, text
+        assert "ready:" not in text
+    finally:
+        proc.kill()

@@ -81,6 +81,13 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument("--access-log", action="store_true", help="print a line per request")
     g.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes, each with its own model and --threads (default: the CPUs / N), "
+        "sharing the port; one that dies or stalls is started again (default 1)",
+    )
+    g.add_argument(
         "--dry-run",
         action="store_true",
         help="load and warm up the model, say what would be served, and exit",
@@ -201,12 +208,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
     if key is not None and key != key.strip():  # HTTP strips them from headers: never matched
         raise VitkitError(f"the API key starts or ends with a space (--api-key or {KEY_VARIABLE})")
-    if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    worker = getattr(args, "worker", None)  # (index, socket, pipe) in a worker of --workers
+    if key is None and worker is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"vitkit: warning: listening on {args.host} without an API key: anyone who can "
             f"reach it can use it (--api-key or {KEY_VARIABLE})",
             file=sys.stderr,
         )
+    if args.workers > 1 and worker is None and not args.dry_run:
+        from vitkit.serve.workers import supervise
+
+        return supervise(args)
     served = served_model(args)
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)
@@ -235,8 +247,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = _draining_server()(config)
     server.announce = f"serving {what}"
     server.batcher, server.drain_timeout = app.state.batcher, args.drain_timeout
+    server.worker = worker
     try:
-        server.run()
+        server.run(sockets=None if worker is None else [worker[1]])
     except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
         raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
     if not server.started:
@@ -255,6 +268,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _draining_server() -> Any:
+    import asyncio
+
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -264,6 +279,7 @@ def _draining_server() -> Any:
         announce = ""
         batcher: Any = None
         drain_timeout = 30.0
+        worker: Any = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit and sig == signal.SIGINT:
@@ -278,9 +294,25 @@ def _draining_server() -> Any:
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
-            if self.started and self.servers:
+            if self.started and self.worker is not None:  # its supervisor says ready
+                index, _, conn = self.worker
+                print(f"{self.announce}\nworker {index} listening (pid {os.getpid()})", flush=True)
+                conn.send("ready")
+                self.heartbeat = asyncio.get_running_loop().create_task(self._beat(conn))
+            elif self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
                 print(f"{self.announce}\nready: http://{host}:{port}/", flush=True)
                 sys.stdout.flush()
+
+        async def _beat(self, conn: Any) -> None:
+            from vitkit.serve.workers import HEARTBEAT_S
+
+            while True:  # from the event loop: a stalled loop stops beating
+                await asyncio.sleep(HEARTBEAT_S)
+                try:
+                    conn.send("beat")
+                except OSError:  # the supervisor is gone: stop too
+                    self.should_exit = True
+                    return
 
     return DrainingServer
