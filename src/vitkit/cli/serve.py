@@ -84,8 +84,8 @@ def add_commands(sub: Any) -> None:
         "--workers",
         type=positive_int,
         default=1,
-        help="processes, each with its own model and --threads (default: the CPUs / N), "
-        "sharing the port; one that dies or stalls is started again (default 1)",
+        help="processes sharing the port, each with its own model and --threads (then the "
+        "CPUs / N unless given); one that dies or stalls is started again (default 1)",
     )
     g.add_argument(
         "--dry-run",
@@ -218,7 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers > 1 and worker is None and not args.dry_run:
         from vitkit.serve.workers import supervise
 
-        return supervise(args)
+        return supervise(args, cmd_serve)
     served = served_model(args)
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)

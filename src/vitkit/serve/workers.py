@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vitkit.errors import VitkitError
@@ -53,12 +54,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class Worker:
-    def __init__(self, index: int, args: argparse.Namespace, sock: socket.socket):
+    def __init__(self, index: int, args: argparse.Namespace, sock: socket.socket, serve: Any):
         self.index = index
         ctx = multiprocessing.get_context("spawn")  # (a fresh interpreter: no forked threads)
         self.conn, child = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
-            target=_worker_main, args=(index, args, sock, child), name=f"vitkit-worker-{index}"
+            target=_worker_main,
+            args=(index, args, sock, child, serve),
+            name=f"vitkit-worker-{index}",
         )
         self.process.start()
         child.close()
@@ -78,8 +81,9 @@ class Worker:
         return self.ready and time.monotonic() - self.last_beat > STALL_S
 
 
-def supervise(args: argparse.Namespace) -> int:
-    """Run ``args.workers`` workers of ``vitkit serve args`` until SIGTERM or Ctrl-C."""
+def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], int]) -> int:
+    """Run ``args.workers`` workers, each ``serve(args)`` (``vitkit serve``'s command, on the
+    shared socket: ``args.worker``), until SIGTERM or Ctrl-C."""
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     threads = args.threads or max(1, cpus() // args.workers)
@@ -89,7 +93,7 @@ def supervise(args: argparse.Namespace) -> int:
         s: signal.signal(s, lambda sig, _: stopping.append(sig))
         for s in (signal.SIGTERM, signal.SIGINT)
     }
-    workers = [Worker(i + 1, args, sock) for i in range(args.workers)]
+    workers = [Worker(i + 1, args, sock, serve) for i in range(args.workers)]
     announced = False
     try:
         while not stopping:
@@ -111,7 +115,7 @@ def supervise(args: argparse.Namespace) -> int:
                       flush=True)  # fmt: skip
                 w.process.kill()
                 w.process.join()
-                workers[i] = Worker(w.index, args, sock)
+                workers[i] = Worker(w.index, args, sock, serve)
             if not announced and all(w.ready for w in workers):
                 announced = True
                 print(f"ready: http://{host}:{port}/", flush=True)
@@ -140,16 +144,16 @@ def _stop(workers: list[Worker], drain_timeout: float) -> list[int | None]:
     return [w.process.exitcode for w in workers]
 
 
-def _worker_main(index: int, args: argparse.Namespace, sock: socket.socket, conn: Any) -> None:
+def _worker_main(
+    index: int, args: argparse.Namespace, sock: socket.socket, conn: Any, serve: Any
+) -> None:
     """A worker: ``vitkit serve`` on the shared socket, its threads its share of the CPUs (the
     environment the CLI set up, allocator and OpenMP, is inherited)."""
-    from vitkit.cli.serve import cmd_serve
-
     if args.threads is None:
         args.threads = max(1, cpus() // args.workers)
     args.worker = (index, sock, conn)
     try:
-        code = cmd_serve(args)
+        code = serve(args)
     except VitkitError as e:
         print(f"vitkit: worker {index}: {e}", file=sys.stderr, flush=True)
         code = 1
