@@ -96,7 +96,7 @@ class ClientGone(Exception):
     """The client closed its connection while its request waited."""
 
 
-async def unless_gone(work: Awaitable[T], receive: Callable[[], Awaitable[Any]]) -> T:
+async def unless_gone(work: asyncio.Future[T], receive: Callable[[], Awaitable[Any]]) -> T:
     """``work``'s result, or ClientGone (``work`` cancelled) where the client disconnects
     first; ``receive`` is the request's ASGI receive with its body already read."""
 
@@ -104,15 +104,13 @@ async def unless_gone(work: Awaitable[T], receive: Callable[[], Awaitable[Any]])
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(gone())
+    watch.add_done_callback(lambda w: None if w.cancelled() else work.cancel())
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if watch.done() and not watch.cancelled():
+            raise ClientGone from None
+        raise
     finally:
-        if not task.done():
-            task.cancel()
         watch.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-    if not task.cancelled():
-        return task.result()
-    raise ClientGone

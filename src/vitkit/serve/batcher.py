@@ -159,6 +159,11 @@ class Batcher:
     async def submit(self, values: Sequence[Any], deadline: float | None = None) -> list[Any]:
         """The outputs of ``values``; raises Dropped where the request is refused or given up
         (``deadline``: time.monotonic() by which its answer is due)."""
+        return list(await self.enqueue(values, deadline))
+
+    def enqueue(self, values: Sequence[Any], deadline: float | None = None) -> asyncio.Future[Any]:
+        """``values`` queued: a future of their outputs (cancel it: none of them runs after
+        that); raises Dropped at once where the request is refused."""
         assert self._arrived is not None, "Batcher.start() first"
         if self.closed:
             raise Dropped("shutdown", "the server is stopping: send the request elsewhere")
@@ -187,14 +192,17 @@ class Batcher:
                 item.expiry = loop.call_later(deadline - time.monotonic(), self._expire, item)
             self._waiting.append(item)
         self._arrived.set()
-        try:
-            return list(await asyncio.gather(*(i.future for i in items)))
-        except BaseException:  # dropped or its client gone: none of its images runs now
-            for item in items:
-                item.future.cancel()
-                if item.expiry is not None:
-                    item.expiry.cancel()
-            raise
+        answers = asyncio.gather(*(i.future for i in items))
+
+        def ended(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:  # dropped or its client gone
+                for item in items:  # none of its images runs now
+                    item.future.cancel()
+                    if item.expiry is not None:
+                        item.expiry.cancel()
+
+        answers.add_done_callback(ended)
+        return answers
 
     def _expire(self, item: _Item) -> None:
         if not item.started and not item.future.done():

@@ -332,7 +332,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         arrival = request.scope.get("state", {}).get("arrival", time.monotonic())
         deadline = None if admission.timeout is None else arrival + admission.timeout
         try:
-            probs = await unless_gone(batcher.submit(images, deadline), request.receive)
+            probs = await unless_gone(batcher.enqueue(images, deadline), request.receive)
         except ClientGone:  # nobody to answer: nginx's "client closed request", never sent
             metrics.request_dropped("client_gone")
             return JSONResponse({"error": "the client left"}, status_code=499)
