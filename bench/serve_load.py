@@ -68,8 +68,23 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
     from vitkit.cli.serve import served_model
 
     images = [image_bytes(name, s) for s in range(16)]
-    proc, port = start_server(["-m", "vitkit", "serve", str(ckpt), "--fast", "--port", "0",
-                               "--max-batch", str(MAX_BATCH), "--max-wait-ms", "5"])  # fmt: skip
+    proc, port = start_server(
+        [
+            "-m",
+            "vitkit",
+            "serve",
+            str(ckpt),
+            "--fast",
+            "--port",
+            "0",
+            "--max-batch",
+            str(MAX_BATCH),
+            "--max-wait-ms",
+            "5",
+            "--timeout",
+            "0",
+        ]
+    )  # fmt: skip  (no deadline: throughput)
     engine_line = next(line for line in proc.output if line.startswith("engine: ")).strip()
     try:
         expected = {}  # each image's answer, asked alone
@@ -328,7 +343,11 @@ def main() -> None:
         type=Path,
         help="the src/ of the code to compare with (keep, overload), e.g. from git archive",
     )
-    ap.add_argument("--baseline-name", default="the code before admission control")
+    ap.add_argument(
+        "--baseline-name",
+        default="the code before admission control",
+        help="what the baseline is, as the report names it (e.g. its commit)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (keep, workers)")
     ap.add_argument("--workers-models", default="mnist")
     ap.add_argument("--overload-model", default="B/16")
@@ -344,7 +363,11 @@ def main() -> None:
     record: dict[str, Any] = {
         "cpu": cpu_name(),
         "cpu_family_model": f"family {fields.get('CPU family')}, model {fields.get('Model')}",
-        "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/serve_load.py "
+        + " ".join(
+            "BASELINE/src" if args.baseline_src and a == str(args.baseline_src) else a
+            for a in sys.argv[1:]
+        ),
         "seconds_per_level": args.seconds,
         "max_batch": MAX_BATCH,
         "models": [],
@@ -426,8 +449,9 @@ def load_report(r: dict[str, Any]) -> str:
         "",
         f"CPU: {r['cpu']}, {r['cpu_family_model']}. Server and clients on the same machine "
         f"(localhost; the clients are one asyncio process). {r['seconds_per_level']:g} s per "
-        f"level, batches of up to {r['max_batch']} images (5 ms wait); every answer checked "
-        "against the image's own answer (top-3 labels, probabilities to 1e-4).",
+        f"level, batches of up to {r['max_batch']} images (5 ms wait), no deadline (`--timeout 0`: "
+        "these levels measure throughput; the overload section below sheds load); every answer "
+        "checked against the image's own answer (top-3 labels, probabilities to 1e-4).",
         "",
         f"Command: `{r['command']}`",
         "",

@@ -113,6 +113,30 @@ def test_images_past_their_deadline_are_dropped_before_the_forward():
     assert seen == [1]  # neither late image was computed
 
 
+def test_an_image_that_would_finish_late_is_left_out_of_a_forward_of_tensors():
+    seen: list[Any] = []
+
+    async def go() -> Any:
+        b = Batcher(slow_run(0.2, seen), max_batch=3, max_wait_ms=300)
+        b.start()
+        await b.submit([torch.zeros(2)])  # learns the speed: 0.2 s a forward
+        a = asyncio.ensure_future(b.submit([torch.ones(2)]))  # no deadline
+        await asyncio.sleep(0)
+        # admitted (2 images: about 0.4 s), but the forward waits 0.3 s for a third image
+        late = asyncio.ensure_future(b.submit([torch.full((2,), 2.0)], time.monotonic() + 0.5))
+        out = await asyncio.wait_for(asyncio.gather(a, late, return_exceptions=True), 10)
+        # the batcher still runs
+        again = await asyncio.wait_for(b.submit([torch.full((2,), 3.0)]), 5)
+        await b.stop()
+        return out, again
+
+    (a, late), again = asyncio.run(go())
+    assert torch.equal(a[0], torch.full((2,), 10.0))
+    assert isinstance(late, Dropped) and late.reason == "deadline", late
+    assert torch.equal(again[0], torch.full((2,), 30.0))
+    assert [float(v[0]) for v in seen] == [0.0, 1.0, 3.0]  # the late image never ran
+
+
 def test_a_request_cancelled_while_waiting_never_reaches_the_forward():
     seen: list[Any] = []
 

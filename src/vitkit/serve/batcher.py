@@ -33,7 +33,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(eq=False)  # (identity: its value may be a tensor, which == compares elementwise)
 class _Item:
     value: Any
     future: asyncio.Future[Any]
@@ -264,7 +264,14 @@ class Batcher:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._take()
+            try:
+                batch = await self._take()
+            except Exception as e:  # never silently: every image of the batch hears why
+                for item in self._gathering:
+                    if not item.future.done():
+                        item.future.set_exception(e)
+                self._gathering = []
+                continue
             if not batch:
                 continue
             start = time.perf_counter()
