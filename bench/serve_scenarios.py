@@ -119,9 +119,9 @@ def interleaved(
         out[name] = {
             "client_runs": got["client"],
             "wrk_runs": got["wrk"],
-            "client_req_s": statistics.median(s["requests_per_s"] for s in got["client"]),
+            "client_req_s": round(statistics.median(s["requests_per_s"] for s in got["client"]), 2),
             "client_failed": sum(s["failed"] for s in got["client"]),
-            "wrk_req_s": statistics.median(w["requests_per_s"] for w in got["wrk"])
+            "wrk_req_s": round(statistics.median(w["requests_per_s"] for w in got["wrk"]), 2)
             if got["wrk"] and all("requests_per_s" in w for w in got["wrk"]) else None,
         }  # fmt: skip
     return out
