@@ -68,8 +68,23 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
     from vitkit.cli.serve import served_model
 
     images = [image_bytes(name, s) for s in range(16)]
-    proc, port = start_server(["-m", "vitkit", "serve", str(ckpt), "--fast", "--port", "0",
-                               "--max-batch", str(MAX_BATCH), "--max-wait-ms", "5"])  # fmt: skip
+    proc, port = start_server(
+        [
+            "-m",
+            "vitkit",
+            "serve",
+            str(ckpt),
+            "--fast",
+            "--port",
+            "0",
+            "--max-batch",
+            str(MAX_BATCH),
+            "--max-wait-ms",
+            "5",
+            "--timeout",
+            "0",
+        ]
+    )  # fmt: skip  (no deadline: throughput)
     engine_line = next(line for line in proc.output if line.startswith("engine: ")).strip()
     try:
         expected = {}  # each image's answer, asked alone
@@ -322,8 +337,23 @@ def main() -> None:
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load"))
+    ap.add_argument("--scenarios", default="load,faults,keep,workers,overload,hostile")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="the src/ of the code to compare with (keep, overload), e.g. from git archive",
+    )
+    ap.add_argument(
+        "--baseline-name",
+        default="the code before admission control",
+        help="what the baseline is, as the report names it (e.g. its commit)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (keep, workers)")
+    ap.add_argument("--workers-models", default="mnist")
+    ap.add_argument("--overload-model", default="B/16")
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    scenarios = args.scenarios.split(",")
     from vitkit.hardware import cpu_name
 
     work = Path(tempfile.mkdtemp(prefix="serve-load-"))
@@ -333,28 +363,95 @@ def main() -> None:
     record: dict[str, Any] = {
         "cpu": cpu_name(),
         "cpu_family_model": f"family {fields.get('CPU family')}, model {fields.get('Model')}",
-        "command": "python bench/serve_load.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/serve_load.py "
+        + " ".join(
+            "BASELINE/src" if args.baseline_src and a == str(args.baseline_src) else a
+            for a in sys.argv[1:]
+        ),
         "seconds_per_level": args.seconds,
         "max_batch": MAX_BATCH,
         "models": [],
+        "host": "shared with other work while it ran (2 vCPUs): compare the interleaved ratios",
     }
-    for name in args.models.split(","):
-        record["models"].append(load_model(name, ckpts[name], args))
-    print("faults under load (MNIST model)...", flush=True)
-    record["faults"] = fault_run(ckpts["mnist"], args.seconds)
+    if "load" in scenarios:
+        for name in args.models.split(","):
+            record["models"].append(load_model(name, ckpts[name], args))
+    if "faults" in scenarios:
+        print("faults under load (MNIST model)...", flush=True)
+        record["faults"] = fault_run(ckpts["mnist"], args.seconds)
+    record.update(scenario_runs(scenarios, ckpts, args))
     Path(args.out + ".json").write_text(json.dumps(record, indent=1))
     Path(args.out + ".md").write_text(report(record))
     print(report(record))
 
 
+def checker(name: str) -> Any:
+    """port -> check(body, i): each of the 16 images asked alone first, then every answer to
+    image i % 16 compared with its own."""
+    images = [image_bytes(name, s) for s in range(16)]
+
+    def on(port: int) -> Any:
+        expected = {}
+        for i, data in enumerate(images):
+            t = asyncio.run(run_clients(port, 1, 600, lambda _, d=data: req(d), max_requests=1))
+            expected[i] = t.answers[0]
+        return lambda body, i: same_answer(json.loads(body), expected[i % 16])
+
+    return on
+
+
+def scenario_runs(scenarios: list[str], ckpts: dict[str, Path], args: Any) -> dict[str, Any]:
+    import serve_scenarios as sc
+
+    out: dict[str, Any] = {"baseline": args.baseline_name if args.baseline_src else None}
+    mnist = [image_bytes("mnist", s) for s in range(16)]
+    mnist_req = lambda i: req(mnist[i % 16])  # noqa: E731
+    if "keep" in scenarios and args.baseline_src:
+        print("keep: the MNIST model at 64 clients, this code and the baseline...", flush=True)
+        out["keep"] = sc.keep(ckpts["mnist"], args.baseline_src, args.seconds, args.rounds,
+                              mnist_req, checker("mnist"), mnist[0])  # fmt: skip
+    if "workers" in scenarios:
+        out["workers"] = []
+        for name in args.workers_models.split(","):
+            images = [image_bytes(name, s) for s in range(16)]
+            clients = 64 if name == "mnist" else 8
+            print(f"workers: {name}, 2 against 1, {clients} clients...", flush=True)
+            make = lambda i, im=images: req(im[i % 16])  # noqa: E731
+            w = sc.workers(ckpts[name], clients, args.seconds, args.rounds, make, checker(name),
+                           images[0])  # fmt: skip
+            out["workers"].append({"model": name, **w})
+    if "overload" in scenarios:
+        name = args.overload_model
+        print(f"overload: {name} at 4x the clients it serves within 2 s...", flush=True)
+        images = [image_bytes(name, s) for s in range(16)]
+        out["overload"] = sc.overload(ckpts[name], name, args.baseline_src, args.seconds,
+                                      images, checker(name))  # fmt: skip
+    if "hostile" in scenarios:
+        out["hostile"] = sc.hostile(ckpts["mnist"], args.seconds, mnist_req, checker("mnist"))
+        if "skipped" in out["hostile"]:
+            print(out["hostile"]["skipped"], flush=True)
+    return out
+
+
 def report(r: dict[str, Any]) -> str:
+    from serve_scenarios import scenario_report
+
+    parts = [load_report(r) if r["models"] else "# vitkit serve under load\n"]
+    if "faults" in r:
+        parts.append(fault_report(r))
+    parts.append(scenario_report(r))
+    return "\n".join(parts)
+
+
+def load_report(r: dict[str, Any]) -> str:
     lines = [
         "# vitkit serve under load and faults",
         "",
         f"CPU: {r['cpu']}, {r['cpu_family_model']}. Server and clients on the same machine "
         f"(localhost; the clients are one asyncio process). {r['seconds_per_level']:g} s per "
-        f"level, batches of up to {r['max_batch']} images (5 ms wait); every answer checked "
-        "against the image's own answer (top-3 labels, probabilities to 1e-4).",
+        f"level, batches of up to {r['max_batch']} images (5 ms wait), no deadline (`--timeout 0`: "
+        "these levels measure throughput; the overload section below sheds load); every answer "
+        "checked against the image's own answer (top-3 labels, probabilities to 1e-4).",
         "",
         f"Command: `{r['command']}`",
         "",
@@ -380,10 +477,13 @@ def report(r: dict[str, Any]) -> str:
         levels = ", ".join(f"{s['server_rss_mb']}" for s in m["rows"])
         lines.append(f"- {m['model']}: {m['rss_mb_start']} MB -> {levels} MB "
                      f"({100 * m['rss_change']:+.1f} % at the end)")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def fault_report(r: dict[str, Any]) -> str:
     f = r["faults"]
     g = f["good_clients_meanwhile"]
-    lines += [
-        "",
+    lines = [
         "## Faults under load (MNIST model, 8 good clients meanwhile)",
         "",
         f"Good clients: {g['ok']} right answers, {g['failed']} failed, p50 {g['p50_ms']} ms, "

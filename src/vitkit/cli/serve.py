@@ -38,6 +38,19 @@ def port_number(text: str) -> int:
     return n
 
 
+def wait_ms(text: str) -> float:
+    """--max-wait-ms: 0 .. MAX_WAIT_MS_CAP (a lone request waits that long for company)."""
+    from vitkit.serve.admission import MAX_WAIT_MS_CAP
+
+    v = non_negative_float(text)
+    if v > MAX_WAIT_MS_CAP:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_WAIT_MS_CAP:,.0f} ms (a lone request waits that long for others), "
+            f"got {text}"
+        )
+    return v
+
+
 def host_name(text: str) -> str:
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"not a host name or address: {text!r}")
@@ -74,6 +87,13 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument("--access-log", action="store_true", help="print a line per request")
     g.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes sharing the port, each with its own model and --threads (then the "
+        "CPUs / N unless given); one that dies or stalls is started again (default 1)",
+    )
+    g.add_argument(
         "--dry-run",
         action="store_true",
         help="load and warm up the model, say what would be served, and exit",
@@ -84,9 +104,34 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument(
         "--max-wait-ms",
-        type=non_negative_float,
+        type=wait_ms,
         default=5.0,
-        help="how long the first image of a forward waits for others (default 5)",
+        help="how long the first image of a forward waits for others (default 5, at most 10,000)",
+    )
+    g = p.add_argument_group(
+        "admission (a request refused or given up gets 503, Retry-After and one line)"
+    )
+    g.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=256,
+        help="images waiting for a forward; a request that would overfill it is refused at "
+        "once (default 256)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds a request may take from its arrival: refused at once where recent "
+        "forwards say it would take longer, dropped before its forward when it passes "
+        "(default 30; 0: no deadline)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="on SIGTERM, seconds to answer what is in flight; what still waits then gets "
+        "503 and the server exits (default 30)",
     )
     g = p.add_argument_group("limits (a request over one gets 413 and one line)")
     g.add_argument(
@@ -148,11 +193,21 @@ def served_model(args: argparse.Namespace) -> Any:
     )
 
 
+def server_settings(args: argparse.Namespace, key: str | None) -> Any:
+    """The server's Settings from the command line (limits, batching, admission, key)."""
+    from vitkit.serve.admission import Admission
+    from vitkit.serve.http_app import Settings
+
+    limits = request_limits(args)
+    admission = Admission(args.max_queue, args.timeout or None, args.drain_timeout)
+    return Settings(limits, args.max_batch, args.max_wait_ms, key, admission)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from vitkit.serve import require_serve
 
     _, uvicorn = require_serve()  # the missing extra first, before loading any weights
-    from vitkit.serve.http_app import Settings, build_app
+    from vitkit.serve.http_app import build_app
 
     set_threads(args.threads)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
@@ -160,22 +215,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
     if key is not None and key != key.strip():  # HTTP strips them from headers: never matched
         raise VitkitError(f"the API key starts or ends with a space (--api-key or {KEY_VARIABLE})")
-    if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    worker = getattr(args, "worker", None)  # (index, socket, pipe) in a worker of --workers
+    if key is None and worker is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"vitkit: warning: listening on {args.host} without an API key: anyone who can "
             f"reach it can use it (--api-key or {KEY_VARIABLE})",
             file=sys.stderr,
         )
+    if args.workers > 1 and worker is None and not args.dry_run:
+        from vitkit.serve.workers import supervise
+
+        return supervise(args, cmd_serve)
     served = served_model(args)
     served.warm_up(args.max_batch)
-    limits = request_limits(args)
-    settings = Settings(limits, args.max_batch, args.max_wait_ms, key)
+    settings = server_settings(args, key)
+    limits = settings.limits
     app = build_app(served, settings)
     what = (
         f"{served.describe()['model']['name']} from {args.ckpt}: batches of up to "
         f"{args.max_batch} images (waiting up to {args.max_wait_ms:g} ms), bodies up to "
         f"{limits.max_body_bytes:,} bytes, {limits.max_images} images of up to "
-        f"{limits.max_pixels:,} pixels a request, API key "
+        f"{limits.max_pixels:,} pixels a request, at most {args.max_queue} images waiting, "
+        f"{f'{args.timeout:g} s' if args.timeout else 'no'} deadline, API key "
         f"{'required' if key else 'not required'}"
     )
     if args.dry_run:
@@ -189,17 +250,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         lifespan="on",
         **server_options(args),
+        timeout_graceful_shutdown=args.drain_timeout + 0.5,  # (to send the 503s)
     )
     show_access_log(args)
     server = _draining_server()(config)
     server.announce = f"serving {what}"
+    server.batcher, server.drain_timeout = app.state.batcher, args.drain_timeout
+    server.worker = worker
     try:
-        server.run()
+        server.run(sockets=None if worker is None else [worker[1]])
     except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
         raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
     if not server.started:
         raise VitkitError(f"could not listen on {args.host}:{args.port}")
-    print("stopped: every request in flight was answered", flush=True)
+    refused = app.state.metrics.dropped["shutdown"]
+    late = f" ({refused} after --drain-timeout with 503)" if refused else ""
+    print(f"stopped: every request in flight was answered{late}", flush=True)
+    if not getattr(app.state, "forward_ended", True):
+        print(
+            "stopped: a forward still ran after --drain-timeout; its requests were answered 503",
+            flush=True,
+        )
+        sys.stderr.flush()
+        os._exit(0)  # (the model's thread is in native code: no waiting for it)
     return 0
 
 
@@ -209,6 +282,8 @@ def http_url(host: str, port: int) -> str:
 
 
 def _draining_server() -> Any:
+    import asyncio
+
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -216,6 +291,9 @@ def _draining_server() -> Any:
         return (uvicorn would then re-raise the signal: the process would not exit 0)."""
 
         announce = ""
+        batcher: Any = None
+        drain_timeout = 30.0
+        worker: Any = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit and sig == signal.SIGINT:
@@ -223,11 +301,32 @@ def _draining_server() -> Any:
             else:
                 self.should_exit = True
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            if self.batcher is not None:  # run what waits now; refuse it after the timeout
+                self.batcher.drain(self.drain_timeout)
+            await super().shutdown(sockets)
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
-            if self.started and self.servers:
+            if self.started and self.worker is not None:  # its supervisor says ready
+                index, _, conn = self.worker
+                print(f"{self.announce}\nworker {index} listening (pid {os.getpid()})", flush=True)
+                conn.send("ready")
+                self.heartbeat = asyncio.get_running_loop().create_task(self._beat(conn))
+            elif self.started and self.servers:
                 host, port = self.servers[0].sockets[0].getsockname()[:2]
                 print(f"{self.announce}\nready: {http_url(host, port)}/", flush=True)
                 sys.stdout.flush()
+
+        async def _beat(self, conn: Any) -> None:
+            from vitkit.serve.workers import HEARTBEAT_S
+
+            while True:  # from the event loop: a stalled loop stops beating
+                await asyncio.sleep(HEARTBEAT_S)
+                try:
+                    conn.send("beat")
+                except OSError:  # the supervisor is gone: stop too
+                    self.should_exit = True
+                    return
 
     return DrainingServer

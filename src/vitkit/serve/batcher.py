@@ -1,4 +1,4 @@
-"""Requests of many clients coalesced into one forward.
+"""Requests of many clients coalesced into one forward, under admission control.
 
 Each request puts its images on one queue and awaits their answers. One task takes what is
 queued: the first image, then more until ``max_batch`` images are taken or ``max_wait_ms``
@@ -6,29 +6,76 @@ has passed since the first, and runs them as one forward on the model's own thre
 never overlap; the event loop keeps accepting requests meanwhile). While a forward runs the
 next batch gathers, so under load batches fill without waiting; a lone request waits at most
 ``max_wait_ms``. A request's images always go in order and may span two forwards.
+
+What the queue takes on and what it gives up before the forward (a full queue, a deadline, a
+client gone, a drain past its timeout) is :mod:`vitkit.serve.admission`'s: a request given up
+raises :class:`~vitkit.serve.admission.Dropped`, and none of its images reaches a forward
+after that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+from vitkit.serve.admission import Dropped, ForwardTimes
 
 Run = Callable[[Sequence[Any]], Sequence[Any]]  # a batch of inputs -> one output per input
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-@dataclass
+@dataclass(eq=False)  # (identity: its value may be a tensor, which == compares elementwise)
 class _Item:
     value: Any
     future: asyncio.Future[Any]
+    deadline: float = math.inf  # time.monotonic()
+    expiry: asyncio.TimerHandle | None = None
+    started: bool = False  # in a forward: no longer dropped
+
+
+class ModelThread(Executor):
+    """One daemon thread running the model's calls in order (a stop never waits on a forward
+    longer than it chooses to, and the process can exit while one runs)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._work, name="vitkit-forward", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        f: Future[T] = Future()
+        self._jobs.put((f, fn, args, kwargs))
+        return f
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            f, fn, args, kwargs = job
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn(*args, **kwargs))
+            except BaseException as e:
+                f.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._jobs.put(None)
+        if wait:
+            self.thread.join()
 
 
 class Batcher:
-    """``await batcher.submit(values)`` runs ``values`` through ``run`` together with what other
-    requests submitted meanwhile; ``on_batch(size, seconds)`` hears of every forward."""
+    """``await batcher.submit(values, deadline)`` runs ``values`` through ``run`` together with
+    what other requests submitted meanwhile; ``on_batch(size, seconds)`` hears of every
+    forward, ``on_abandoned(images)`` of images computed for a request already gone."""
 
     def __init__(
         self,
@@ -36,72 +83,200 @@ class Batcher:
         *,
         max_batch: int,
         max_wait_ms: float,
+        max_queue: int | None = None,
         on_batch: Callable[[int, float], None] | None = None,
+        on_abandoned: Callable[[int], None] | None = None,
     ):
-        if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+        if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
+            raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
         self.run = run
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
+        self.max_queue = max_queue
         self.on_batch = on_batch
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitkit-forward")
-        self._queue: asyncio.Queue[_Item] | None = None
+        self.on_abandoned = on_abandoned
+        self.times = ForwardTimes()
+        self.executor = ModelThread()
+        self.draining = False  # stopping: forwards no longer wait for more images
+        self.closed = False  # the drain timeout passed: nothing more is taken on
+        self._waiting: deque[_Item] = deque()
+        self._running: list[_Item] = []  # in the forward that runs now
+        self._gathering: list[_Item] = []  # the next forward's, while it waits for more
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._forward_ends = 0.0  # time.monotonic() the running forward is expected to end
+        self.drain_ends: float | None = None  # time.monotonic() a drain gives up
 
     @property
     def depth(self) -> int:
-        """Images waiting for a forward."""
-        return 0 if self._queue is None else self._queue.qsize()
+        """Images waiting for a forward (in the queue or the batch gathering)."""
+        return sum(not i.future.done() for i in (*self._gathering, *self._waiting))
 
     def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def stop(self) -> None:
-        """After the last request was answered: end the loop and the model's thread."""
+    def drain(self, timeout: float | None = None) -> None:
+        """Stopping: run what waits at once (no waiting for more images); ``timeout`` seconds
+        on, refuse what still waits (:meth:`refuse_waiting`) and stop waiting for a forward."""
+        self.draining = True
+        if self._arrived is not None:
+            self._arrived.set()
+        if timeout is not None:
+            self.drain_ends = time.monotonic() + timeout
+            asyncio.get_running_loop().call_later(timeout, self.refuse_waiting)
+
+    def refuse_waiting(self) -> None:
+        """The drain timeout passed: every image still waiting or in the forward that still
+        runs is answered 503, and so is every request after it."""
+        self.closed = True
+        message = "the server is stopping and its drain timeout passed: send it elsewhere"
+        for item in [*self._gathering, *self._waiting, *self._running]:
+            if not item.future.done():
+                item.future.set_exception(Dropped("shutdown", message))
+        self._waiting.clear()
+
+    async def stop(self) -> bool:
+        """After the last request was answered: end the loop and the model's thread, waiting
+        for a forward that still runs until the drain gives up (a second after its timeout);
+        whether the thread ended."""
+        wait_s = None if self.drain_ends is None else max(self.drain_ends + 1 - time.monotonic(), 0)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self.executor.shutdown(wait=True)
+        self.executor.shutdown(wait=False)
+        thread = self.executor.thread
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, wait_s)
+        return not thread.is_alive()
 
-    async def submit(self, values: Sequence[Any]) -> list[Any]:
-        assert self._queue is not None, "Batcher.start() first"
+    def expected_wait(self, images: int) -> float:
+        """Seconds until ``images`` more images would be computed (0: no forward seen yet)."""
+        now = time.monotonic()
+        return max(self._forward_ends - now, 0.0) + self.times.drain(
+            self.depth + images, self.max_batch
+        )
+
+    async def submit(self, values: Sequence[Any], deadline: float | None = None) -> list[Any]:
+        """The outputs of ``values``; raises Dropped where the request is refused or given up
+        (``deadline``: time.monotonic() by which its answer is due)."""
+        return list(await self.enqueue(values, deadline))
+
+    def enqueue(self, values: Sequence[Any], deadline: float | None = None) -> asyncio.Future[Any]:
+        """``values`` queued: a future of their outputs (cancel it: none of them runs after
+        that); raises Dropped at once where the request is refused."""
+        assert self._arrived is not None, "Batcher.start() first"
+        if self.closed:
+            raise Dropped("shutdown", "the server is stopping: send the request elsewhere")
+        depth, n = self.depth, len(values)
+        if self.max_queue is not None and depth + n > self.max_queue:
+            raise Dropped(
+                "queue_full",
+                f"the server is busy: {depth} images wait for a forward and it queues at most "
+                f"{self.max_queue} (--max-queue); retry later",
+                retry_after=self.expected_wait(0),
+            )
+        if deadline is not None:
+            expected = self.expected_wait(n)
+            if time.monotonic() + expected > deadline:
+                raise Dropped(
+                    "deadline",
+                    f"the server is busy: this request would be answered in about "
+                    f"{expected:.1f} s, after its deadline (--timeout); retry later",
+                    retry_after=expected,
+                )
         loop = asyncio.get_running_loop()
         items = [_Item(v, loop.create_future()) for v in values]
         for item in items:
-            self._queue.put_nowait(item)
-        return list(await asyncio.gather(*(i.future for i in items)))
+            if deadline is not None:
+                item.deadline = deadline
+                item.expiry = loop.call_later(deadline - time.monotonic(), self._expire, item)
+            self._waiting.append(item)
+        self._arrived.set()
+        answers = asyncio.gather(*(i.future for i in items))
+
+        def ended(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:  # dropped or its client gone
+                for item in items:  # none of its images runs now
+                    item.future.cancel()
+                    if item.expiry is not None:
+                        item.expiry.cancel()
+
+        answers.add_done_callback(ended)
+        return answers
+
+    def _expire(self, item: _Item) -> None:
+        if not item.started and not item.future.done():
+            item.future.set_exception(
+                Dropped("deadline", "the request's deadline passed while it waited (--timeout)")
+            )
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on the model's thread, between forwards (an explanation)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
+    def _pop_live(self) -> _Item | None:
+        while self._waiting:
+            item = self._waiting.popleft()
+            if not item.future.done():
+                return item
+        return None
+
     async def _take(self) -> list[_Item]:
-        assert self._queue is not None
-        queue = self._queue
-        batch = [await queue.get()]
-        deadline = time.monotonic() + self.max_wait
+        assert self._arrived is not None
+        while (first := self._pop_live()) is None:
+            self._arrived.clear()
+            await self._arrived.wait()
+        batch = self._gathering = [first]
+        until = time.monotonic() + self.max_wait
         while len(batch) < self.max_batch:
-            if not queue.empty():
-                batch.append(queue.get_nowait())
+            item = self._pop_live()
+            if item is not None:
+                batch.append(item)
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = until - time.monotonic()
+            if left <= 0 or self.draining:
                 break
+            self._arrived.clear()
             try:
-                batch.append(await asyncio.wait_for(queue.get(), left))
+                await asyncio.wait_for(self._arrived.wait(), left)
             except asyncio.TimeoutError:
                 break
-        return [i for i in batch if not i.future.cancelled()]
+        self._gathering = []
+        batch = [i for i in batch if not i.future.done()]
+        # a forward starting now must end before each of its images' deadlines
+        while batch and self.times.per_image:
+            end = time.monotonic() + self.times.forward(len(batch))
+            late = min(batch, key=lambda i: i.deadline)
+            if late.deadline >= end:
+                break
+            batch.remove(late)
+            late.future.set_exception(
+                Dropped("deadline", "the request's deadline would pass before its forward "
+                        "ended (--timeout); retry later")
+            )  # fmt: skip
+        for item in batch:
+            item.started = True
+            if item.expiry is not None:
+                item.expiry.cancel()
+        return [i for i in batch if not i.future.done()]
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._take()
+            try:
+                batch = await self._take()
+            except Exception as e:  # never silently: every image of the batch hears why
+                for item in self._gathering:
+                    if not item.future.done():
+                        item.future.set_exception(e)
+                self._gathering = []
+                continue
             if not batch:
                 continue
             start = time.perf_counter()
+            self._forward_ends = time.monotonic() + self.times.forward(len(batch))
+            self._running = batch
             try:
                 values = [i.value for i in batch]
                 outputs = await loop.run_in_executor(self.executor, self.run, values)
@@ -110,8 +285,17 @@ class Batcher:
                     if not item.future.done():
                         item.future.set_exception(e)
                 continue
+            finally:
+                self._forward_ends, self._running = 0.0, []
+            seconds = time.perf_counter() - start
+            self.times.observe(len(batch), seconds)
             if self.on_batch is not None:
-                self.on_batch(len(batch), time.perf_counter() - start)
+                self.on_batch(len(batch), seconds)
+            abandoned = 0
             for item, out in zip(batch, outputs):
-                if not item.future.done():
+                if item.future.done():
+                    abandoned += 1
+                else:
                     item.future.set_result(out)
+            if abandoned and self.on_abandoned is not None:
+                self.on_abandoned(abandoned)

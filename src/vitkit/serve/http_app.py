@@ -25,6 +25,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vitkit.serve.admission import Admission, ClientGone, Dropped, unless_gone
 from vitkit.serve.batcher import Batcher
 from vitkit.serve.decode import DecodePool
 from vitkit.serve.limits import check_multipart, quiet_multipart
@@ -43,6 +44,7 @@ class Settings:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     api_key: str | None = None
+    admission: Admission = Admission()
 
 
 # -- the answers' shapes (the OpenAPI schema at /openapi.json) ----------------------------
@@ -117,6 +119,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         409: "the engine gives no attention maps (explain)",
         413: "the body, an image's pixels or the images per request exceed a limit",
         415: "not an image in a format the server reads",
+        503: "busy (the queue is full or the request's deadline passed) or stopping: "
+        "retry after the seconds of Retry-After",
     }.items()
 }
 
@@ -161,6 +165,7 @@ class Guard:
                 status[0] = message["status"]
             await send(message)
 
+        scope.setdefault("state", {})["arrival"] = time.monotonic()  # (its --timeout starts)
         counted = scope["path"] != "/metrics"  # (a scrape does not count itself)
         self.metrics.in_flight += counted
         try:
@@ -235,12 +240,15 @@ async def _request_images(request: Request, limits: Limits) -> list[bytes]:
 def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     """The application serving ``served`` (the batcher starts and stops with it)."""
     limits = settings.limits
+    admission = settings.admission
     metrics: Metrics
     batcher = Batcher(
         lambda images: list(served.probabilities(images)),
         max_batch=settings.max_batch,
         max_wait_ms=settings.max_wait_ms,
+        max_queue=admission.max_queue,
         on_batch=lambda n, s: metrics.batch_done(n, s),
+        on_abandoned=lambda n: metrics.images_abandoned(n),
     )
     info = {"model": served.describe()["model"]["name"], "engine": served.engine}
     metrics = Metrics({**info, "precision": served.precision}, lambda: batcher.depth)
@@ -250,7 +258,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         batcher.start()
         yield
-        await batcher.stop()
+        app.state.forward_ended = await batcher.stop()
 
     app = FastAPI(
         title="vitkit serve",
@@ -261,10 +269,18 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     app.add_middleware(Guard, settings=settings, metrics=metrics)
+    app.state.batcher, app.state.metrics = batcher, metrics  # (drained on SIGTERM)
 
     @app.exception_handler(RequestError)
     async def refused(_: Request, e: RequestError) -> JSONResponse:
         return _error(e.status, e.message)
+
+    @app.exception_handler(Dropped)
+    async def dropped(_: Request, e: Dropped) -> JSONResponse:
+        metrics.request_dropped(e.reason)
+        answer = _error(503, e.message)
+        answer.headers["Retry-After"] = e.retry_after_header
+        return answer
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
@@ -315,7 +331,13 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         datas = await _request_images(request, limits)  # (at most max_images: the form says)
         what = "the image" if len(datas) == 1 else "image {}"
         images = [await prepare(d, what.format(i + 1)) for i, d in enumerate(datas)]
-        probs = await batcher.submit(images)
+        arrival = request.scope.get("state", {}).get("arrival", time.monotonic())
+        deadline = None if admission.timeout is None else arrival + admission.timeout
+        try:
+            probs = await unless_gone(batcher.enqueue(images, deadline), request.receive)
+        except ClientGone:  # nobody to answer: nginx's "client closed request", never sent
+            metrics.request_dropped("client_gone")
+            return JSONResponse({"error": "the client left"}, status_code=499)
         results = [{"top_k": served.top_k(p[None], top_k)[0]} for p in probs]
         return JSONResponse({**served.describe(), "results": results})
 

@@ -7,6 +7,8 @@ import bisect
 import threading
 from collections.abc import Callable, Sequence
 
+from vitkit.serve.admission import REASONS
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,12 +48,22 @@ class Metrics:
         self.batch_size = Histogram(BATCH_BUCKETS)
         self.forward_seconds = Histogram(LATENCY_BUCKETS)
         self.in_flight = 0
+        self.dropped = dict.fromkeys(REASONS, 0)  # requests given up before the forward
+        self.abandoned = 0  # images computed for a request already gone
 
     def request_done(self, route: str, status: int | str, seconds: float) -> None:
         with self.lock:
             key = (route, str(status))
             self.requests[key] = self.requests.get(key, 0) + 1
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def request_dropped(self, reason: str) -> None:
+        with self.lock:
+            self.dropped[reason] += 1
+
+    def images_abandoned(self, images: int) -> None:
+        with self.lock:
+            self.abandoned += images
 
     def batch_done(self, size: int, seconds: float) -> None:
         with self.lock:
@@ -91,7 +103,16 @@ class Metrics:
                 "# HELP vitkit_requests_in_flight Requests received and not yet answered.",
                 "# TYPE vitkit_requests_in_flight gauge",
                 f"vitkit_requests_in_flight {self.in_flight}",
-            ]
+                "# HELP vitkit_requests_dropped_total Requests given up before their forward, "
+                "by reason: " + "; ".join(f"{k}: {v}" for k, v in REASONS.items()) + ".",
+                "# TYPE vitkit_requests_dropped_total counter",
+                *(f'vitkit_requests_dropped_total{{reason="{k}"}} {n}'
+                  for k, n in self.dropped.items()),
+                "# HELP vitkit_images_abandoned_total Images computed although their request "
+                "had gone meanwhile (its client left during the forward).",
+                "# TYPE vitkit_images_abandoned_total counter",
+                f"vitkit_images_abandoned_total {self.abandoned}",
+            ]  # fmt: skip
         return "\n".join(lines) + "\n"
 
 

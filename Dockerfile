@@ -1,0 +1,45 @@
+# vitkit serve in a container: CPU PyTorch (the version constraints.txt pins), the serve extra,
+# a non-root user, the model mounted read-only at /model, a HEALTHCHECK on /health.
+#
+#   docker build -t vitkit-serve .
+#   docker run --rm -p 8000:8000 -v "$PWD/runs/mnist:/model:ro" -e VITKIT_API_KEY=KEY vitkit-serve
+#
+# Extra arguments go after the image name (they replace CMD), e.g. `... vitkit-serve --workers 2`.
+# EXTRAS=serve,onnx adds ONNX Runtime (for --fast / --engine onnxruntime).
+FROM python:3.11-slim
+
+ARG EXTRAS=serve
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    OMP_WAIT_POLICY=PASSIVE \
+    MPLCONFIGDIR=/tmp/matplotlib
+
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY src ./src
+# CPU wheels of torch from PyTorch's index (2.13.0+cpu satisfies the constraint torch==2.13.0);
+# everything else from PyPI at the versions constraints.txt pins.
+RUN pip install -c constraints.txt \
+        --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple \
+        ".[${EXTRAS}]" \
+    && python -c "import torch, fastapi, uvicorn; assert not torch.cuda.is_available()" \
+    && rm -rf /src
+
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin vitkit
+USER 10001:10001
+WORKDIR /home/vitkit
+
+# The model: a run directory, a checkpoint or an engine directory, mounted read-only.
+VOLUME ["/model"]
+EXPOSE 8000
+
+HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)"]
+
+# SIGTERM drains (--drain-timeout, under the runtime's stop timeout: docker stop waits 10 s).
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["vitkit", "serve", "/model", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["--drain-timeout", "8"]

@@ -1,0 +1,142 @@
+"""The Dockerfile and the Kubernetes example: what they run parses as `vitkit serve`, the probes
+read /health, the drain fits the grace period, the model is read-only, the user is not root;
+the guide shows deploy/k8s.yaml as it is. With a container runtime that runs here (slow): the
+image is built, serves a tiny model under load, and stops within its drain timeout."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def instruction(name: str) -> str:
+    lines = DOCKERFILE.replace("\\\n", " ").splitlines()
+    found = [ln[len(name) + 1 :].strip() for ln in lines if ln.startswith(name + " ")]
+    assert found, f"the Dockerfile has no {name}"
+    return found[-1]
+
+
+def serve_args(argv: list[str]) -> object:
+    """argv as `vitkit serve` parses it (argparse's error exits: a wrong option fails here)."""
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_the_dockerfile_installs_cpu_torch_pinned_runs_as_a_user_and_checks_health():
+    run = " ".join(ln for ln in DOCKERFILE.replace("\\\n", " ").splitlines() if "pip install" in ln)
+    assert "-c constraints.txt" in run and "download.pytorch.org/whl/cpu" in run
+    assert '".[${EXTRAS}]"' in run and "ARG EXTRAS=serve" in DOCKERFILE
+    assert re.search(r"^torch==2\.13\.0$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert instruction("USER").split(":")[0] not in ("root", "0")
+    assert "/health" in instruction("HEALTHCHECK")
+    entry, cmd = json.loads(instruction("ENTRYPOINT")), json.loads(instruction("CMD"))
+    assert entry[:3] == ["vitkit", "serve", "/model"]
+    args = serve_args(entry[2:] + cmd)
+    assert args.host == "0.0.0.0" and args.port == 8000  # type: ignore[attr-defined]
+    assert args.drain_timeout < 10  # type: ignore[attr-defined]  (docker stop kills after 10 s)
+    kept = (ROOT / ".dockerignore").read_text().split()
+    assert "*" in kept and "!src/" in kept  # the build context is the package, not runs/
+
+
+def test_the_kubernetes_example_probes_health_drains_in_its_grace_period_and_scales_on_cpu():
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "deploy" / "k8s.yaml").read_text()
+    docs = (ROOT / "docs" / "guide" / "serving.md").read_text()
+    assert f"```yaml\n{text}```" in docs  # the guide shows the file as it is
+    kinds = {d["kind"]: d for d in yaml.safe_load_all(text)}
+    assert set(kinds) == {"Deployment", "Service", "HorizontalPodAutoscaler"}
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = serve_args(["/model", *c["args"]])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["ports"][0] == {"name": "http", "containerPort": 8000}
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    grace = pod["terminationGracePeriodSeconds"]
+    assert int(pre_stop[1]) + args.drain_timeout + 1 < grace  # type: ignore[attr-defined]
+    cpus = c["resources"]["requests"]["cpu"]
+    assert args.threads == int(cpus) and c["resources"]["limits"]["memory"]  # type: ignore[attr-defined]
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/model")
+    assert mount["readOnly"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])  # (--fast writes there)
+    hpa = kinds["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == kinds["Deployment"]["metadata"]["name"]
+    assert hpa["metrics"][0]["resource"]["name"] == "cpu"
+
+
+def runtime() -> str | None:
+    """docker or podman, where it can run a container here."""
+    for tool in ("docker", "podman"):
+        if shutil.which(tool) is None:
+            continue
+        ok = subprocess.run([tool, "info"], capture_output=True, timeout=60).returncode == 0
+        if ok and subprocess.run([tool, "image", "inspect", "python:3.11-slim"],
+                                 capture_output=True, timeout=60).returncode == 0:  # fmt: skip
+            return tool
+    return None
+
+
+@pytest.mark.slow
+def test_the_image_serves_a_model_under_load_and_stops_within_its_drain_timeout(tmp_path):
+    tool = runtime()
+    if tool is None:
+        pytest.skip("no container runtime that runs here with the python:3.11-slim base image")
+    import torch
+
+    import vitkit
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/4", num_classes=3, image_size=16, in_chans=3, width=32,
+                                depth=1, num_heads=2, mlp_dim=64)  # fmt: skip
+    vitkit.save_checkpoint(tmp_path / "ck", model, class_names=["a", "b", "c"])
+    subprocess.run([tool, "build", "-q", "-t", "vitkit-serve-test", str(ROOT)], check=True,
+                   timeout=1800)  # fmt: skip
+    name = f"vitkit-serve-test-{int(time.time())}"
+    run = f"{tool} run -d --name {name} -p 127.0.0.1::8000 -v {tmp_path / 'ck'}:/model:ro"
+    subprocess.run([*shlex.split(run), "vitkit-serve-test"], check=True, timeout=60)
+    try:
+        port = subprocess.run([tool, "port", name, "8000"], capture_output=True, text=True,
+                              check=True).stdout.strip().rsplit(":", 1)[1]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        from PIL import Image
+
+        Image.new("RGB", (16, 16), (10, 200, 30)).save(tmp_path / "x.png")
+        png = (tmp_path / "x.png").read_bytes()
+
+        def classify(_: int) -> int:
+            req = urllib.request.Request(f"{url}/v1/classify", data=png)
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(classify, range(400))) == [200] * 400
+        start = time.perf_counter()
+        subprocess.run([tool, "stop", name], check=True, timeout=60)
+        assert time.perf_counter() - start < 10
+        code = subprocess.run([tool, "inspect", "-f", "{{.State.ExitCode}}", name],
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+        assert code == "0"
+    finally:
+        subprocess.run([tool, "rm", "-f", name], capture_output=True)
