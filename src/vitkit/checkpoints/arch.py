@@ -185,9 +185,11 @@ def name_contradictions(
     if seen["width"] is None:  # a hybrid's stem or another layout: the converters decide
         return []
     out = []
-    # timm's Eva keeps its q / v biases apart (no k bias); its VisionTransformer fuses them
+    # timm's Eva keeps its q / v biases apart (no k bias; PE's RoPE attention excepted); its
+    # VisionTransformer fuses them
     fused, split = "blocks.0.attn.qkv.bias" in shapes, "blocks.0.attn.q_bias" in shapes
-    if "qkv_bias" not in given and (fused if arch in _eva_names() else split):
+    apart = arch in _eva_names() and not arch.startswith(("vit_pe_core", "vit_pe_lang"))
+    if "qkv_bias" not in given and (fused if apart else split):
         key = "blocks.0.attn.qkv.bias" if fused else "blocks.0.attn.q_bias"
         theirs = "q_bias / v_bias" if fused else "qkv.bias"
         out.append(f"{key}: in the weights, not in the entry (its biases are {theirs})")
