@@ -278,10 +278,12 @@ def vitkit_read(
             where = traceback.extract_tb(e.__traceback__)[-1].name
             out = {"status": "crashed", "reason": f"{first_line(e)} (in {where})"}
     said = []
-    for w in caught:
-        line = str(w.message).strip().splitlines()[0]
-        if issubclass(w.category, AssumptionWarning) and line not in said:
-            said.append(line)
+    for w in caught:  # (one block: a summary line, then an indented line a setting)
+        lines = str(w.message).strip().splitlines()
+        fields = [f"{path}: {s.strip()}" for s in lines[1:] if s.startswith("  ")] or lines[:1]
+        for line in fields if issubclass(w.category, AssumptionWarning) else []:
+            if line not in said:
+                said.append(line)
     out["warnings"] = [line.replace(str(path), "FILE") for line in said]
     if "reason" in out:
         out["reason"] = out["reason"].replace(str(path), "FILE")
