@@ -247,7 +247,8 @@ def draw_hf(rng: random.Random) -> tuple[str, dict[str, Any]]:
 def said_fields(lines: list[str]) -> set[str]:
     """The settings the AssumptionWarning lines name (``FIELD=VALUE assumed``); the line on the
     patch grid (``image_size``) says whether the prefix tokens have position rows too."""
-    out = {m[1] for line in lines for m in [re.search(r"(\w+)=\S.*? assumed", line)] if m}
+    each = [one for line in lines for one in line.splitlines()]  # (a block: a line a setting)
+    out = {m[1] for line in each for m in [re.search(r"(\w+)=\S.*? assumed", line)] if m}
     return out | ({"pos_embed_prefix"} if "image_size" in out else set())
 
 

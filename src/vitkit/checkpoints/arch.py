@@ -185,10 +185,10 @@ def name_contradictions(
     if seen["width"] is None:  # a hybrid's stem or another layout: the converters decide
         return []
     out = []
-    # timm's Eva keeps its q / v biases apart (no k bias; PE's RoPE attention excepted); its
-    # VisionTransformer fuses them
+    # timm's EVA / EVA-02 keep their q / v biases apart (no k bias); its VisionTransformer fuses
+    # them (and so do the RoPE ViTs and PE timm builds with its Eva class)
     fused, split = "blocks.0.attn.qkv.bias" in shapes, "blocks.0.attn.q_bias" in shapes
-    apart = arch in _eva_names() and not arch.startswith(("vit_pe_core", "vit_pe_lang"))
+    apart = arch in _eva_names() and arch.startswith(("eva_", "eva02_"))
     if "qkv_bias" not in given and (fused if apart else split):
         key = "blocks.0.attn.qkv.bias" if fused else "blocks.0.attn.q_bias"
         theirs = "q_bias / v_bias" if fused else "qkv.bias"

@@ -61,7 +61,8 @@ class Assumption:
 
     def line(self, source: str, short: bool = False) -> str:
         said = f"{source}: {self.field}={self.value!r} assumed ({self.why})"
-        said += "" if short else f"; {self.otherwise}"
+        if self.example is None or not short:  # (short: the override in place of the rest)
+            said += f"; {self.otherwise}"
         if self.example is None:  # an alternative vitkit cannot compute
             return said
         # ``example``: one value of ``field``, or {field: value} where a hint needs several
