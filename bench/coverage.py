@@ -131,9 +131,11 @@ def vitkit_side(
     said: list[str] = []
     for w in caught:
         if issubclass(w.category, AssumptionWarning):
-            line = _scrub(str(w.message).strip().splitlines()[0], path)
-            if line not in said:
-                said.append(line)
+            lines = str(w.message).strip().splitlines()  # one line, or a block: a summary line
+            for line in [x.strip() for x in lines[1:]] or lines[:1]:  # and a line a setting
+                line = _scrub(line, path)
+                if line not in said:
+                    said.append(line)
     out["warnings"] = said
     return out
 

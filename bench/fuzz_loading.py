@@ -247,7 +247,8 @@ def draw_hf(rng: random.Random) -> tuple[str, dict[str, Any]]:
 def said_fields(lines: list[str]) -> set[str]:
     """The settings the AssumptionWarning lines name (``FIELD=VALUE assumed``); the line on the
     patch grid (``image_size``) says whether the prefix tokens have position rows too."""
-    out = {m[1] for line in lines for m in [re.search(r"(\w+)=\S.*? assumed", line)] if m}
+    each = [one for line in lines for one in line.splitlines()]  # (a block: a line a setting)
+    out = {m[1] for line in each for m in [re.search(r"(\w+)=\S.*? assumed", line)] if m}
     return out | ({"pos_embed_prefix"} if "image_size" in out else set())
 
 
@@ -278,10 +279,12 @@ def vitkit_read(
             where = traceback.extract_tb(e.__traceback__)[-1].name
             out = {"status": "crashed", "reason": f"{first_line(e)} (in {where})"}
     said = []
-    for w in caught:
-        line = str(w.message).strip().splitlines()[0]
-        if issubclass(w.category, AssumptionWarning) and line not in said:
-            said.append(line)
+    for w in caught:  # (one block: a summary line, then an indented line a setting)
+        lines = str(w.message).strip().splitlines()
+        fields = [f"{path}: {s.strip()}" for s in lines[1:] if s.startswith("  ")] or lines[:1]
+        for line in fields if issubclass(w.category, AssumptionWarning) else []:
+            if line not in said:
+                said.append(line)
     out["warnings"] = [line.replace(str(path), "FILE") for line in said]
     if "reason" in out:
         out["reason"] = out["reason"].replace(str(path), "FILE")

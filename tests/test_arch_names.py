@@ -111,3 +111,26 @@ def test_entries_equal_the_installed_timm(name):
     size = list(model.pretrained_cfg["input_size"][1:])
     assert entries()[name]["layout"] == json.loads(json.dumps(layout_facts(shapes, size)))
     assert set(entries()) == set(VIT_NAMES | EVA_NAMES)
+
+
+# keys the size args do not explain: q_norm (an entry without it), a fused qkv.bias (an Eva name)
+KEYS_ONLY = [
+    ("vit_large_patch14_clip_336", {"qk_norm": True, "pre_norm": True}, "q_norm"),
+    ("eva_giant_patch14_224", {"global_pool": "avg", "act_layer": "quick_gelu"}, "qkv.bias"),
+]
+
+
+@pytest.mark.parametrize(("arch", "extra", "key"), KEYS_ONLY)
+def test_keys_the_named_entry_lacks_are_refused_with_sizes_given(tmp_path, arch, extra, key):
+    timm = import_reference("timm")
+    args = {"embed_dim": 64, "depth": 1, "num_heads": 4, "img_size": 32, "num_classes": 5}
+    ref = perturbed(timm.create_model("vit_tiny_patch16_224", **args, **extra))
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    d = tmp_path / arch
+    d.mkdir()
+    save_file(sd, str(d / "model.safetensors"))
+    sizes = {**args, "patch_size": 16}
+    (d / "config.json").write_text(json.dumps({"architecture": arch, "model_args": sizes}))
+    assert _timm_refuses(arch, sizes, sd)
+    with pytest.raises(VitkitError, match=key):
+        vitkit.load(d)

@@ -56,6 +56,8 @@ def quiet_read(path: Path, **kw: Any) -> tuple[torch.nn.Module, list[str]]:
     model = build_model(ckpt.model_config).double().eval()
     load_state_dict_strict(model, ckpt.state_dict, source=str(path))
     said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    # (one warning: a summary line, then a line a setting, here each with the file's name)
+    said = [f"{path}: {s.strip()}" for block in said for s in block.splitlines()[1:]]
     return model, said
 
 

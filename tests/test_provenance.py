@@ -56,6 +56,9 @@ def load64(path: Path, **kw: Any) -> tuple[torch.nn.Module, list[str]]:
     model = build_model(ckpt.model_config).double().eval()  # (float64 weights kept exactly)
     load_state_dict_strict(model, ckpt.state_dict, source=str(path))
     said = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    assert len(said) <= 1, said  # one warning, however many settings were assumed
+    # one line a field: the block's indented lines, each with the file's name before it
+    said = [f"{path}: {s.strip()}" for block in said for s in block.splitlines()[1:]]
     # (a bare file never says its preprocessing: that line is checked on its own below)
     return model, [s for s in said if f"{path}: mean=" not in s]
 
@@ -326,3 +329,16 @@ def test_a_value_given_when_converting_travels_as_given(tmp_path, capsys):
     assert main(["inspect", str(out)]) == 0
     given = [x for x in capsys.readouterr().out.splitlines() if "given when loading" in x]
     assert given == ["  given when loading:     num_heads"], given
+
+
+def test_a_bare_timm_file_says_its_assumptions_in_one_warning(tmp_path):
+    path = bare(timm_model("vit_base_patch16_clip_quickgelu_224", depth=1, img_size=32), tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_checkpoint(path)
+    (block,) = [str(w.message) for w in caught if issubclass(w.category, AssumptionWarning)]
+    head, *fields = block.splitlines()
+    assert head.startswith(f"{path}: {len(fields)} settings assumed (the file does not say them)")
+    assert head.endswith("state them with --arch NAME or -o KEY=VALUE")
+    assert len(fields) == len(BARE_GUESSES) + 1  # and the mean / std
+    assert all(f.startswith("  ") and len(f) < 300 for f in fields), fields

@@ -50,7 +50,7 @@ FACT_KEYS: dict[str, str] = {
 # timm VisionTransformer / Eva arguments and the facts they change: a folder's model_args that
 # sets one makes timm build that fact from the argument, not from the name's entry
 _ARG_FACTS: dict[str, tuple[str, ...]] = {
-    "embed_dim": ("width", "mlp_hidden", "qk_norm"),
+    "embed_dim": ("width", "mlp_hidden"),
     "patch_size": ("patch",),
     "depth": ("depth",),
     "mlp_ratio": ("mlp_hidden",),
@@ -68,7 +68,6 @@ _ARG_FACTS: dict[str, tuple[str, ...]] = {
     "init_values": ("layer_scale",),
     "qkv_bias": ("qkv_bias",),
     "qk_norm": ("qk_norm",),
-    "num_heads": ("qk_norm",),
     "mlp_layer": ("mlp", "mlp_hidden", "mlp_norm"),
     "swiglu_mlp": ("mlp", "mlp_hidden"),
     "scale_mlp": ("mlp_norm",),
@@ -201,6 +200,15 @@ def name_contradictions(
     if seen["width"] is None:  # a hybrid's stem or another layout: the converters decide
         return []
     out = []
+    # timm's EVA / EVA-02 keep their q / v biases apart (no k bias); its VisionTransformer fuses
+    # them; the other entries of its Eva class (RoPE ViTs, DINOv3, PE) may have either
+    fused, split = "blocks.0.attn.qkv.bias" in shapes, "blocks.0.attn.q_bias" in shapes
+    eva_class = arch in _eva_names()
+    apart = eva_class and arch.startswith(("eva_", "eva02_"))
+    if "qkv_bias" not in given and (fused if apart else split and not eva_class):
+        key = "blocks.0.attn.qkv.bias" if fused else "blocks.0.attn.q_bias"
+        theirs = "q_bias / v_bias" if fused else "qkv.bias"
+        out.append(f"{key}: in the weights, not in the entry (its biases are {theirs})")
     for fact, value in want.items():
         if fact in _SIZES or fact in given or seen.get(fact) == value or value is None:
             continue

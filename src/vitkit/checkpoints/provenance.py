@@ -5,8 +5,10 @@ Every reader (vitkit, npz, timm, Hugging Face) returns, beside the config, one
 helps, and the :class:`Assumption` s it made. An assumption is a value that neither the file's
 config, nor the weights, nor a named architecture's table fixes, and that changes the numbers
 (an epsilon, the GELU, the heads, the block order, the pooling): it is said aloud when the
-checkpoint is read, as one :class:`vitkit.errors.AssumptionWarning` line naming the field, the
-value assumed, what else it could be and the override. A value the caller gives
+checkpoint is read, as one :class:`vitkit.errors.AssumptionWarning`: a summary line naming the
+fields and how to state them, then one short indented line per field with the value assumed, why
+and its override (:meth:`Provenance.to_dict` keeps each field's full line, with what else it could
+be). A value the caller gives
 (``vitkit.load(path, gelu="quick")``, ``-o gelu=quick``) is ``"given"`` and silences it.
 """
 
@@ -57,8 +59,10 @@ class Assumption:
     otherwise: str
     example: Any
 
-    def line(self, source: str) -> str:
-        said = f"{source}: {self.field}={self.value!r} assumed ({self.why}); {self.otherwise}"
+    def line(self, source: str, short: bool = False) -> str:
+        said = f"{source}: {self.field}={self.value!r} assumed ({self.why})"
+        if self.example is None or not short:  # (short: the override in place of the rest)
+            said += f"; {self.otherwise}"
         if self.example is None:  # an alternative vitkit cannot compute
             return said
         # ``example``: one value of ``field``, or {field: value} where a hint needs several
@@ -120,8 +124,17 @@ class Provenance:
         return self
 
     def warn(self, source: str, stacklevel: int = 3) -> None:
-        for a in self.assumptions:
-            warnings.warn(AssumptionWarning(a.line(source)), stacklevel=stacklevel)
+        """One warning for every assumption: a summary line, then one indented line a field."""
+        if not self.assumptions:
+            return
+        n, names = len(self.assumptions), ", ".join(a.field for a in self.assumptions)
+        them = "them" if n > 1 else "it"
+        head = (
+            f"{source}: {n} setting{'s' if n > 1 else ''} assumed (the file does not say "
+            f"{them}): {names}; state {them} with --arch NAME or -o KEY=VALUE"
+        )
+        body = "".join(f"\n  {a.line('', short=True).lstrip(': ')}" for a in self.assumptions)
+        warnings.warn(AssumptionWarning(head + body), stacklevel=stacklevel)
 
     def by_source(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
