@@ -345,3 +345,17 @@ def test_a_run_inside_a_run_is_refused_before_the_banner(
     line = one_line_error(code, err)
     assert "lies inside" in line and "a run directory" in line, line
     assert "->" not in err and "training" not in err.replace(line, ""), err
+
+
+def test_a_junk_torch_file_is_one_line_whatever_the_bytes(tmp_path):
+    """Random bytes named .pt reach torch.load's legacy reader, which raised KeyError,
+    IndexError or struct.error (a traceback from every reading command): one line instead."""
+    import random
+
+    rng = random.Random(0)
+    path = tmp_path / "junk.pt"
+    for i in range(120):
+        body = bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 2, 5, 17, 100])))
+        path.write_bytes((b"\x80\x02" if i % 3 == 0 else b"") + body)
+        with pytest.raises(VitkitError, match="junk.pt"):
+            vitkit.load(path)

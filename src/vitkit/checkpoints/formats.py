@@ -27,6 +27,7 @@ import dataclasses
 import json
 import pickle
 import re
+import struct
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -160,6 +161,8 @@ def _torch_load(p: Path) -> dict[str, Tensor]:
         ) from None
     except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
         raise VitkitError(f"{p}: unreadable PyTorch file, truncated or corrupt ({e})") from None
+    except (KeyError, IndexError, struct.error) as e:  # (the legacy format's reader on junk)
+        raise VitkitError(f"{p}: unreadable PyTorch file, corrupt ({type(e).__name__})") from None
     return timm_conv.unwrap_state_dict(obj, str(p))
 
 
