@@ -171,6 +171,57 @@ def test_the_resize_plan_counts_what_the_transform_allocates_to_the_pixel(work):
         s.stop()
 
 
+def strip_png(width: int, height: int) -> bytes:
+    """A complete grey PNG of ``width`` x ``height`` black pixels (a few KB)."""
+    buf = io.BytesIO()
+    Image.new("L", (width, height)).save(buf, format="PNG", compress_level=9)
+    return buf.getvalue()
+
+
+def test_a_side_too_long_is_refused_where_the_resize_plan_would_pass(work):
+    """A squash model (Hugging Face's processors, SigLIP) resizes a 100,000 x 1 strip to
+    224 x 224: the plan counts 50,400 pixels and passes it, but Pillow keeps filter weights for
+    every column it shrinks (a 25,000,000 x 1 PNG of 24 KB made one decode allocate 0.5 to
+    1.2 GB). Over 65,535 px along a side: 413 from the header, at once."""
+    from vitkit.data.transforms import PilEvalTransform
+    from vitkit.serve.served_model import RequestError, decode_image
+
+    squash = PilEvalTransform(224, 3, crop_pct=1.0, resize="squash")
+    assert resize_pixels(squash, 100_000, 1) == 224 * 1 + 224 * 224  # the plan lets it in
+    start = time.perf_counter()
+    with pytest.raises(RequestError) as e:
+        decode_image(strip_png(100_000, 1), 3, 25_000_000)
+    assert e.value.status == 413 and "65,535 along a side" in e.value.message
+    assert time.perf_counter() - start < 0.5
+    assert decode_image(strip_png(65_535, 1), 3, 25_000_000).size == (65_535, 1)
+
+
+def test_a_16_bit_image_is_converted_without_float64_copies_of_itself():
+    """A 25-megapixel 16-bit PNG is scaled to 8 bits a band of rows at a time: the conversion
+    adds about 100 MB (the copies of its own size), not 650 MB of float64 temporaries (a 60 KB
+    file, so decode memory per worker stays as documented). Measured in a fresh process."""
+    code = (
+        "import re\n"
+        "from pathlib import Path\n"
+        "from PIL import Image\n"
+        "from vitkit.data.transforms import convert_image\n"
+        "def kb(k): return int(re.search(k + r':\\s+(\\d+)', "
+        "Path('/proc/self/status').read_text()).group(1))\n"
+        "img = Image.new('I;16', (5000, 5000))\n"
+        "before = kb('VmRSS')\n"
+        "out = convert_image(img, 1)\n"
+        "print(out.mode, out.size, (kb('VmHWM') - before) // 1024)\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    mode, width, height, grown_mb = (
+        done.stdout.replace("(", "").replace(")", "").replace(",", "").split()
+    )
+    assert (mode, width, height) == ("L", "5000", "5000")
+    assert int(grown_mb) < 200, grown_mb
+
+
 def test_predict_refuses_the_strip_in_one_line_before_decoding(work, capsys):
     start = time.perf_counter()
     assert main(["predict", str(work / "tall.png"), "--from", str(work / "ck")]) != 0
@@ -226,6 +277,24 @@ def test_a_large_header_or_too_many_headers_get_431(server):
     assert status == 431 and b"--max-headers" in got
     fine = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: " + b"a" * 8000
     assert raw(server.port, fine + b"\r\n\r\n")[0] == 200
+
+
+def test_a_client_still_sending_a_huge_head_reads_its_431(server):
+    """A 20 MB header sent whole before reading: the server answers 431 after its first
+    16 KB and keeps reading (and dropping) for a moment, so the client reads the answer; closed
+    at once with unread bytes, the connection was reset and the client saw no 431."""
+    data = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000_000 + b"\r\n\r\n"
+    start = time.perf_counter()
+    got = b""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        try:
+            s.sendall(data)
+            while more := s.recv(65536):
+                got += more
+        except ConnectionResetError:
+            pass
+    assert got.startswith(b"HTTP/1.1 431"), got[:200]
+    assert b"--max-header-bytes" in got and time.perf_counter() - start < 5
 
 
 def test_a_request_sent_slowly_gets_408_within_the_read_timeout(server):

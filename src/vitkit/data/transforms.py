@@ -124,8 +124,10 @@ def convert_image(img: Image.Image, channels: int) -> Image.Image:
 
 
 def _to_8bit(img: Image.Image) -> Image.Image:
-    """A one-channel 16-bit, 32-bit integer or float image as mode "L", scaled by its range."""
-    a = np.asarray(img).astype(np.float64)
+    """A one-channel 16-bit, 32-bit integer or float image as mode "L", scaled by its range
+    (in float64, a band of rows at a time: a 25-megapixel 16-bit image never holds a float64
+    copy of itself, 200 MB, and its temporaries)."""
+    a = np.asarray(img)
     if a.ndim != 2:
         raise ValueError(f"image mode {img.mode} with shape {a.shape} is not one channel")
     lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
@@ -139,7 +141,12 @@ def _to_8bit(img: Image.Image) -> Image.Image:
         top = next((t for t in (1.0, 255.0, 65535.0) if hi <= t), 0.0)
         if not top:
             raise ValueError(f"mode F pixels up to {hi:g}: not [0, 1], [0, 255] or [0, 65535]")
-    return Image.fromarray(np.round(a * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
+    out = np.empty(a.shape, np.uint8)
+    rows = max(1, (1 << 20) // max(1, a.shape[1]))
+    for i in range(0, a.shape[0], rows):
+        band = a[i : i + rows].astype(np.float64)
+        out[i : i + rows] = np.round(band * (255.0 / top)).clip(0, 255)
+    return Image.fromarray(out, "L")
 
 
 class PilTrainTransform:

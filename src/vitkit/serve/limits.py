@@ -22,6 +22,10 @@ from vitkit.serve.served_model import RequestError
 
 PART_HEAD_BYTES = 16_384  # one multipart part's headers
 PART_HEADERS = 16  # header lines of one part
+# After a refused head the connection stays half open this long, what still arrives dropped:
+# closed at once with unread bytes, it is reset, and a client still sending (a 20 MB header)
+# never read its 431.
+LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,12 @@ def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
                 b"connection: close",
             ]
             self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-            self.transport.close()
+            if self.transport.can_write_eof():  # (the answer, then end of stream)
+                self.transport.write_eof()
+                self.transport.resume_reading()  # (what arrives is dropped: data_received)
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
 
         def _head_too_large(self) -> None:
             self._refuse(
