@@ -140,3 +140,12 @@ def test_every_results_file_the_experiments_page_names_exists() -> None:
     assert len(named) > 20
     missing = sorted({n for n in named if not (root / "bench" / "results" / n).exists()})
     assert not missing, missing
+
+
+def test_the_experiments_page_is_a_results_page_not_a_journal() -> None:
+    """docs/experiments.md states each finding once with its results file: at most 500 lines,
+    and no figure sourced from an old commit (a file that no longer exists) or left as a plan."""
+    page = (Path(__file__).parents[1] / "docs" / "experiments.md").read_text()
+    assert len(page.splitlines()) <= 500
+    for stale in ("at commit", "Next (", "not adopted", "Not measured yet", "until 20"):
+        assert stale not in page, stale

@@ -6,7 +6,7 @@ glibc serves an allocation above its mmap threshold with a fresh ``mmap`` and re
 its largest tensors on every call. Raising the threshold keeps those blocks in the heap for the
 next call: measured on a 2-vCPU AMD EPYC (bench/malloc.py), B/16 batch-32 inference ran
 1.10x (fp32) to 1.23x (bf16) faster, and the slow PyTorch calls right after an OpenVINO call
-disappeared (docs/experiments.md, "CPU inference on an AVX512-VNNI host"). The cost: the
+disappeared (docs/experiments.md, "CPU inference"). The cost: the
 process keeps its peak memory instead of returning freed blocks to the system.
 
 ``keep_freed_memory()`` is called once at the start of the ``vitkit`` command, before PyTorch

@@ -4,7 +4,7 @@ Why: PyTorch's CPU wheels multiply fp32 matrices with Intel MKL (``torch.__confi
 ``BLAS_INFO=mkl``). On an AMD EPYC with AVX-512 MKL reached 208 GFLOP/s on a 2048^3 matmul and
 183 on a B/16 MLP Linear, while oneDNN, PyTorch's other CPU library (the one behind its bf16
 matmuls), ran the same Linear at 356: ONNX Runtime's and OpenVINO's fp32 engines were twice as
-fast as PyTorch for this reason (docs/experiments.md, "CPU inference on an AVX512-VNNI host").
+fast as PyTorch for this reason (docs/experiments.md, "CPU inference").
 oneDNN's result is fp32 like MKL's, summed in another order (3e-6 on outputs of magnitude 3,
 measured; the size of MKL's own differences between batch sizes).
 

@@ -77,7 +77,7 @@ MNIST_BEST = dataclasses.replace(
     label_smoothing=0.1,
     # the test split as the mean over 9 views: the image, its 1-pixel shifts, +-8 degree
     # rotations and 1 +- 0.08 zooms (chosen on the three seeds' val splits: 83 errors in 15,000
-    # without, 73 with the shifts alone, 67 with all nine; docs/experiments.md)
+    # without, 73 with the shifts alone, 67 with all nine: bench/mnist_tta.py, in the history)
     tta_shift=1,
     tta_rotate=8.0,
     tta_zoom=0.08,
@@ -152,7 +152,7 @@ AUGREG = TrainConfig(
     out_dir="runs/augreg",
 )
 
-# Scaled-down versions that run here, used by the transfer experiments (docs/experiments.md).
+# Scaled-down versions that run here, used by the transfer experiments (docs/paper.md).
 MNIST_PRETRAIN = dataclasses.replace(
     MNIST_V1,
     model_overrides={**MNIST_MODEL, "representation_size": 64},
@@ -173,7 +173,7 @@ DIGITS_FINETUNE = dataclasses.replace(
     out_dir="runs/digits-finetune",
 )
 
-# --- Self-supervised pre-training (vitkit pretrain; docs/experiments.md) ----------------------
+# --- Self-supervised pre-training (vitkit pretrain; docs/paper.md) ----------------------
 
 # The paper's masked patch prediction (Appendix B.1.2): "We trained our self-supervised model for
 # 1M steps (ca. 14 epochs) with batch size 4096 on JFT. We use Adam, with a base learning rate of
@@ -320,7 +320,7 @@ RECIPES: dict[str, Recipe] = {
 
             Command: ``vitkit train --recipe mnist-best``.
             Measured (``python bench/mnist_best.py``, 2-vCPU AMD EPYC with AVX512-BF16; docs/
-            experiments.md, "Time to accuracy"): 99.60 % mean test top-1 over seeds 1-3
+            experiments.md, "MNIST: accuracy against time"): 99.60 % mean test top-1 over seeds 1-3
             (99.65 / 99.63 / 99.53) in 17.1-17.7 min each, 0.71-0.74x mnist-long's 23.9 min
             (99.54 %). The 99.65 % a small MNIST ViT on PyPI reports is not reached.""",
             MNIST_BEST,
