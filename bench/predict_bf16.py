@@ -7,12 +7,15 @@ over ``--rounds`` rounds (medians):
 
 - ``vitkit predict --from CK IMAGES --precision bf16 --top-k 1`` (the weights in bf16, converted
   once; every image in one forward);
+- ``vitkit predict --from DIR IMAGES --top-k 1``, DIR the engine directory ``vitkit export CK DIR
+  --precision bf16`` wrote once before the rounds (OpenVINO at its bf16 precision; where
+  OpenVINO is installed; the export's own time is reported beside);
 - ``vitkit predict --from CK IMAGES --top-k 1`` (fp32, for reference; ``--no-fp32``: off);
 - a timm script: ``timm.create_model`` + the timm checkpoint, PIL decode, resize 224, the
   ImageNet normalisation, ``torch.autocast("cpu", torch.bfloat16)`` in batches of 32, top-1.
 
 The host's fp32 and bf16 matmul ceilings are measured in the same run (bench/speed.py's
-``matmul_ceiling``), before and after the commands.
+``matmul_ceiling``; bf16 the best library's, bench/ceilings.py), before and after the commands.
 
     python bench/predict_bf16.py --images 128 --rounds 2
 """
@@ -20,6 +23,7 @@ The host's fp32 and bf16 matmul ceilings are measured in the same run (bench/spe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -36,6 +40,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from ceilings import bf16_ceilings  # noqa: E402
 from speed import matmul_ceiling  # noqa: E402
 
 import vitkit  # noqa: E402
@@ -76,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     cpu = torch.device("cpu")
     ceilings = {"fp32": [matmul_ceiling(torch.float32, cpu)]}
-    ceilings["bf16"] = [matmul_ceiling(torch.bfloat16, cpu)]
+    ceilings["bf16"] = [bf16_ceilings()["bf16"]]
     with tempfile.TemporaryDirectory(prefix="vitkit-predict-bf16-") as tmp:
         d = Path(tmp)
         torch.manual_seed(0)
@@ -106,6 +111,15 @@ def main() -> None:
                 str(d / "timm.safetensors"), *images,
             ],
         }  # fmt: skip
+        export_s = None
+        if importlib.util.find_spec("openvino") is not None:
+            start = time.perf_counter()
+            subprocess.run([*vk, "export", str(d / "ck"), str(d / "ov-bf16"), "--precision",
+                            "bf16"], check=True, env=env, capture_output=True)  # fmt: skip
+            export_s = time.perf_counter() - start
+            commands["vitkit predict --from an exported bf16 engine (OpenVINO)"] = [
+                *vk, "predict", "--from", str(d / "ov-bf16"), *images, "--top-k", "1",
+            ]  # fmt: skip
         if args.fp32:
             commands["vitkit predict (fp32)"] = [
                 *vk, "predict", "--from", str(d / "ck"), *images, "--top-k", "1"
@@ -124,7 +138,7 @@ def main() -> None:
                 print(f"round {r}: {name}: {times[name][-1]:.1f} s", flush=True)
         top1 = {k: [ln.split(": ")[1].split()[0] for ln in v] for k, v in outputs.items()}
     ceilings["fp32"].append(matmul_ceiling(torch.float32, cpu))
-    ceilings["bf16"].append(matmul_ceiling(torch.bfloat16, cpu))
+    ceilings["bf16"].append(bf16_ceilings()["bf16"])
     med = {k: statistics.median(v) for k, v in times.items()}
     timm_key = "timm script, bf16 autocast, batch 32"
     ref = top1["vitkit predict (fp32)"] if args.fp32 else top1[timm_key]
@@ -146,6 +160,7 @@ def main() -> None:
         "images": args.images,
         "rounds": args.rounds,
         "ceilings_gflop_s_before_after": {k: [v / 1e9 for v in vs] for k, vs in ceilings.items()},
+        "export_bf16_s": export_s,
     }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
@@ -168,7 +183,14 @@ def main() -> None:
         f"{r['x_timm_bf16']:.2f} | {100 * r['top1_same_as_reference']:.1f} % |"
         for r in rows
     ]
-    lines += ["", f"Reference for top-1: {'vitkit predict (fp32)' if args.fp32 else timm_key}.", ""]
+    lines += ["", f"Reference for top-1: {'vitkit predict (fp32)' if args.fp32 else timm_key}."]
+    if export_s is not None:
+        lines += [
+            f"The engine directory was written once before the rounds: `vitkit export CK DIR "
+            f"--precision bf16` took {export_s:.1f} s (ONNX export, OpenVINO conversion and its "
+            "accuracy check)."
+        ]
+    lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
 

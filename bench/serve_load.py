@@ -10,6 +10,7 @@ Then, on the first model, faults while 8 clients load it: malformed bodies, trun
 load (every request sent before it must be answered, the server must exit 0).
 
     python bench/serve_load.py --models mnist,B/16 --seconds 20
+    python bench/serve_load.py --models B/16,B/16:bf16,B/16:int8 --scenarios load
 """
 
 from __future__ import annotations
@@ -63,10 +64,29 @@ def engine_throughput(served: Any, batch: int, seconds: float) -> float:
     return round(n * batch / (time.perf_counter() - start), 2)
 
 
-def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
+def variant(spec: str, ckpt: Path) -> tuple[str, Path, list[str], float]:
+    """``MODEL[:bf16|:int8]`` -> the model, what to serve, the extra serve options and the
+    tolerance on an answer's probabilities. bf16: ``--precision bf16`` (``--fast`` then runs
+    OpenVINO's bf16 where installed); int8: the engine directory ``vitkit export --int8`` writes
+    (ONNX Runtime's dynamic int8: activation scales per batch, so an image's probabilities move
+    with the batch it shares; its top-3 labels are checked, its probabilities to 2e-2)."""
+    name, _, precision = spec.partition(":")
+    if precision == "bf16":
+        return name, ckpt, ["--precision", "bf16"], 2e-2
+    if precision == "int8":
+        out = ckpt.parent / f"{ckpt.name}-int8"
+        if not out.exists():
+            subprocess.run([sys.executable, "-m", "vitkit", "export", str(ckpt), str(out),
+                            "--int8"], check=True, capture_output=True)  # fmt: skip
+        return name, out, [], 2e-2
+    return name, ckpt, [], 1e-4
+
+
+def load_model(spec: str, ckpts: dict[str, Path], args: Any) -> dict[str, Any]:
     from vitkit.cli import build_parser
     from vitkit.cli.serve import served_model
 
+    name, ckpt, extra, tol = variant(spec, ckpts[spec.partition(":")[0]])
     images = [image_bytes(name, s) for s in range(16)]
     proc, port = start_server(
         [
@@ -74,6 +94,7 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
             "vitkit",
             "serve",
             str(ckpt),
+            *extra,
             "--fast",
             "--port",
             "0",
@@ -94,13 +115,13 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
         # warm-up: every batch size the levels reach (1 to 32 images per forward)
         warm = asyncio.run(run_clients(port, 64, args.seconds / 2, lambda i: req(images[i % 16])))
         rss_start = rss_mb(proc.pid)
-        served = served_model(build_parser().parse_args(["serve", str(ckpt), "--fast"]))
+        served = served_model(build_parser().parse_args(["serve", str(ckpt), *extra, "--fast"]))
         rows = []
         for clients in args.clients:
             batch = min(clients, MAX_BATCH)
 
             def check(body: bytes, i: int) -> bool:
-                return same_answer(json.loads(body), expected[i % 16])
+                return same_answer(json.loads(body), expected[i % 16], tol)
 
             t = asyncio.run(run_clients(port, clients, args.seconds, lambda i: req(images[i % 16]),
                                         check=check))  # fmt: skip
@@ -120,7 +141,7 @@ def load_model(name: str, ckpt: Path, args: Any) -> dict[str, Any]:
         proc.terminate()
         proc.wait(timeout=60)
     return {
-        "model": name,
+        "model": spec,
         "engine": engine_line,
         "warm_up": warm.summary(),
         "rss_mb_start": rss_start,
@@ -134,10 +155,10 @@ def req(data: bytes) -> tuple[str, str, bytes, dict[str, str]]:
     return "POST", "/v1/classify", data, {"Content-Type": "image/png"}
 
 
-def same_answer(got: dict[str, Any], want: dict[str, Any]) -> bool:
+def same_answer(got: dict[str, Any], want: dict[str, Any], tol: float = 1e-4) -> bool:
     a, b = got["results"][0]["top_k"], want["results"][0]["top_k"]
     return [q["index"] for q in a[:3]] == [q["index"] for q in b[:3]] and all(
-        abs(p["prob"] - q["prob"]) < 1e-4 for p, q in zip(a, b)
+        abs(p["prob"] - q["prob"]) < tol for p, q in zip(a, b)
     )
 
 
@@ -374,8 +395,8 @@ def main() -> None:
         "host": "shared with other work while it ran (2 vCPUs): compare the interleaved ratios",
     }
     if "load" in scenarios:
-        for name in args.models.split(","):
-            record["models"].append(load_model(name, ckpts[name], args))
+        for spec in args.models.split(","):
+            record["models"].append(load_model(spec, ckpts, args))
     if "faults" in scenarios:
         print("faults under load (MNIST model)...", flush=True)
         record["faults"] = fault_run(ckpts["mnist"], args.seconds)
@@ -451,7 +472,8 @@ def load_report(r: dict[str, Any]) -> str:
         f"(localhost; the clients are one asyncio process). {r['seconds_per_level']:g} s per "
         f"level, batches of up to {r['max_batch']} images (5 ms wait), no deadline (`--timeout 0`: "
         "these levels measure throughput; the overload section below sheds load); every answer "
-        "checked against the image's own answer (top-3 labels, probabilities to 1e-4).",
+        "checked against the image's own answer (top-3 labels, probabilities to 1e-4; bf16 and "
+        "int8 rows to 2e-2).",
         "",
         f"Command: `{r['command']}`",
         "",

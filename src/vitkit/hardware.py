@@ -127,14 +127,25 @@ def check_model_fits(cfg: Any) -> None:
 
 
 def cpu_name() -> str:
-    """The CPU as a benchmark names it: model, vCPUs and the vector extensions that decide the
-    speed of fp32, bf16 and int8 paths (``lscpu``; the platform's name where it is missing)."""
+    """The CPU as a benchmark names it: vendor and model, family/model numbers, vCPUs, the
+    vector extensions that decide the speed of fp32, bf16 and int8 paths, and AMX or not
+    (``lscpu``; the platform's name where it is missing), e.g. "AMD EPYC, family 25 model 17
+    (2 vCPUs; avx2, avx512f, avx512_vnni, avx512_bf16; no AMX)"."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln)
-        flags = next(ln for ln in out.splitlines() if ln.startswith("Flags")).split()
-    except (OSError, StopIteration):
+    except OSError:
         return platform.processor() or "unknown CPU"
+    return describe_lscpu(out, os.cpu_count())
+
+
+def describe_lscpu(out: str, vcpus: int | None) -> str:
+    """:func:`cpu_name` from ``lscpu``'s text."""
+    fields = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in out.splitlines())}
+    name = fields.get("Model name") or platform.processor() or "unknown CPU"
+    if "CPU family" in fields and "Model" in fields:
+        name += f", family {fields['CPU family']} model {fields['Model']}"
+    flags = fields.get("Flags", "").split()
     known = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    isa = ", ".join(f for f in known if f in flags)
-    return f"{name} ({os.cpu_count()} vCPUs; {isa or 'no AVX2'})"
+    isa = ", ".join(f for f in known if f in flags) or "no AVX2"
+    amx = "" if "amx_bf16" in flags else "; no AMX"
+    return f"{name} ({vcpus} vCPUs; {isa}{amx})"

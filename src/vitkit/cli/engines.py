@@ -4,6 +4,7 @@ of ``eval`` and ``predict`` (vitkit.engines.backends, vitkit.engines.int8)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from vitkit.errors import VitkitError
 # ONNX Runtime, more over vitkit's own oneDNN path) and 0.9-1.3x ONNX Runtime on an AVX2 one.
 FAST_FP32 = ("openvino", "onnxruntime", "torch")
 FAST_INT8 = ("onnxruntime", "openvino")
-# --fast --precision bf16: PyTorch with bf16 weights. For B/16 at batch 32 on a shared 2-vCPU
-# AMD EPYC with AVX512-BF16, OpenVINO at its bf16 precision ran at 0.87x and 1.14x PyTorch's in
-# two interleaved runs (bench/results/cpu_inference_bf16.md), and needs an ONNX export and a
-# compilation first (11-27 s for B/16) that PyTorch's path does not.
+# --fast --precision bf16 (bench/results/cpu_inference_bf16.md, B/16 at batch 32, a quiet 2-vCPU
+# AMD EPYC with AVX512-BF16): OpenVINO at its bf16 precision ran 1.32x PyTorch with bf16 weights,
+# but first needs an ONNX export and a compilation (11 s for B/16) that PyTorch's path does not.
+# A server (long-lived) takes OpenVINO; a command over a set of images (eval, predict) PyTorch,
+# which finishes 128 B/16 images before OpenVINO has started.
 FAST_BF16 = ("torch", "openvino")
+FAST_BF16_LONG_LIVED = ("openvino", "torch")
 
 
 def add_int8_options(p: argparse.ArgumentParser) -> None:
@@ -123,16 +126,34 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     return 0
 
 
+def fast_choice(
+    precision: str, long_lived: bool, installed: Callable[[str], bool]
+) -> tuple[str, str]:
+    """The engine ``--fast`` picks for a checkpoint at ``precision`` among those ``installed``
+    says are there (torch always is), and the words that say why."""
+    order: tuple[str, ...]
+    if precision == "bf16":
+        order = FAST_BF16_LONG_LIVED if long_lived else FAST_BF16
+        why = "--fast: the fastest bf16 path installed on this CPU" + (
+            " for a server" if long_lived else ""
+        )
+    else:
+        order, why = FAST_FP32, "--fast: the fastest exact fp32 path installed"
+    return next(e for e in order if e == "torch" or installed(e)), why
+
+
 def load_for_inference(
     args: argparse.Namespace,
     path: str,
     *,
     batch: int | None = None,
     precision: str | None = None,
+    long_lived: bool = False,
 ) -> tuple[Any, Any, str]:
     """The model of ``path`` run by ``--engine`` (or what ``--fast`` picks) at ``precision``
     (None: fp32 for a checkpoint, an engine directory's own), its checkpoint, and the one line
-    saying which engine and precision run it."""
+    saying which engine and precision run it. ``long_lived`` (a server): ``--fast`` may pick an
+    engine that takes longer to start and runs faster."""
     from vitkit.engines.backends import available, engine_model, is_engine_dir, load_engine_dir
 
     threads = getattr(args, "threads", None)
@@ -164,12 +185,7 @@ def load_for_inference(
     model, ckpt = load_model(path, **loading(args))
     compiled = False
     if engine is None and fast:
-        if precision == "bf16":
-            engine = next(e for e in FAST_BF16 if available(e))
-            why = "--fast: the fastest bf16 path installed on this CPU"
-        else:
-            engine = next(e for e in FAST_FP32 if available(e))
-            why = "--fast: the fastest exact fp32 path installed"
+        engine, why = fast_choice(precision, long_lived, available)
     else:
         why = "as asked" if engine else "default"
         engine = engine or "torch"

@@ -162,7 +162,9 @@ def served_model(args: argparse.Namespace) -> Any:
     from vitkit.models.vit import VisionTransformer
     from vitkit.serve.served_model import ServedModel
 
-    model, ckpt, engine_line = load_for_inference(args, args.ckpt, precision=args.precision)
+    model, ckpt, engine_line = load_for_inference(
+        args, args.ckpt, precision=args.precision, long_lived=True
+    )
     print(engine_line)
     attention, why = None, ""
     if isinstance(model, (EngineModel, BF16Model)):
@@ -215,6 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise VitkitError(f"the API key is empty (--api-key or {KEY_VARIABLE})")
     if key is not None and key != key.strip():  # HTTP strips them from headers: never matched
         raise VitkitError(f"the API key starts or ends with a space (--api-key or {KEY_VARIABLE})")
+    request_limits(args)  # (bounds that contradict each other refused before any weights)
     worker = getattr(args, "worker", None)  # (index, socket, pipe) in a worker of --workers
     if key is None and worker is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(

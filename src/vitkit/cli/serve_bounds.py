@@ -10,8 +10,8 @@ from vitkit.cli.options import non_negative_float, positive_int
 
 
 def add_bound_options(g: Any) -> None:
-    """--max-resize-pixels, --decode-workers, --max-header-bytes, --max-headers,
-    --read-timeout (in the limits group)."""
+    """--max-resize-pixels, --decode-workers, --max-decode-memory, --max-body-memory,
+    --max-header-bytes, --max-headers, --read-timeout (in the limits group)."""
     g.add_argument(
         "--max-resize-pixels",
         type=positive_int,
@@ -24,9 +24,24 @@ def add_bound_options(g: Any) -> None:
         "--decode-workers",
         type=positive_int,
         default=2,
-        help="threads that decode and transform images, never the event loop; images decoded "
-        "at once, so decode memory is at most this many times --max-pixels plus "
-        "--max-resize-pixels (default 2)",
+        help="threads that decode and transform images, never the event loop: images decoded "
+        "at once, within --max-decode-memory (default 2)",
+    )
+    g.add_argument(
+        "--max-decode-memory",
+        type=positive_int,
+        default=256_000_000,
+        help="bytes the images being decoded may hold together, each image's need known from "
+        "its header: one that needs more is refused (413), others wait their turn "
+        "(default 256,000,000: a 25-megapixel 16-bit image needs about 225 MB)",
+    )
+    g.add_argument(
+        "--max-body-memory",
+        type=positive_int,
+        default=128_000_000,
+        help="bytes of request bodies the server holds at once, all requests together "
+        "(reading, waiting and in their forward); beyond it 503 with Retry-After "
+        "(default 128,000,000; at least --max-body)",
     )
     g.add_argument(
         "--max-header-bytes",
@@ -48,14 +63,22 @@ def add_bound_options(g: Any) -> None:
 
 
 def request_limits(args: argparse.Namespace) -> Any:
+    from vitkit.errors import VitkitError
     from vitkit.serve.served_model import Limits
 
+    if args.max_body_memory < args.max_body:
+        raise VitkitError(
+            f"--max-body-memory {args.max_body_memory:,} is below --max-body "
+            f"{args.max_body:,}: a body of the size the server takes could never be held"
+        )
     return Limits(
         args.max_body,
         args.max_pixels,
         args.max_images,
         max_resize_pixels=args.max_resize_pixels,
         decode_workers=args.decode_workers,
+        max_decode_memory=args.max_decode_memory,
+        max_body_memory=args.max_body_memory,
     )
 
 

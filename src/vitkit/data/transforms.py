@@ -123,6 +123,10 @@ def convert_image(img: Image.Image, channels: int) -> Image.Image:
     return img if img.mode == mode else img.convert(mode)
 
 
+# Pixels _to_8bit scales at a time: its float64 band and three temporaries hold 8 MB.
+BAND_PIXELS = 1 << 18
+
+
 def _to_8bit(img: Image.Image) -> Image.Image:
     """A one-channel 16-bit, 32-bit integer or float image as mode "L", scaled by its range
     (in float64, a band of rows at a time: a 25-megapixel 16-bit image never holds a float64
@@ -142,7 +146,7 @@ def _to_8bit(img: Image.Image) -> Image.Image:
         if not top:
             raise ValueError(f"mode F pixels up to {hi:g}: not [0, 1], [0, 255] or [0, 65535]")
     out = np.empty(a.shape, np.uint8)
-    rows = max(1, (1 << 20) // max(1, a.shape[1]))
+    rows = max(1, BAND_PIXELS // max(1, a.shape[1]))
     for i in range(0, a.shape[0], rows):
         band = a[i : i + rows].astype(np.float64)
         out[i : i + rows] = np.round(band * (255.0 / top)).clip(0, 255)

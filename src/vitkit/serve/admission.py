@@ -37,6 +37,7 @@ REASONS = {
     "deadline": "its deadline passed, or would have before its forward ended (--timeout)",
     "client_gone": "its client left while its images waited",
     "shutdown": "the server was stopping and the drain timeout passed (--drain-timeout)",
+    "body_memory": "the request bodies the server held were at their limit (--max-body-memory)",
 }
 
 

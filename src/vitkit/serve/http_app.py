@@ -136,6 +136,7 @@ class Guard:
         self.app = app
         self.settings = settings
         self.metrics = metrics
+        self.body_bytes = 0  # bytes of request bodies held now, all requests together
 
     def _authorized(self, scope: Scope) -> bool:
         key = self.settings.api_key
@@ -190,31 +191,52 @@ class Guard:
                 too_big = f"the body is {n:,} bytes; the server takes at most {limit:,}"
                 await _error(413, f"{too_big} (--max-body)")(scope, receive, send)
                 return
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left while sending: nobody to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                too_big = f"the body is over {limit:,} bytes, the most the server takes"
-                await _error(413, f"{too_big} (--max-body)")(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
+        held = 0  # this request's share of self.body_bytes, given back however it ends
+        try:
+            chunks, size = [], 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client left while sending: nobody to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    too_big = f"the body is over {limit:,} bytes, the most the server takes"
+                    await _error(413, f"{too_big} (--max-body)")(scope, receive, send)
+                    return
+                if self.body_bytes + len(chunk) > self.settings.limits.max_body_memory:
+                    await self._busy(scope, receive, send)
+                    return
+                self.body_bytes += len(chunk)
+                held += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            del chunks
+            replayed = False
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            self.body_bytes -= held
+
+    async def _busy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """503 + Retry-After: the bodies held by all requests are at --max-body-memory."""
+        self.metrics.request_dropped("body_memory")
+        memory = self.settings.limits.max_body_memory
+        answer = _error(
+            503, f"busy: the request bodies the server holds are at {memory:,} bytes "
+            "(--max-body-memory); retry after the seconds of Retry-After",
+        )  # fmt: skip
+        answer.headers["Retry-After"] = "1"
+        await answer(scope, receive, send)
 
 
 async def _request_images(request: Request, limits: Limits) -> list[bytes]:
@@ -296,11 +318,11 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def failed(_: Request, e: Exception) -> JSONResponse:
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
-    decoder = DecodePool(limits.decode_workers)  # (never on the event loop)
+    decoder = DecodePool(limits.decode_workers, limits.max_decode_memory)  # (off the loop)
     quiet_multipart()
 
     async def prepare(data: bytes, what: str) -> Any:
-        return await decoder.run(served.prepare, data, limits, what)
+        return await decoder.run(served.prepare, data, limits, what, decoder.budget)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:

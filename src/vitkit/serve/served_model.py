@@ -10,6 +10,7 @@ image shares a forward with differs (float rounding, about 1e-6).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,10 +25,11 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import FORMATS, eval_transform  # the formats a request may hold
-from vitkit.data.resize_plan import resize_refusal
+from vitkit.data.resize_plan import resize_pixels, resize_refusal
 from vitkit.data.transforms import convert_image, normalize
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
+from vitkit.serve.decode import DecodeBudget, decode_bytes
 
 # Pixels along either side of a request image (JPEG's and GIF's own limit). Pillow's resize
 # keeps filter weights for every source pixel along a side it shrinks (16 to 48 bytes each,
@@ -49,28 +51,32 @@ class RequestError(Exception):
 class Limits:
     """What one request may hold and the work its images may cost: pixels decoded, pixels
     the resize before the centre crop allocates (:mod:`vitkit.data.resize_plan`), images
-    decoded at once (:class:`vitkit.serve.decode.DecodePool`)."""
+    decoded at once (:class:`vitkit.serve.decode.DecodePool`); and what all requests hold
+    together: bytes of images being decoded (:class:`vitkit.serve.decode.DecodeBudget`) and
+    bytes of request bodies held (beyond it: 503)."""
 
     max_body_bytes: int = 20_000_000
     max_pixels: int = 25_000_000
     max_images: int = 16
     max_resize_pixels: int = 10_000_000
     decode_workers: int = 2
+    max_decode_memory: int = 256_000_000
+    max_body_memory: int = 128_000_000
 
 
-def decode_image(
+def open_image(
     data: bytes,
     channels: int,
     max_pixels: int,
     what: str = "the image",
-    check: Callable[[int, int], None] | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> Any:
-    """Request bytes -> a PIL image in the model's mode (as ``vitkit predict`` opens a file).
+    """Request bytes -> a PIL image opened from its header, no pixel decoded yet.
 
-    The size is read from the header and checked against ``max_pixels`` before any pixel is
-    decoded (a decompression bomb never allocates); formats outside :data:`FORMATS`,
-    truncated and unreadable files are refused with one line (``RequestError``, 4xx);
-    ``check(width, height)`` runs then too (it raises to refuse)."""
+    The size is read from the header and checked against ``max_pixels`` (a decompression
+    bomb never allocates); formats outside :data:`FORMATS` and unreadable headers are refused
+    with one line (``RequestError``, 4xx); ``check(image)`` runs then too, on the image opened
+    from its header (it raises to refuse)."""
     if not data:
         raise RequestError(400, f"{what}: empty (no bytes)")
     try:
@@ -90,11 +96,17 @@ def decode_image(
             f"{max_pixels:,} (--max-pixels)",
         )  # fmt: skip
     if check is not None:
-        check(w, h)
+        check(img)
     if max(w, h) > MAX_SIDE:
         raise RequestError(
             413, f"{what}: {w}x{h} pixels; the server takes at most {MAX_SIDE:,} along a side"
         )
+    return img
+
+
+def load_image(img: Any, channels: int, what: str = "the image") -> Any:
+    """An image :func:`open_image` opened, decoded in the model's mode (as ``vitkit predict``
+    opens a file); truncated and undecodable files are refused with one line (400)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DecompressionBombWarning)
@@ -102,6 +114,18 @@ def decode_image(
             return convert_image(img, channels)
     except (OSError, ValueError, SyntaxError, DecompressionBombError) as e:
         raise RequestError(400, f"{what}: cannot be decoded ({e})") from None
+
+
+def decode_image(
+    data: bytes,
+    channels: int,
+    max_pixels: int,
+    what: str = "the image",
+    check: Callable[[Any], None] | None = None,
+) -> Any:
+    """Request bytes -> a PIL image in the model's mode: :func:`open_image`, then
+    :func:`load_image`."""
+    return load_image(open_image(data, channels, max_pixels, what, check), channels, what)
 
 
 class ServedModel:
@@ -158,16 +182,38 @@ class ServedModel:
 
     # -- inputs -------------------------------------------------------------------------
 
-    def prepare(self, data: bytes, limits: Limits, what: str = "the image") -> Tensor:
-        """Request bytes -> the uint8 [C, H, W] the checkpoint's eval transform makes."""
+    def prepare(
+        self,
+        data: bytes,
+        limits: Limits,
+        what: str = "the image",
+        budget: DecodeBudget | None = None,
+    ) -> Tensor:
+        """Request bytes -> the uint8 [C, H, W] the checkpoint's eval transform makes. With a
+        ``budget`` (the server's), the decode and the transform hold their memory in it: an
+        image that needs more than the whole budget is refused (413), others wait their turn."""
+        channels = self.ckpt.preprocess.channels
+        need = 0
 
-        def planned(width: int, height: int) -> None:  # refused before a pixel is decoded
+        def planned(img: Any) -> None:  # before a pixel is decoded
+            nonlocal need
+            (width, height), mode, img_info = img.size, img.mode, img.info
             why = resize_refusal(self.transform, width, height, limits.max_resize_pixels)
             if why:
                 raise RequestError(413, f"{what}: {why} (--max-resize-pixels)")
+            resized = resize_pixels(self.transform, width, height)
+            progressive = bool(img_info.get("progressive") or img_info.get("progression"))
+            need = decode_bytes(mode, width, height, channels, resized, progressive)
+            if budget is not None and not budget.fits(need):
+                raise RequestError(
+                    413, f"{what}: decoding {width}x{height} pixels (mode {mode}) takes about "
+                    f"{need / 1e6:,.0f} MB; the server decodes at most {budget.limit / 1e6:,.0f} "
+                    "MB at once (--max-decode-memory)",
+                )  # fmt: skip
 
-        img = decode_image(data, self.ckpt.preprocess.channels, limits.max_pixels, what, planned)
-        return self.transform(img)
+        img = open_image(data, channels, limits.max_pixels, what, planned)
+        with budget.hold(need) if budget is not None else contextlib.nullcontext():
+            return self.transform(load_image(img, channels, what))
 
     def normalized(self, images: Sequence[Tensor]) -> Tensor:
         pre = self.ckpt.preprocess
