@@ -55,6 +55,16 @@ def _png(width: int, height: int, mode: str = "RGB") -> bytes:
     return buf.getvalue()
 
 
+def _jpeg(width: int, height: int, progressive: bool) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(
+        buf, format="JPEG", quality=90, progressive=progressive
+    )
+    return buf.getvalue()
+
+
 def _bomb(width: int, height: int) -> bytes:
     """A PNG whose header claims ``width`` x ``height`` pixels (a few rows of data)."""
 
@@ -244,8 +254,9 @@ def run(
 
 def alone(port: int, server_pid: int, strips: bool = True) -> list[dict[str, Any]]:
     """Cases sent alone, each while /health is asked every 50 ms: the two strips, 8 concurrent
-    5,000 x 5,000 PNGs, 12 concurrent forms of 16 such PNGs; statuses, seconds, the worst
-    /health, the server's memory before and at its peak."""
+    5,000 x 5,000 PNGs, 12 concurrent forms of 16 such PNGs, 4 concurrent 16-bit PNGs and 4
+    progressive JPEGs of that size; statuses, seconds, the worst /health, the server's memory
+    before and at its peak."""
     big = _png(5000, 5000, "L")
     headers, form = _form([_file(big)] * 16)
     png = [("Content-Type", "image/png")]
@@ -255,7 +266,12 @@ def alone(port: int, server_pid: int, strips: bool = True) -> list[dict[str, Any
         ("3,000,000 x 1 px PNG", [encode("POST", "/v1/classify", png, _png(3_000_000, 1))]),
         ("8 concurrent 5,000 x 5,000 px PNGs", [encode("POST", "/v1/classify", png, big)] * 8),
         ("12 concurrent forms of 16 such PNGs", [form_req] * 12),
-    ][0 if strips else 2 :]
+        ("4 concurrent 16-bit 5,000 x 5,000 px PNGs",
+         [encode("POST", "/v1/classify", png, _png(5000, 5000, "I;16"))] * 4),
+        ("4 concurrent progressive 5,000 x 5,000 px JPEGs",
+         [encode("POST", "/v1/classify", [("Content-Type", "image/jpeg")],
+                 _jpeg(5000, 5000, progressive=True))] * 4),
+    ][0 if strips else 2 :]  # fmt: skip
     out = []
     for name, requests in cases:
         memory = PeakRss(server_pid)

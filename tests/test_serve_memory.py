@@ -27,7 +27,7 @@ from vitkit import PreprocessConfig  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.data.images import eval_transform  # noqa: E402
 from vitkit.data.resize_plan import resize_pixels  # noqa: E402
-from vitkit.serve.decode import DecodeBudget, decode_bytes  # noqa: E402
+from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes  # noqa: E402
 from vitkit.serve.served_model import load_image, open_image  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -42,20 +42,25 @@ def png(img: Image.Image) -> bytes:
 def images() -> dict[str, bytes]:
     rng = np.random.default_rng(0)
     w, h = 1500, 1000
+    ramp = np.linspace(0, 200, w)[None, :, None] + np.linspace(0, 50, h)[:, None, None]
+    photo = (ramp + rng.integers(0, 6, (h, w, 3))).astype(np.uint8)  # smooth, like a photo
     return {
         "L": png(Image.fromarray(rng.integers(0, 255, (h, w), np.uint8))),
         "RGB": png(Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8))),
         "RGBA": png(Image.fromarray(rng.integers(0, 255, (h, w, 4), np.uint8))),
         "I;16": png(Image.fromarray(rng.integers(0, 65535, (h, w), np.uint16))),
         "P": png(Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)).quantize(64)),
-        "progressive JPEG": jpeg(rng.integers(0, 255, (h, w, 3), np.uint8), progressive=True),
-        "JPEG": jpeg(rng.integers(0, 255, (h, w, 3), np.uint8), progressive=False),
+        "progressive JPEG": jpeg(photo, progressive=True),
+        "progressive JPEG 4:4:4": jpeg(photo, progressive=True, subsampling=0),
+        "JPEG": jpeg(photo, progressive=False),
     }
 
 
-def jpeg(pixels: np.ndarray, progressive: bool) -> bytes:
+def jpeg(pixels: np.ndarray, progressive: bool, subsampling: int = 2) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="JPEG", quality=95, progressive=progressive)
+    Image.fromarray(pixels).save(
+        buf, format="JPEG", quality=95, progressive=progressive, subsampling=subsampling
+    )
     return buf.getvalue()
 
 
@@ -72,9 +77,8 @@ def test_the_decode_estimate_covers_what_decoding_allocates(channels: int) -> No
     for mode, data in images().items():
         img = open_image(data, channels, 25_000_000)
         w, h = img.size
-        progressive = bool(img.info.get("progressive") or img.info.get("progression"))
         resized = resize_pixels(transform, w, h)
-        need = decode_bytes(img.mode, w, h, channels, resized, progressive)
+        need = decode_bytes(img.mode, w, h, channels, resized, jpeg_coefficient_bytes(img))
         with PeakMemory(torch.device("cpu")) as pm:
             out = transform(load_image(img, channels))
         del out

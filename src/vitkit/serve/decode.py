@@ -39,14 +39,14 @@ def decode_bytes(
     height: int,
     channels: int,
     resize_pixels: int,
-    progressive: bool = False,
+    coefficients: int = 0,
 ) -> int:
     """The most memory decoding one ``width`` x ``height`` image of PIL ``mode`` into a
     ``channels``-channel model's input takes: the decoded image, what its conversion to "L" or
     "RGB" holds beside it (a 16-bit or float image: a numpy copy, then the 8-bit image), the
     resize's intermediates (``resize_pixels``, :func:`vitkit.data.resize_plan.resize_pixels`),
-    a ``progressive`` JPEG's coefficients (2 bytes per sample, all held until the last scan)
-    and the decoder's own state."""
+    a progressive JPEG's ``coefficients`` (:func:`jpeg_coefficient_bytes`) and the decoder's
+    own state."""
     pixels = width * height
     out = 1 if channels == 1 else 4
     src = 2 if mode.startswith("I;16") else 1 if mode in _ONE_BYTE else 4
@@ -56,8 +56,25 @@ def decode_bytes(
         bands = 4 * 8 * min(pixels, BAND_PIXELS + width)  # float64 band and temporaries
     else:
         beside = 0 if mode == ("L" if channels == 1 else "RGB") else out
-    coefficients = 2 * pixels * len(mode) if progressive else 0  # (JPEG modes: L, RGB, CMYK)
     return pixels * (src + beside) + bands + resize_pixels * out + coefficients + DECODER_STATE
+
+
+def jpeg_coefficient_bytes(img: Any) -> int:
+    """Bytes a progressive JPEG's decoder holds for its DCT coefficients until the last scan
+    (2 bytes each, every component at its own sampling, in whole 8 x 8 blocks); 0 for any
+    other image (a baseline JPEG decodes a row of blocks at a time)."""
+    info = getattr(img, "info", {})
+    layers = getattr(img, "layer", None)
+    if not (info.get("progressive") or info.get("progression")) or not layers:
+        return 0
+    w, h = img.size
+    h_max = max(layer[1] for layer in layers)
+    v_max = max(layer[2] for layer in layers)
+    total = 0
+    for _, hs, vs, _ in layers:
+        cw, ch = -(-w * hs // h_max), -(-h * vs // v_max)  # the component's own size
+        total += -(-cw // 8) * 8 * (-(-ch // 8) * 8)
+    return 2 * total
 
 
 class DecodeBudget:
@@ -94,7 +111,7 @@ class DecodePool:
     """At most ``workers`` decodes at once, none on the event loop, within ``memory`` bytes
     (the :class:`DecodeBudget` the decodes hold)."""
 
-    def __init__(self, workers: int, memory: int = 256_000_000):
+    def __init__(self, workers: int, memory: int = 300_000_000):
         if workers < 1:
             raise ValueError(f"decode workers must be at least 1, got {workers}")
         self.workers = workers

@@ -29,7 +29,7 @@ from vitkit.data.resize_plan import resize_pixels, resize_refusal
 from vitkit.data.transforms import convert_image, normalize
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
-from vitkit.serve.decode import DecodeBudget, decode_bytes
+from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes
 
 # Pixels along either side of a request image (JPEG's and GIF's own limit). Pillow's resize
 # keeps filter weights for every source pixel along a side it shrinks (16 to 48 bytes each,
@@ -60,7 +60,7 @@ class Limits:
     max_images: int = 16
     max_resize_pixels: int = 10_000_000
     decode_workers: int = 2
-    max_decode_memory: int = 256_000_000
+    max_decode_memory: int = 300_000_000
     max_body_memory: int = 128_000_000
 
 
@@ -197,13 +197,13 @@ class ServedModel:
 
         def planned(img: Any) -> None:  # before a pixel is decoded
             nonlocal need
-            (width, height), mode, img_info = img.size, img.mode, img.info
+            (width, height), mode = img.size, img.mode
             why = resize_refusal(self.transform, width, height, limits.max_resize_pixels)
             if why:
                 raise RequestError(413, f"{what}: {why} (--max-resize-pixels)")
             resized = resize_pixels(self.transform, width, height)
-            progressive = bool(img_info.get("progressive") or img_info.get("progression"))
-            need = decode_bytes(mode, width, height, channels, resized, progressive)
+            coefficients = jpeg_coefficient_bytes(img)
+            need = decode_bytes(mode, width, height, channels, resized, coefficients)
             if budget is not None and not budget.fits(need):
                 raise RequestError(
                     413, f"{what}: decoding {width}x{height} pixels (mode {mode}) takes about "
