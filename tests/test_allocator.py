@@ -75,3 +75,38 @@ def test_keep_freed_memory_reports_what_it_did(monkeypatch):
     monkeypatch.delenv("VITKIT_MALLOC")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert keep_freed_memory() is False
+
+
+def test_release_gives_back_what_the_cli_keeps_even_from_another_threads_arena():
+    """The server calls release_freed_memory() after a large decode: a block freed on a decode
+    thread (its own malloc arena) leaves resident memory then, though the CLI keeps it
+    otherwise."""
+    script = (
+        CLI
+        + """
+import threading
+import numpy as np
+from vitkit.engines.allocator import release_freed_memory
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+def decode():  # (blocks under 64 MiB: a thread's arena takes larger ones by mmap)
+    a, b = np.ones(30 << 20, np.uint8), np.ones(30 << 20, np.uint8)
+    small = np.ones(1 << 20, np.uint8)  # a later block: the big ones are not the heap's top
+    del a, b
+start = rss()
+t = threading.Thread(target=decode)
+t.start()
+t.join()
+kept = rss() - start
+release_freed_memory()
+print(kept, kept - (rss() - start))
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "VITKIT_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    kept, released = map(float, out.split()[-2:])
+    assert kept > 48 and released > 48, out

@@ -30,10 +30,10 @@ def add_bound_options(g: Any) -> None:
     g.add_argument(
         "--max-decode-memory",
         type=positive_int,
-        default=300_000_000,
+        default=256_000_000,
         help="bytes the images being decoded may hold together, each image's need known from "
         "its header: one that needs more is refused (413), others wait their turn "
-        "(default 300,000,000: a 25-megapixel progressive JPEG needs up to 256 MB)",
+        "(default 256,000,000: a 25-megapixel RGBA PNG needs about 206 MB)",
     )
     g.add_argument(
         "--max-body-memory",

@@ -45,3 +45,19 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM))
+
+
+def release_freed_memory() -> bool:
+    """Give the memory glibc holds free, in every thread's arena, back to the system
+    (``malloc_trim(0)``): what a server calls after a large image's decode, so that its resident
+    memory follows what it holds now rather than the sum of each decode thread's peak. True if
+    glibc released something."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))

@@ -111,7 +111,7 @@ class DecodePool:
     """At most ``workers`` decodes at once, none on the event loop, within ``memory`` bytes
     (the :class:`DecodeBudget` the decodes hold)."""
 
-    def __init__(self, workers: int, memory: int = 300_000_000):
+    def __init__(self, workers: int, memory: int = 256_000_000):
         if workers < 1:
             raise ValueError(f"decode workers must be at least 1, got {workers}")
         self.workers = workers

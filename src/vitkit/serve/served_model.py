@@ -27,6 +27,7 @@ from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import FORMATS, eval_transform  # the formats a request may hold
 from vitkit.data.resize_plan import resize_pixels, resize_refusal
 from vitkit.data.transforms import convert_image, normalize
+from vitkit.engines.allocator import release_freed_memory
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
 from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes
@@ -36,6 +37,10 @@ from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_byt
 # by the filter): a 25,000,000 x 1 PNG of 24 KB, squashed to 224 x 224, passes the resize
 # plan (50,400 pixels) yet made one decode allocate 0.5 to 1.2 GB.
 MAX_SIDE = 65_535
+# After a decode that needed this many bytes the server gives glibc's free memory back: each
+# decode thread has its own malloc arena, and the vitkit command keeps freed blocks
+# (vitkit.engines.allocator), so resident memory grew to the sum of every thread's peak.
+RELEASE_AFTER = 32_000_000
 
 
 class RequestError(Exception):
@@ -60,7 +65,7 @@ class Limits:
     max_images: int = 16
     max_resize_pixels: int = 10_000_000
     decode_workers: int = 2
-    max_decode_memory: int = 300_000_000
+    max_decode_memory: int = 256_000_000
     max_body_memory: int = 128_000_000
 
 
@@ -212,8 +217,13 @@ class ServedModel:
                 )  # fmt: skip
 
         img = open_image(data, channels, limits.max_pixels, what, planned)
-        with budget.hold(need) if budget is not None else contextlib.nullcontext():
-            return self.transform(load_image(img, channels, what))
+        try:
+            with budget.hold(need) if budget is not None else contextlib.nullcontext():
+                return self.transform(load_image(img, channels, what))
+        finally:
+            if budget is not None and need >= RELEASE_AFTER:
+                del img
+                release_freed_memory()  # (glibc keeps it otherwise: vitkit.engines.allocator)
 
     def normalized(self, images: Sequence[Tensor]) -> Tensor:
         pre = self.ckpt.preprocess
