@@ -246,7 +246,7 @@ class Batcher:
         batch = [i for i in batch if not i.future.done()]
         # a forward starting now must end before each of its images' deadlines
         while batch and self.times.per_image:
-            end = time.monotonic() + self.times.forward(len(batch))
+            end = time.monotonic() + self.times.forward(len(batch), margin=True)
             late = min(batch, key=lambda i: i.deadline)
             if late.deadline >= end:
                 break
