@@ -1,11 +1,13 @@
 """Which server stack `vitkit serve` is built on: LitServe (batching built in, inference in a
 worker process) against FastAPI + uvicorn with vitkit's request-coalescing queue
 (vitkit.serve.batcher, inference on a thread of the server process), serving the same model
-(the default MNIST ViT, random weights) with the same batching (up to 32 images, 5 ms wait),
-the same concurrent clients on localhost. Stacks are started one at a time, in alternating
-order, over several rounds; figures are each stack's over all its rounds, and ratios.
+(the default MNIST ViT and B/16 at 224 px, random weights, PyTorch fp32) with the same batching
+(up to 32 images, 5 ms wait), the same concurrent clients on localhost: the bench's own asyncio
+client, then wrk (an outside load generator, where installed) at the same connection count.
+Stacks are started one at a time, in alternating order, over several rounds; figures are each
+stack's over all its rounds, and ratios.
 
-    python bench/serve_stacks.py --rounds 2 --seconds 6 --clients 8,64
+    python bench/serve_stacks.py --rounds 2 --seconds 6 --clients 1,8,64 --models mnist,B/16
 """
 
 from __future__ import annotations
@@ -97,29 +99,29 @@ def stop(proc: Any) -> None:
         proc.wait()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--clients", default="8,64")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_stacks"))
-    args = ap.parse_args()
+def image_png(model: str) -> bytes:
+    import io
+
     import numpy as np
-    from bench_models import mnist_checkpoint  # noqa: PLC0415
     from PIL import Image
 
-    from vitkit.hardware import cpu_name
-
-    clients = [int(c) for c in args.clients.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="serve-stacks-"))
-    ckpt = mnist_checkpoint(work / "mnist")
-    buf = __import__("io").BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (28, 28), dtype=np.uint8)).save(
+    shape = (28, 28) if model == "mnist" else (256, 320, 3)
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, shape, dtype=np.uint8)).save(
         buf, format="PNG"
     )
-    png = buf.getvalue()
-    script = work / "litserve_server.py"
-    script.write_text(LITSERVE_SERVER % {"batch": MAX_BATCH, "wait": WAIT_MS / 1000})
+    return buf.getvalue()
+
+
+def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: Any) -> list:
+    """Every stack at every client count on ``model``: the bench client's figures (all
+    rounds merged), wrk's beside them, and the ratios to FastAPI's."""
+    from bench_models import b16_checkpoint, mnist_checkpoint  # noqa: PLC0415
+    from serve_scenarios import wrk  # noqa: PLC0415
+
+    make = mnist_checkpoint if model == "mnist" else b16_checkpoint
+    ckpt = make(work / model.replace("/", ""))
+    png = image_png(model)
     raw = ("POST", "/v1/classify", png, {"Content-Type": "image/png"})
     as_json = json.dumps({"image": base64.b64encode(png).decode()}).encode()
     js = ("POST", "/v1/classify", as_json, {"Content-Type": "application/json"})
@@ -140,6 +142,8 @@ def main() -> None:
                 str(MAX_BATCH),
                 "--max-wait-ms",
                 str(WAIT_MS),
+                "--timeout",
+                "0",
             ]
         ),  # fmt: skip
         "litserve": lambda: start_litserve(ckpt, "pipe", script),
@@ -147,6 +151,7 @@ def main() -> None:
     }
     body = {"fastapi": raw, "litserve": js, "litserve_zmq": js}
     tallies: dict[str, dict[int, list[Tally]]] = {s: {c: [] for c in clients} for s in stacks}
+    wrks: dict[str, dict[int, list[Any]]] = {s: {c: [] for c in clients} for s in stacks}
     for r in range(args.rounds):
         order = list(stacks) if r % 2 == 0 else list(reversed(stacks))
         for name in order:
@@ -157,10 +162,12 @@ def main() -> None:
                 for c in clients:
                     t = asyncio.run(run_clients(port, c, args.seconds, lambda i, req=req: req, ok))
                     tallies[name][c].append(t)
+                    w = wrk(port, c, args.seconds, req[2], req[3]["Content-Type"])
+                    wrks[name][c].append(w)
                     s = t.summary()
-                    print(f"round {r + 1} {name:13s} {c:3d} clients: {s['requests_per_s']} req/s "
-                          f"p50 {s['p50_ms']} ms p95 {s['p95_ms']} ms failed {s['failed']}",
-                          flush=True)  # fmt: skip
+                    print(f"{model} round {r + 1} {name:13s} {c:3d} clients: "
+                          f"{s['requests_per_s']} req/s p50 {s['p50_ms']} ms p99 {s['p99_ms']} ms "
+                          f"failed {s['failed']}; wrk {w}", flush=True)  # fmt: skip
             finally:
                 stop(proc)
     rows = []
@@ -173,16 +180,47 @@ def main() -> None:
                 merged.seconds += t.seconds
                 for k, v in t.statuses.items():
                     merged.statuses[k] = merged.statuses.get(k, 0) + v
-            rows.append({"stack": name, "clients": c, **merged.summary()})
+            runs = [w for w in wrks[name][c] if w and "requests_per_s" in w]
+            wrk_row = {
+                "wrk_requests_per_s": round(sum(w["requests_per_s"] for w in runs) / len(runs), 2)
+                if runs else None,
+                "wrk_p99_ms": max(w["p99_ms"] for w in runs) if runs else None,
+                "wrk_failed": sum(w["failed"] for w in runs) if runs else None,
+            }  # fmt: skip
+            rows.append({"model": model, "stack": name, "clients": c, **merged.summary(),
+                         **wrk_row})  # fmt: skip
     base = {r["clients"]: r for r in rows if r["stack"] == "fastapi"}
     for r in rows:
         b = base[r["clients"]]
         r["throughput_vs_fastapi"] = round(r["requests_per_s"] / b["requests_per_s"], 3)
         r["p50_vs_fastapi"] = round(r["p50_ms"] / b["p50_ms"], 3)
-        r["p95_vs_fastapi"] = round(r["p95_ms"] / b["p95_ms"], 3)
+        r["p99_vs_fastapi"] = round(r["p99_ms"] / b["p99_ms"], 3)
+        if r["wrk_requests_per_s"] and b["wrk_requests_per_s"]:
+            r["wrk_vs_fastapi"] = round(r["wrk_requests_per_s"] / b["wrk_requests_per_s"], 3)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--clients", default="1,8,64")
+    ap.add_argument("--models", default="mnist,B/16")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_stacks"))
+    args = ap.parse_args()
+    from vitkit.hardware import cpu_name
+
+    clients = [int(c) for c in args.clients.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="serve-stacks-"))
+    script = work / "litserve_server.py"
+    script.write_text(LITSERVE_SERVER % {"batch": MAX_BATCH, "wait": WAIT_MS / 1000})
+    rows = []
+    for model in args.models.split(","):
+        rows += stack_rows(model, work, script, clients, args)
     record = {
         "cpu": cpu_name(),
-        "model": "the default MNIST ViT (width 64, depth 6, 4 heads, patch 7; random weights)",
+        "models": "the default MNIST ViT (width 64, depth 6, 4 heads, patch 7) and B/16 at 224 "
+        "px (1000 classes), random weights, PyTorch fp32",
         "batching": {"max_batch": MAX_BATCH, "max_wait_ms": WAIT_MS},
         "rounds": args.rounds,
         "seconds": args.seconds,
@@ -193,23 +231,26 @@ def main() -> None:
     lines = [
         "# Server stacks: LitServe against FastAPI + uvicorn",
         "",
-        f"CPU: {record['cpu']}. {record['model']}; batches of up to {MAX_BATCH} images, "
+        f"CPU: {record['cpu']}. {record['models']}; batches of up to {MAX_BATCH} images, "
         f"{WAIT_MS:g} ms wait; {args.rounds} rounds of {args.seconds:g} s per stack and client "
         "count, stacks one at a time in alternating order; clients on keep-alive connections "
         "on localhost (one asyncio process). FastAPI: `vitkit serve` (raw PNG body); LitServe "
-        "0.2.19 (base64 PNG in JSON, its documented way; pipe or ZeroMQ queue).",
+        "0.2.19 (base64 PNG in JSON, its documented way; pipe or ZeroMQ queue). wrk: one "
+        "thread, as many connections as clients, the same body; its req/s the mean over "
+        "rounds, its p99 the worst round's.",
         "",
         f"Command: `{record['command']}`",
         "",
-        "| stack | clients | req/s | p50 ms | p95 ms | p99 ms | failed | req/s vs FastAPI "
-        "| p50 vs FastAPI | p95 vs FastAPI |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | stack | clients | req/s | p50 ms | p99 ms | failed | wrk req/s | wrk p99 ms "
+        "| wrk failed | req/s vs FastAPI | p99 vs FastAPI | wrk req/s vs FastAPI |",
+        "| --- | --- |" + " ---: |" * 11,
     ]
     for r in rows:
         lines.append(
-            f"| {r['stack']} | {r['clients']} | {r['requests_per_s']} | {r['p50_ms']} | "
-            f"{r['p95_ms']} | {r['p99_ms']} | {r['failed']} | {r['throughput_vs_fastapi']} | "
-            f"{r['p50_vs_fastapi']} | {r['p95_vs_fastapi']} |"
+            f"| {r['model']} | {r['stack']} | {r['clients']} | {r['requests_per_s']} | "
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['failed']} | {r['wrk_requests_per_s']} | "
+            f"{r['wrk_p99_ms']} | {r['wrk_failed']} | {r['throughput_vs_fastapi']} | "
+            f"{r['p99_vs_fastapi']} | {r.get('wrk_vs_fastapi')} |"
         )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -208,3 +208,29 @@ def test_body_memory_below_the_largest_body_is_refused_before_loading(work: Path
     assert code != 0
     assert "--max-body-memory 999 is below --max-body 1,000" in err
     assert "nonexistent" not in err  # refused before the checkpoint was looked for
+
+
+def test_a_thumbnail_is_not_queued_behind_a_large_decode(work: Path) -> None:
+    """A small image (a body of at most 64 KB, at most 65,536 pixels) is decoded on the event
+    loop, less work than the hop to a decode thread: it is answered while the only decode
+    thread is busy with a 25-megapixel image, where it used to wait its turn."""
+    s = Server([str(work / "ck"), "--decode-workers", "1"])
+    try:
+        ramp = np.tile((np.arange(5000) * 13).astype(np.uint16), (5000, 1))
+        big = png(Image.fromarray(ramp))  # 16-bit, 25 megapixels, a small file
+        small = (work / "img.png").read_bytes()
+        headers = {"Content-Type": "image/png"}
+        done: dict[str, float] = {}
+
+        def send(name: str, body: bytes) -> None:
+            assert call(s.port, "/v1/classify", body, headers)[0] == 200
+            done[name] = time.perf_counter()
+
+        t = threading.Thread(target=send, args=("big", big))
+        t.start()
+        time.sleep(0.15)  # the big one is being decoded
+        send("small", small)
+        t.join(60)
+        assert done["small"] < done["big"], done
+    finally:
+        s.stop()

@@ -33,6 +33,11 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+# Seconds from a forward's end to its answers sent (top-k, JSON, the socket), allowed for when
+# a forward must end before its images' deadlines.
+ANSWER_S = 0.05
+
+
 @dataclass(eq=False)  # (identity: its value may be a tensor, which == compares elementwise)
 class _Item:
     value: Any
@@ -246,7 +251,7 @@ class Batcher:
         batch = [i for i in batch if not i.future.done()]
         # a forward starting now must end before each of its images' deadlines
         while batch and self.times.per_image:
-            end = time.monotonic() + self.times.forward(len(batch), margin=True)
+            end = time.monotonic() + self.times.forward(len(batch), margin=True) + ANSWER_S
             late = min(batch, key=lambda i: i.deadline)
             if late.deadline >= end:
                 break

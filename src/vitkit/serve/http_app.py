@@ -27,10 +27,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vitkit.serve.admission import Admission, ClientGone, Dropped, unless_gone
 from vitkit.serve.batcher import Batcher
-from vitkit.serve.decode import DecodePool
+from vitkit.serve.decode import DecodePool, jpeg_coefficient_bytes
 from vitkit.serve.limits import check_multipart, quiet_multipart
 from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
-from vitkit.serve.served_model import Limits, RequestError, ServedModel
+from vitkit.serve.served_model import (
+    INLINE_BYTES,
+    INLINE_PIXELS,
+    Limits,
+    RequestError,
+    ServedModel,
+)
 
 ROUTES = ("/", "/health", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
 KEY_HINT = "send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
@@ -123,6 +129,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "retry after the seconds of Retry-After",
     }.items()
 }
+
+
+# A request expected to wait less than this for its forward is not watched for its client
+# leaving: at most this much work is done for a client already gone.
+WATCH_AFTER_S = 0.25
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -322,7 +333,14 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     quiet_multipart()
 
     async def prepare(data: bytes, what: str) -> Any:
-        return await decoder.run(served.prepare, data, limits, what, decoder.budget)
+        if len(data) > INLINE_BYTES:  # even its header is read on a decode thread
+            return await decoder.run(served.prepare, data, limits, what, decoder.budget)
+        img, need = served.open(data, limits, what, decoder.budget)
+        if img.width * img.height <= INLINE_PIXELS and not jpeg_coefficient_bytes(img):
+            # less work than the hop to a thread; outside the budget (never waits for it on
+            # the event loop), one at a time, at most 65,536 pixels
+            return served.finish(img, need, what, None)
+        return await decoder.run(served.finish, img, need, what, decoder.budget)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -355,8 +373,13 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         images = [await prepare(d, what.format(i + 1)) for i, d in enumerate(datas)]
         arrival = request.scope.get("state", {}).get("arrival", time.monotonic())
         deadline = None if admission.timeout is None else arrival + admission.timeout
+        wait = batcher.expected_wait(len(images)) + batcher.max_wait  # (gathering included)
+        short = wait < WATCH_AFTER_S
         try:
-            probs = await unless_gone(batcher.enqueue(images, deadline), request.receive)
+            work = batcher.enqueue(images, deadline)
+            # a client that leaves is noticed (and its images dropped) where the wait is long
+            # enough to matter; a watcher per request cost the MNIST model 12 % of its req/s
+            probs = await (work if short else unless_gone(work, request.receive))
         except ClientGone:  # nobody to answer: nginx's "client closed request", never sent
             metrics.request_dropped("client_gone")
             return JSONResponse({"error": "the client left"}, status_code=499)

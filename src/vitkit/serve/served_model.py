@@ -41,6 +41,11 @@ MAX_SIDE = 65_535
 # decode thread has its own malloc arena, and the vitkit command keeps freed blocks
 # (vitkit.engines.allocator), so resident memory grew to the sum of every thread's peak.
 RELEASE_AFTER = 32_000_000
+# A body this small is opened on the event loop (its header: microseconds), and decoded there
+# too if it holds at most this many pixels and is no progressive JPEG (well under a millisecond
+# of work, less than the hop to a decode thread); every other image is decoded on a thread.
+INLINE_BYTES = 65_536
+INLINE_PIXELS = 65_536
 
 
 class RequestError(Exception):
@@ -197,6 +202,13 @@ class ServedModel:
         """Request bytes -> the uint8 [C, H, W] the checkpoint's eval transform makes. With a
         ``budget`` (the server's), the decode and the transform hold their memory in it: an
         image that needs more than the whole budget is refused (413), others wait their turn."""
+        return self.finish(*self.open(data, limits, what, budget), what, budget)
+
+    def open(
+        self, data: bytes, limits: Limits, what: str, budget: DecodeBudget | None = None
+    ) -> tuple[Any, int]:
+        """The image of ``data`` opened from its header, every limit checked before a pixel
+        is decoded, and the bytes its decode will hold (:func:`decode_bytes`)."""
         channels = self.ckpt.preprocess.channels
         need = 0
 
@@ -216,10 +228,13 @@ class ServedModel:
                     "MB at once (--max-decode-memory)",
                 )  # fmt: skip
 
-        img = open_image(data, channels, limits.max_pixels, what, planned)
+        return open_image(data, channels, limits.max_pixels, what, planned), need
+
+    def finish(self, img: Any, need: int, what: str, budget: DecodeBudget | None) -> Tensor:
+        """An image :meth:`open` opened, decoded and transformed within ``budget``."""
         try:
             with budget.hold(need) if budget is not None else contextlib.nullcontext():
-                return self.transform(load_image(img, channels, what))
+                return self.transform(load_image(img, self.ckpt.preprocess.channels, what))
         finally:
             if budget is not None and need >= RELEASE_AFTER:
                 del img
