@@ -64,12 +64,14 @@ def engine_throughput(served: Any, batch: int, seconds: float) -> float:
     return round(n * batch / (time.perf_counter() - start), 2)
 
 
-def variant(spec: str, ckpt: Path) -> tuple[str, Path, list[str], float]:
+def variant(spec: str, ckpt: Path) -> tuple[str, Path, list[str], float | None]:
     """``MODEL[:bf16|:int8]`` -> the model, what to serve, the extra serve options and the
     tolerance on an answer's probabilities. bf16: ``--precision bf16`` (``--fast`` then runs
-    OpenVINO's bf16 where installed); int8: the engine directory ``vitkit export --int8
-    --engine openvino`` writes (calibrated on 32 ``shapes`` images: static scales, so an image's
-    answer does not depend on the batch it shares, as ONNX Runtime's dynamic int8's does)."""
+    OpenVINO's bf16 where installed); int8: the engine directory ``vitkit export --int8``
+    writes (ONNX Runtime's dynamic int8, no calibration data needed: its activation scales
+    come from each batch, so an image's answer moves with the batch it shares, and on random
+    weights, whose probabilities are nearly flat over 1,000 classes, its labels too: the int8
+    rows' answers are checked for their form only, None)."""
     name, _, precision = spec.partition(":")
     if precision == "bf16":
         return name, ckpt, ["--precision", "bf16"], 2e-2
@@ -77,9 +79,8 @@ def variant(spec: str, ckpt: Path) -> tuple[str, Path, list[str], float]:
         out = ckpt.parent / f"{ckpt.name}-int8"
         if not out.exists():
             subprocess.run([sys.executable, "-m", "vitkit", "export", str(ckpt), str(out),
-                            "--int8", "--engine", "openvino", "--calib-data", "shapes",
-                            "--calib-images", "32"], check=True, capture_output=True)  # fmt: skip
-        return name, out, [], 2e-2
+                            "--int8"], check=True, capture_output=True)  # fmt: skip
+        return name, out, [], None
     return name, ckpt, [], 1e-4
 
 
@@ -156,8 +157,10 @@ def req(data: bytes) -> tuple[str, str, bytes, dict[str, str]]:
     return "POST", "/v1/classify", data, {"Content-Type": "image/png"}
 
 
-def same_answer(got: dict[str, Any], want: dict[str, Any], tol: float = 1e-4) -> bool:
+def same_answer(got: dict[str, Any], want: dict[str, Any], tol: float | None = 1e-4) -> bool:
     a, b = got["results"][0]["top_k"], want["results"][0]["top_k"]
+    if tol is None:  # (the form only: as many labels, probabilities in [0, 1])
+        return len(a) == len(b) and all(0.0 <= q["prob"] <= 1.0 for q in a)
     return [q["index"] for q in a[:3]] == [q["index"] for q in b[:3]] and all(
         abs(p["prob"] - q["prob"]) < tol for p, q in zip(a, b)
     )
@@ -473,8 +476,9 @@ def load_report(r: dict[str, Any]) -> str:
         f"(localhost; the clients are one asyncio process). {r['seconds_per_level']:g} s per "
         f"level, batches of up to {r['max_batch']} images (5 ms wait), no deadline (`--timeout 0`: "
         "these levels measure throughput; the overload section below sheds load); every answer "
-        "checked against the image's own answer (top-3 labels, probabilities to 1e-4; bf16 and "
-        "int8 rows to 2e-2).",
+        "checked against the image's own answer (top-3 labels, probabilities to 1e-4; bf16 rows "
+        "to 2e-2; the int8 rows, ONNX Runtime's dynamic int8 on random weights, for their form "
+        "only: its scales come from each batch).",
         "",
         f"Command: `{r['command']}`",
         "",
