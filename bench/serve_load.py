@@ -472,7 +472,7 @@ def load_report(r: dict[str, Any]) -> str:
     lines = [
         "# vitkit serve under load and faults",
         "",
-        f"CPU: {r['cpu']}, {r['cpu_family_model']}. Server and clients on the same machine "
+        f"CPU: {r['cpu']}. Server and clients on the same machine "
         f"(localhost; the clients are one asyncio process). {r['seconds_per_level']:g} s per "
         f"level, batches of up to {r['max_batch']} images (5 ms wait), no deadline (`--timeout 0`: "
         "these levels measure throughput; the overload section below sheds load); every answer "

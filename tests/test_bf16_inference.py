@@ -168,3 +168,19 @@ def test_serve_fast_bf16_runs_openvino_and_says_so(ckpt, capsys):
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("engine: openvino, bf16 (--fast: the fastest bf16 path"), line
     assert served.engine == "openvino" and served.precision == "bf16"
+
+
+@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+def test_openvino_does_not_pin_its_threads_to_cores():
+    """Two `serve --workers 2` processes of one thread each pinned that thread to the same core
+    (B/16 served 0.49x one worker; 0.97x unpinned): the runner turns pinning off."""
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=3, width=16, depth=1, num_heads=2, mlp_dim=32
+    ).eval()
+    em = engine_model(m, "openvino", "fp32", threads=1)
+    cells = [c.cell_contents for c in em._run.__closure__ or ()]
+    request = next(c for c in cells if hasattr(c, "get_compiled_model"))
+    assert request.get_compiled_model().get_property("ENABLE_CPU_PINNING") is False
+    x = torch.randn(2, 1, 8, 8)
+    assert torch.allclose(em(x), m(x), atol=1e-4)

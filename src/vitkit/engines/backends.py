@@ -112,6 +112,9 @@ def openvino_runner(
         check_bf16_cpu()
     config = {
         "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(),
+        # no pinning: each process of `serve --workers 2` pinned its one thread to the same
+        # core and B/16 served half what one process did (a lone process: no difference)
+        "ENABLE_CPU_PINNING": False,
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
     }
