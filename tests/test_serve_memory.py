@@ -155,7 +155,7 @@ def test_bodies_held_at_once_are_bounded_and_the_rest_get_503_with_retry_after(
         t = threading.Thread(target=lambda: first.append(slow_body(s.port, 200_000, sent, go)))
         t.start()
         assert sent.wait(30)
-        time.sleep(0.3)  # the server has read the first 199,999 bytes
+        time.sleep(1.0)  # the server has read the first 199,999 bytes
         data = b"\0" * 150_000
         req_headers = {"Content-Type": "image/png"}
         status, body = call(s.port, "/v1/classify", data, req_headers)
@@ -228,7 +228,7 @@ def test_a_thumbnail_is_not_queued_behind_a_large_decode(work: Path) -> None:
 
         t = threading.Thread(target=send, args=("big", big))
         t.start()
-        time.sleep(0.15)  # the big one is being decoded
+        time.sleep(0.1)  # the big one (0.6 s here) is being decoded
         send("small", small)
         t.join(60)
         assert done["small"] < done["big"], done
