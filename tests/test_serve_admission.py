@@ -5,6 +5,7 @@ requests whose client left or whose deadline passed dropped before the forward (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -194,7 +196,35 @@ def test_a_drain_runs_what_waits_at_once_and_refuses_what_is_left_at_its_timeout
     assert seen == [1, 2]
 
 
+def test_a_lone_request_starts_its_forward_at_once_where_no_other_is_on_its_way():
+    seen: list[Any] = []
+
+    async def answered_in(others: int) -> float:
+        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=400, others=lambda: others)
+        b.start()
+        start = time.perf_counter()
+        assert await b.submit([1]) == [10]
+        took = time.perf_counter() - start
+        await b.stop()
+        return took
+
+    alone, with_company_coming = asyncio.run(answered_in(0)), asyncio.run(answered_in(1))
+    assert alone < 0.2, alone  # not the 0.4 s wait for company
+    assert with_company_coming >= 0.35, with_company_coming  # another request may join
+
+
 # -- over HTTP --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def on_its_way(port: int) -> Iterator[None]:
+    """A request on its way to the queue while the block runs (its body all but its last
+    byte): a forward then waits --max-wait-ms for its images, as for any arriving request."""
+    head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + b"\0" * 99)
+        time.sleep(0.2)  # its headers read: the server counts it
+        yield
 
 
 class Server:
@@ -254,7 +284,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_counts_it(work):
     s = Server([str(work / "ck"), "--max-queue", "2", "--max-wait-ms", "1500"])
     try:
         png = (work / "img.png").read_bytes()
-        with ThreadPoolExecutor(1) as pool:
+        with on_its_way(s.port), ThreadPoolExecutor(1) as pool:
             first = pool.submit(call, s.port, "/v1/classify", *two_images(png))
             time.sleep(0.5)
             status, raw, headers = call(s.port, "/v1/classify", png)
@@ -270,9 +300,10 @@ def test_a_full_queue_answers_503_with_retry_after_and_counts_it(work):
 def test_a_request_past_its_deadline_gets_503_and_is_never_computed(work):
     s = Server([str(work / "ck"), "--timeout", "0.5", "--max-wait-ms", "3000"])
     try:
-        start = time.perf_counter()
-        status, raw, headers = call(s.port, "/v1/classify", (work / "img.png").read_bytes())
-        took = time.perf_counter() - start
+        with on_its_way(s.port):
+            start = time.perf_counter()
+            status, raw, headers = call(s.port, "/v1/classify", (work / "img.png").read_bytes())
+            took = time.perf_counter() - start
         assert status == 503 and b"--timeout" in raw and "Retry-After" in headers, raw
         assert took < 2.5  # at its deadline, not after the 3 s wait for company
         time.sleep(3)
@@ -286,15 +317,31 @@ def test_a_client_that_leaves_while_its_request_waits_is_dropped_before_the_forw
     s = Server([str(work / "ck"), "--max-wait-ms", "1500"])
     try:
         png = (work / "img.png").read_bytes()
-        with socket.create_connection(("127.0.0.1", s.port)) as c:
-            head = f"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: {len(png)}\r\n\r\n"
-            c.sendall(head.encode() + png)
-            time.sleep(0.4)  # the request waits for company (1.5 s); the client leaves
-        time.sleep(2.5)
-        assert metric(s.port, 'vitkit_requests_dropped_total{reason="client_gone"}') == 1
-        assert metric(s.port, "vitkit_batch_images_count") == 0  # never computed
-        assert metric(s.port, "vitkit_images_abandoned_total") == 0
+        with on_its_way(s.port):
+            with socket.create_connection(("127.0.0.1", s.port)) as c:
+                head = f"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: {len(png)}"
+                c.sendall(head.encode() + b"\r\n\r\n" + png)
+                time.sleep(0.4)  # the request waits for company (1.5 s); the client leaves
+            time.sleep(2.5)
+            assert metric(s.port, 'vitkit_requests_dropped_total{reason="client_gone"}') == 1
+            assert metric(s.port, "vitkit_batch_images_count") == 0  # never computed
+            assert metric(s.port, "vitkit_images_abandoned_total") == 0
         assert call(s.port, "/v1/classify", png)[0] == 200  # and the server goes on
+    finally:
+        s.stop()
+
+
+def test_a_lone_request_is_answered_without_waiting_for_company(work):
+    s = Server([str(work / "ck"), "--max-wait-ms", "3000"])
+    try:
+        png = (work / "img.png").read_bytes()
+        start = time.perf_counter()
+        assert call(s.port, "/v1/classify", png)[0] == 200
+        assert time.perf_counter() - start < 1.5  # nothing else on its way: no 3 s wait
+        with on_its_way(s.port):  # another request arriving: the forward waits for it
+            start = time.perf_counter()
+            assert call(s.port, "/v1/classify", png)[0] == 200
+            assert time.perf_counter() - start >= 2.5
     finally:
         s.stop()
 
@@ -306,7 +353,7 @@ def test_a_max_wait_past_the_cap_is_refused_at_start_in_one_line(work, capsys):
     assert main(["serve", str(work / "ck"), "--max-wait-ms", "10000", "--dry-run"]) == 0
 
 
-def test_sigterm_exits_within_the_drain_timeout_with_a_lone_request_waiting(work):
+def test_sigterm_runs_what_waits_at_once_and_refuses_a_body_still_arriving_at_the_timeout(work):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "vitkit", "serve", str(work / "ck"), "--port", "0",
@@ -320,16 +367,26 @@ def test_sigterm_exits_within_the_drain_timeout_with_a_lone_request_waiting(work
             if line.startswith("ready: "):
                 break
         port = int(lines[-1].rsplit(":", 1)[1].strip(" /\n"))
-        with ThreadPoolExecutor(1) as pool:
+        # a client whose body never ends: the forward waits (10 s) for its image
+        slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+        slow.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        with slow, ThreadPoolExecutor(1) as pool:
+            time.sleep(0.2)
             answer = pool.submit(call, port, "/v1/classify", (work / "img.png").read_bytes())
-            time.sleep(0.5)  # the lone request waits for company (10 s)
+            time.sleep(0.5)  # the request waits for company
             start = time.perf_counter()
             proc.send_signal(signal.SIGTERM)
+            assert answer.result(timeout=5)[0] == 200  # run at once, not after 10 s
+            answered = time.perf_counter() - start
             assert proc.wait(timeout=20) == 0
             took = time.perf_counter() - start
-            assert answer.result(timeout=5)[0] == 200  # run at once, not after 10 s
-        assert took < 3, took
-        assert "stopped: every request in flight was answered" in proc.stdout.read()  # type: ignore[union-attr]
+            refused = slow.recv(65536)
+        assert answered < 1.5, answered
+        assert took < 4.5, took  # at the drain timeout (3 s)
+        assert refused.startswith(b"HTTP/1.1 503") and b"--drain-timeout" in refused, refused
+        out = proc.stdout.read()  # type: ignore[union-attr]
+        assert "Traceback" not in out and "Exception" not in out, out
+        assert "stopped: every request in flight was answered (1 after --drain-timeout" in out
     finally:
         proc.kill()
 

@@ -39,7 +39,7 @@ def port_number(text: str) -> int:
 
 
 def wait_ms(text: str) -> float:
-    """--max-wait-ms: 0 .. MAX_WAIT_MS_CAP (a lone request waits that long for company)."""
+    """--max-wait-ms: 0 .. MAX_WAIT_MS_CAP (a request may wait that long for company)."""
     from vitkit.serve.admission import MAX_WAIT_MS_CAP
 
     v = non_negative_float(text)
@@ -106,7 +106,8 @@ def add_commands(sub: Any) -> None:
         "--max-wait-ms",
         type=wait_ms,
         default=5.0,
-        help="how long the first image of a forward waits for others (default 5, at most 10,000)",
+        help="how long the first image of a forward waits for others on their way (default 5, "
+        "at most 10,000)",
     )
     g = p.add_argument_group(
         "admission (a request refused or given up gets 503, Retry-After and one line)"

@@ -4,8 +4,9 @@ Each request puts its images on one queue and awaits their answers. One task tak
 queued: the first image, then more until ``max_batch`` images are taken or ``max_wait_ms``
 has passed since the first, and runs them as one forward on the model's own thread (forwards
 never overlap; the event loop keeps accepting requests meanwhile). While a forward runs the
-next batch gathers, so under load batches fill without waiting; a lone request waits at most
-``max_wait_ms``. A request's images always go in order and may span two forwards.
+next batch gathers, so under load batches fill without waiting; a lone request does not wait
+(a client alone gets its answer ``max_wait_ms`` sooner). A request's images always go in order
+and may span two forwards.
 
 What the queue takes on and what it gives up before the forward (a full queue, a deadline, a
 client gone, a drain past its timeout) is :mod:`vitkit.serve.admission`'s: a request given up
@@ -91,6 +92,7 @@ class Batcher:
         max_queue: int | None = None,
         on_batch: Callable[[int, float], None] | None = None,
         on_abandoned: Callable[[int], None] | None = None,
+        others: Callable[[], int] | None = None,
     ):
         if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
             raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
@@ -100,6 +102,10 @@ class Batcher:
         self.max_queue = max_queue
         self.on_batch = on_batch
         self.on_abandoned = on_abandoned
+        # requests on their way to the queue (their body arriving, their images decoding):
+        # where there are none, nothing can join a forward and it starts at once
+        self.others = others
+        self.requests = 0  # requests with images queued or in a forward, not yet answered
         self.times = ForwardTimes()
         self.executor = ModelThread()
         self.draining = False  # stopping: forwards no longer wait for more images
@@ -111,6 +117,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._forward_ends = 0.0  # time.monotonic() the running forward is expected to end
         self.drain_ends: float | None = None  # time.monotonic() a drain gives up
+        self.on_closed: list[Callable[[], None]] = []  # called when the drain gives up
 
     @property
     def depth(self) -> int:
@@ -135,6 +142,8 @@ class Batcher:
         """The drain timeout passed: every image still waiting or in the forward that still
         runs is answered 503, and so is every request after it."""
         self.closed = True
+        for hook in self.on_closed:
+            hook()
         message = "the server is stopping and its drain timeout passed: send it elsewhere"
         for item in [*self._gathering, *self._waiting, *self._running]:
             if not item.future.done():
@@ -198,8 +207,10 @@ class Batcher:
             self._waiting.append(item)
         self._arrived.set()
         answers = asyncio.gather(*(i.future for i in items))
+        self.requests += 1
 
         def ended(f: asyncio.Future[Any]) -> None:
+            self.requests -= 1
             if f.cancelled() or f.exception() is not None:  # dropped or its client gone
                 for item in items:  # none of its images runs now
                     item.future.cancel()
@@ -240,7 +251,7 @@ class Batcher:
                 batch.append(item)
                 continue
             left = until - time.monotonic()
-            if left <= 0 or self.draining:
+            if left <= 0 or self.draining or (self.others is not None and self.others() <= 0):
                 break
             self._arrived.clear()
             try:

@@ -8,6 +8,7 @@ take images only from the body: no file path or URL is ever read from a request.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator
@@ -143,11 +144,24 @@ def _error(status: int, message: str) -> JSONResponse:
 class Guard:
     """API key, body size limit and metrics for every HTTP request (pure ASGI)."""
 
-    def __init__(self, app: ASGIApp, *, settings: Settings, metrics: Metrics):
+    def __init__(
+        self, app: ASGIApp, *, settings: Settings, metrics: Metrics, batcher: Batcher | None = None
+    ):
         self.app = app
         self.settings = settings
         self.metrics = metrics
         self.body_bytes = 0  # bytes of request bodies held now, all requests together
+        # requests whose body is still arriving: when a drain gives up (--drain-timeout) each
+        # is answered 503 rather than cut off by the server's own shutdown (a 500 and a trace)
+        self.receiving: set[asyncio.Task[Any]] = set()
+        self.stopped = False
+        if batcher is not None:
+            batcher.on_closed.append(self._give_up_bodies)
+
+    def _give_up_bodies(self) -> None:
+        self.stopped = True
+        for task in self.receiving:
+            task.cancel()
 
     def _authorized(self, scope: Scope) -> bool:
         key = self.settings.api_key
@@ -206,7 +220,15 @@ class Guard:
         try:
             chunks, size = [], 0
             while True:
-                message = await receive()
+                message = await self._receive(receive)
+                if message is None:  # the drain gave up on it
+                    self.metrics.request_dropped("shutdown")
+                    stopping = (
+                        "the server is stopping and this request's body had not arrived when "
+                        "its drain timeout passed (--drain-timeout): send it elsewhere"
+                    )
+                    await _error(503, stopping)(scope, receive, send)
+                    return
                 if message["type"] == "http.disconnect":
                     return  # the client left while sending: nobody to answer
                 chunk = message.get("body", b"")
@@ -237,6 +259,22 @@ class Guard:
             await self.app(scope, replay, send)
         finally:
             self.body_bytes -= held
+
+    async def _receive(self, receive: Receive) -> Message | None:
+        """The body's next message; None where the drain gave up before it came."""
+        task = asyncio.current_task()
+        if self.stopped or task is None:
+            return None if self.stopped else await receive()
+        self.receiving.add(task)
+        try:
+            return await receive()
+        except asyncio.CancelledError:
+            if not self.stopped:
+                raise
+            task.uncancel()
+            return None
+        finally:
+            self.receiving.discard(task)
 
     async def _busy(self, scope: Scope, receive: Receive, send: Send) -> None:
         """503 + Retry-After: the bodies held by all requests are at --max-body-memory."""
@@ -282,6 +320,8 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         max_queue=admission.max_queue,
         on_batch=lambda n, s: metrics.batch_done(n, s),
         on_abandoned=lambda n: metrics.images_abandoned(n),
+        # requests in the server that the queue does not hold yet (arriving, decoding)
+        others=lambda: metrics.in_flight - batcher.requests,
     )
     info = {"model": served.describe()["model"]["name"], "engine": served.engine}
     metrics = Metrics({**info, "precision": served.precision}, lambda: batcher.depth)
@@ -301,7 +341,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         docs_url=None,  # (Swagger UI loads from a CDN; the schema is at /openapi.json)
         redoc_url=None,
     )
-    app.add_middleware(Guard, settings=settings, metrics=metrics)
+    app.add_middleware(Guard, settings=settings, metrics=metrics, batcher=batcher)
     app.state.batcher, app.state.metrics = batcher, metrics  # (drained on SIGTERM)
 
     @app.exception_handler(RequestError)
