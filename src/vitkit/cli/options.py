@@ -435,6 +435,22 @@ def add_precision(
     g.add_argument("--precision", default=default, choices=choices, help=help)
 
 
+def add_fp8_options(g: Any) -> None:
+    """``--fp8-recipe`` and ``--fp8-min-params``: how ``--precision fp8`` scales and which
+    Linear layers it takes (training's and inference's alike: vitkit.float8_layers)."""
+    g.add_argument(
+        "--fp8-recipe",
+        choices=["tensorwise", "rowwise"],
+        help="fp8 scaling: one scale per tensor (fastest) or per row (default: tensorwise)",
+    )
+    g.add_argument(
+        "--fp8-min-params",
+        type=non_negative_int,
+        metavar="N",
+        help="fp8: only Linear layers holding at least N weights (default: 1048576, 2**20)",
+    )
+
+
 def add_threads_device(g: Any, device: str | None) -> None:
     g.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     g.add_argument(

@@ -11,6 +11,7 @@ from typing import Any
 from vitkit.cli.options import (
     DATA_KINDS,
     add_bad_image,
+    add_fp8_options,
     add_threads_device,
     dataset,
     fraction_or_count,
@@ -213,17 +214,7 @@ def _add_optimisation(g: Any) -> None:
         "CUDA), else fp32; fp8: bf16 with float8 matmuls in the large Linear layers (NVIDIA, "
         "compute capability 8.9+; the 'fp8' extra) (default: the recipe's)",
     )
-    g.add_argument(
-        "--fp8-recipe",
-        choices=["tensorwise", "rowwise"],
-        help="fp8 scaling: one scale per tensor (fastest) or per row (default: tensorwise)",
-    )
-    g.add_argument(
-        "--fp8-min-params",
-        type=non_negative_int,
-        metavar="N",
-        help="fp8: only Linear layers holding at least N weights (default: 1048576, 2**20)",
-    )
+    add_fp8_options(g)
     g.add_argument(
         "--attention-backend",
         choices=["auto", "flash", "efficient", "cudnn", "math"],
