@@ -21,7 +21,9 @@ Levers on vitkit (CUDA), each an impl of its own beside plain ``vitkit``: ``vitk
 (cuDNN's fused attention, ``vitkit.models.sdpa_backend``), ``vitkit+fp8`` (float8 matmuls in
 the Linear layers of at least 2**20 weights, tensorwise scales, ``vitkit.train.float8``),
 ``vitkit+fp8all`` (every Linear whose sides are multiples of 16), ``vitkit+fp8mlp`` (only the
-MLP's), ``vitkit+fp8r`` (rowwise scales), combined with ``+``: ``vitkit+fp8+cudnn``. The
+MLP's), ``vitkit+fp8r`` (rowwise scales), combined with ``+``: ``vitkit+fp8+cudnn``; for
+inference only, ``vitkit+fp8infer`` (``--precision fp8`` inference: float8 weights cast once,
+bench/speed_fp8_inference.py, with its top-1 agreement with vitkit's bf16). The
 levers' rows go to a table of their own, each against timm and plain vitkit in the same rounds.
 
     python bench/speed.py                                   # MNIST model + Ti/16, quick
@@ -48,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the torchvision-op shim for importing timm
 
 from references import import_reference  # noqa: E402
+from speed_fp8_inference import INFER_LEVERS, agreement_with_bf16, fp8_inference_model  # noqa: E402
 
 import vitkit  # noqa: E402
 from vitkit.checkpoints.hf import vit_model as hf_conv  # noqa: E402
@@ -77,9 +80,11 @@ def task_kind(task: str) -> str:
 def split_impl(impl: str) -> tuple[str, list[str]]:
     """``vitkit+fp8+cudnn`` -> ("vitkit", ["fp8", "cudnn"]); levers apply to vitkit only."""
     base, *levers = impl.split("+")
-    unknown = [lever for lever in levers if lever not in LEVERS]
-    if unknown or (levers and base != "vitkit"):
-        raise SystemExit(f"speed.py: unknown impl {impl!r} (levers: {', '.join(LEVERS)})")
+    unknown = [lever for lever in levers if lever not in LEVERS and lever not in INFER_LEVERS]
+    alone = set(levers) & set(INFER_LEVERS) and len(levers) > 1  # (a float8 inference lever)
+    if unknown or alone or (levers and base != "vitkit"):
+        names = ", ".join([*LEVERS, *INFER_LEVERS])
+        raise SystemExit(f"speed.py: unknown impl {impl!r} (levers: {names})")
     return base, levers
 
 
@@ -87,6 +92,8 @@ def lever_model(model: torch.nn.Module, levers: list[str], device) -> tuple:
     """A copy of vitkit's model with the impl's float8 layers, and its attention backend."""
     import copy
 
+    if set(levers) & set(INFER_LEVERS):  # (inference only: its own weights, its own wrapper)
+        return fp8_inference_model(model, levers, device), "auto"
     fp8 = [LEVERS[lever] for lever in levers if LEVERS[lever][0]]
     attention = next((LEVERS[lever][2] for lever in levers if LEVERS[lever][2]), "auto")
     if not levers:
@@ -290,6 +297,7 @@ def main() -> None:
     compiled_impls = (args.compiled_impls or args.impls).split(",")
     rows: list[dict] = []
     failed: list[dict] = []
+    agreement: list[dict] = []  # float8 inference against vitkit's bf16, same inputs
     for name in args.models.split(","):
         models = build(name, device, {split_impl(i)[0] for i in args.impls.split(",")})
         cfg = model_cfg(name)
@@ -303,14 +311,19 @@ def main() -> None:
                     base, levers = split_impl(impl)
                     try:
                         model, attention = lever_model(models[base], levers, device)
+                        more = make_fns(impl, model, cfg, prec, mode, batch, device, args,
+                                        attention)  # fmt: skip
+                        if set(levers) & set(INFER_LEVERS):  # (no training: weights are cast)
+                            more = {k: f for k, f in more.items() if k[3] != "train"}
+                            x = torch.randn(batch, cfg.in_chans, *cfg.image_size, device=device)
+                            agree = agreement_with_bf16(models[base], model, x)
+                            agreement.append({"model": name, "impl": impl, **agree})
                     except Exception as err:
                         failed.append({"model": name, "key": [impl, prec, mode, "build"],
                                        "error": one_line(err)})  # fmt: skip
                         print(f"{name} {impl}: FAILED {one_line(err)}", file=sys.stderr)
                         continue
-                    fns.update(
-                        make_fns(impl, model, cfg, prec, mode, batch, device, args, attention)
-                    )
+                    fns.update(more)
         if not args.compiled_b1:
             fns = {k: f for k, f in fns.items() if not (k[2] == "compiled" and k[3] == "infer_b1")}
         tasks = args.tasks.split(",")
@@ -367,7 +380,7 @@ def main() -> None:
                 }
             )
         print(f"{name}: done", file=sys.stderr)
-    write(rows, ceilings, args, failed)
+    write(rows, ceilings, args, failed, agreement)
 
 
 def make_fns(impl, model, cfg, prec, mode, batch, device, args, attention="auto") -> dict:
@@ -468,7 +481,11 @@ def one_line(err: BaseException) -> str:
 
 
 def write(
-    rows: list[dict], ceilings: dict[str, float], args: argparse.Namespace, failed: list[dict]
+    rows: list[dict],
+    ceilings: dict[str, float],
+    args: argparse.Namespace,
+    failed: list[dict],
+    agreement: list[dict] | None = None,
 ) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -484,7 +501,16 @@ def write(
     }
     summary = mfu_summary(rows)
     out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "rows": rows, "failed": failed}, indent=1)
+        json.dumps(
+            {
+                "meta": meta,
+                "summary": summary,
+                "rows": rows,
+                "failed": failed,
+                "fp8_inference_vs_bf16": list(agreement),
+            },
+            indent=1,
+        )  # fmt: skip
     )
     by = {(r["model"], r["impl"], r["precision"], r["mode"], r["task"]): r for r in rows}
     lines = [
@@ -520,6 +546,12 @@ def write(
             f"{mib(r)} / {mib(t)} / {mib(h)} | {ips(o)} |"
         )
     lines += lever_table(rows, by)
+    lines += [
+        f"\n{a['impl']} ({a['model']}): top-1 agreement with vitkit bf16 "
+        f"{100 * a['top1_agreement']:.1f} % on {a['images']} random inputs, logits "
+        f"{100 * a['logits_relative_difference']:.1f} % apart"
+        for a in agreement
+    ]
     lines += [f"\nFAILED {' '.join(f['key'])} ({f['model']}): {f['error']}" for f in failed]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -8,7 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.options import INFERENCE_PRECISION_HELP, add_precision, loading, positive_int
+from vitkit.cli.options import (
+    INFERENCE_PRECISION_HELP,
+    add_fp8_options,
+    add_precision,
+    count,
+    loading,
+    positive_int,
+)
 from vitkit.errors import VitkitError
 
 # What --fast picks (bench/results/cpu_inference.md): an exact fp32 path for a checkpoint, the
@@ -77,7 +84,7 @@ def add_engine_options(
 ) -> None:
     g = p.add_argument_group("engine")
     if precision:  # (eval has --precision in its compute group: the same definition)
-        add_precision(g, default=None, help=INFERENCE_PRECISION_HELP)
+        add_precision(g, default=None, help=INFERENCE_PRECISION_HELP, fp8=True)
     g.add_argument(
         "--engine",
         choices=("torch", "onnxruntime", "openvino"),
@@ -92,6 +99,7 @@ def add_engine_options(
             help="the fastest installed engine at the model's own precision, or at "
             "--precision bf16 the fastest bf16 path (says which)",
         )
+    add_fp8_options(g)
 
 
 def cmd_export_int8(args: argparse.Namespace) -> int:
@@ -159,6 +167,7 @@ def load_for_inference(
     threads = getattr(args, "threads", None)
     fast = getattr(args, "fast", False)
     engine = args.engine
+    check_fp8_options(args)
     if is_engine_dir(path):
         from vitkit.engines.backends import read_engine_dir
 
@@ -177,6 +186,8 @@ def load_for_inference(
         return em, ckpt, f"engine: {em.engine}, {em.precision} ({why})"
     from vitkit.checkpoints import load_model
 
+    if precision == "fp8":
+        return _fp8_for_inference(args, path, engine)
     precision = precision or "fp32"
     if precision == "bf16":
         from vitkit.engines.bf16 import check_bf16_cpu
@@ -202,6 +213,66 @@ def load_for_inference(
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
     return model, ckpt, f"engine: {engine}, {precision} ({why})"
+
+
+def check_fp8_options(args: argparse.Namespace) -> None:
+    """``--fp8-recipe`` and ``--fp8-min-params`` set how ``--precision fp8`` runs: refused in
+    one line at any other precision (they would change nothing)."""
+    given = [
+        option
+        for option, key in (("--fp8-recipe", "fp8_recipe"), ("--fp8-min-params", "fp8_min_params"))
+        if getattr(args, key, None) is not None
+    ]
+    precision = getattr(args, "precision", None)
+    if given and precision != "fp8":
+        raise VitkitError(
+            f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} how --precision fp8 "
+            f"runs; this run's precision is {precision or 'the default'}: add --precision fp8 "
+            "or leave them out"
+        )
+
+
+def fp8_device(args: argparse.Namespace) -> str:
+    """Where ``--precision fp8`` runs: ``--device`` where the command has it (eval), else the
+    first visible CUDA GPU (predict, serve), else the CPU (then refused, saying why)."""
+    import torch
+
+    given = getattr(args, "device", None)
+    if given is not None:
+        return str(given)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _fp8_for_inference(
+    args: argparse.Namespace, path: str, engine: str | None
+) -> tuple[Any, Any, str]:
+    """The checkpoint at ``path`` in bf16 on the GPU with its large Linear layers in float8
+    (vitkit.engines.float8_inference), its checkpoint and the engine line; the device and the
+    engine are checked before any weights are read."""
+    import torch
+
+    from vitkit.checkpoints import load_model
+    from vitkit.engines.float8_inference import fp8_model, torchao_quantization
+    from vitkit.eval.checkpoint_eval import check_finite_weights
+    from vitkit.float8_layers import FP8_MIN_PARAMS, check_fp8_device, check_fp8_settings
+
+    if engine not in (None, "torch"):
+        raise VitkitError(f"--precision fp8 runs under the torch engine on a GPU, not {engine}")
+    recipe = args.fp8_recipe or "tensorwise"
+    min_params = FP8_MIN_PARAMS if args.fp8_min_params is None else args.fp8_min_params
+    check_fp8_settings(recipe, min_params)
+    check_fp8_device(torch.device(fp8_device(args)))
+    torchao_quantization()
+    model, ckpt = load_model(path, **loading(args))
+    check_finite_weights(model, ckpt)
+    gpu = fp8_model(model, fp8_device(args), recipe, min_params)
+    why = "--fast: float8 runs under torch only" if getattr(args, "fast", False) else "as asked"
+    n = len(gpu.float8_layers)
+    line = (
+        f"engine: torch, fp8 ({recipe}: {count(n, 'Linear layer')} in float8, the rest bf16; "
+        f"{gpu.device}, {torch.cuda.get_device_name(gpu.device)}; {why})"
+    )
+    return gpu, ckpt, line
 
 
 def source_comparison(
@@ -251,21 +322,42 @@ def bf16_weights(args: argparse.Namespace, model: Any, tta: bool) -> bool:
 
 
 def versus_fp32(
-    recorded: Any, fp32: Any, ckpt: Any, dataset: Any, batch_size: int, result: Any = None
+    recorded: Any,
+    fp32: Any,
+    ckpt: Any,
+    dataset: Any,
+    batch_size: int,
+    result: Any = None,
+    *,
+    device: str = "cpu",
+    max_seq_len: int | None = None,
 ) -> dict[str, Any]:
-    """A lower-precision model (a Recorder, or a module) beside the fp32 ``fp32`` on the same
-    images: top-1 of each, the difference and the agreement (vitkit.eval.compare)."""
+    """A lower-precision model (a Recorder, or a module) beside the reference ``fp32`` (fp32;
+    bf16 for fp8) on the same images, prepared on ``device``: top-1 of each, the difference and
+    the agreement (vitkit.eval.compare). ``max_seq_len``: a NaFlex model's packed batches."""
     from vitkit.eval.checkpoint_eval import evaluate_checkpoint
     from vitkit.eval.compare import Recorder, agreement, comparison
 
+    kw: dict[str, Any] = {"batch_size": batch_size, "progress": False, "device": device}
+    kw["max_seq_len"] = max_seq_len
     if not isinstance(recorded, Recorder):
         recorded = Recorder(recorded)
     if result is None:
-        result = evaluate_checkpoint(recorded, ckpt, dataset, batch_size=batch_size, progress=False)
+        result = evaluate_checkpoint(recorded, ckpt, dataset, **kw)
     ref = Recorder(fp32)
-    base = evaluate_checkpoint(ref, ckpt, dataset, batch_size=batch_size, progress=False)
+    base = evaluate_checkpoint(ref, ckpt, dataset, **kw)
     agree = agreement(recorded.predictions(), ref.predictions())
     return comparison(result.metrics()["top1"], base.metrics()["top1"], agree, str(ckpt.path))
+
+
+def fp8_reference(args: argparse.Namespace, path: str, gpu: Any) -> Any:
+    """What ``eval --precision fp8`` measures against: the checkpoint at ``path`` with bf16
+    weights on the GPU the float8 model ``gpu`` runs on (vitkit.engines.float8_inference)."""
+    from vitkit.checkpoints import load_model
+    from vitkit.engines.float8_inference import bf16_gpu_model
+
+    model, _ = load_model(path, **loading(args))
+    return bf16_gpu_model(model, gpu.device)
 
 
 def cmd_export_bf16(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from vitkit.cli.engines import (
     add_engine_options,
     bf16_weights,
+    fp8_reference,
     load_for_inference,
     source_comparison,
     versus_fp32,
@@ -87,7 +88,7 @@ def add_commands(sub: Any) -> None:
         metavar="FRACTION",
         help="test-time augmentation: also the copies scaled by 1 +- FRACTION (2 more passes)",
     )
-    add_runtime(p, batch_size=256)
+    add_runtime(p, batch_size=256, fp8=True)
     add_engine_options(p)
     p.set_defaults(func=cmd_eval)
 
@@ -173,6 +174,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
     from vitkit.engines.backends import EngineModel, engine_model
+    from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint_eval import (
         checkpoint_dataset,
@@ -184,7 +186,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     from vitkit.eval.tta import JitterTTA, check_jitter
     from vitkit.plotting import plot_confusion_matrix
 
-    model, ckpt, engine_line = load_for_inference(args, path)
+    fp8 = args.precision == "fp8"  # (bf16 and fp32 of a checkpoint: autocast or not, below)
+    model, ckpt, engine_line = load_for_inference(args, path, precision="fp8" if fp8 else None)
+    gpu = model if isinstance(model, GPUModel) else None
     default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
     out = eval_output_dir(
         default, given=out_arg is not None, overwrite=args.overwrite, reads=[ckpt.path]
@@ -195,7 +199,10 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
             raise VitkitError(f"{engine_line}: runs on the CPU at its own precision only")
         precision, why = model.precision, f"{model.engine} engine"
         model = Recorder(model)
-    model.to(args.device)
+    if gpu is not None:  # bf16 and float8 on its GPU, as loaded
+        why = gpu.summary()
+    else:
+        model.to(args.device)
     jitter = (args.tta_shift, float(args.tta_rotate), float(args.tta_zoom))
     max_seq_len = args.max_seq_len  # (per checkpoint: a NaFlex run's own where not given)
     if any(jitter):
@@ -220,6 +227,12 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     if bf16_weights(args, model, any(jitter)):  # bf16 weights, measured beside fp32
         fp32_model, model = model, Recorder(engine_model(copy.deepcopy(model), "torch", "bf16"))
         why += "; bf16 weights"
+    reference = None
+    if gpu is not None:  # the same model with bf16 weights on the same GPU, measured beside it
+        reference = fp8_reference(args, path, gpu)
+        if any(jitter):
+            reference = JitterTTA(reference, *jitter)
+        model = Recorder(model)
     result = evaluate_checkpoint(
         model,
         ckpt,
@@ -237,7 +250,14 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     record.update(zip(("tta_shift", "tta_rotate", "tta_zoom"), jitter))
     if max_seq_len is not None:
         record["max_seq_len"] = max_seq_len
-    if isinstance(model, Recorder):
+    if gpu is not None and reference is not None:
+        record["fp8"] = {"recipe": gpu.recipe, "float8_layers": gpu.float8_layers}
+        record["versus_bf16"] = versus_fp32(
+            model, reference, ckpt, dataset, args.batch_size, result,
+            device=args.device, max_seq_len=max_seq_len,
+        )  # fmt: skip
+        print(format_comparison(record["versus_bf16"], "fp8", "bf16"))
+    elif isinstance(model, Recorder):
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)
         if fp32_model is not None:

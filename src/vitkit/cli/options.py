@@ -409,30 +409,51 @@ def output_dir(out: str | None, ckpt_path: Path, name: str) -> Path:
 
 
 def add_runtime(
-    p: argparse.ArgumentParser, *, batch_size: int | None = None, precision: bool = True
+    p: argparse.ArgumentParser,
+    *,
+    batch_size: int | None = None,
+    precision: bool = True,
+    fp8: bool = False,
 ) -> None:
-    """How a command computes: ``--batch-size``, ``--precision``, ``--threads``, ``--device``."""
+    """How a command computes: ``--batch-size``, ``--precision`` (with ``fp8``: also fp8
+    inference), ``--threads``, ``--device``."""
     g = p.add_argument_group("compute")
     if batch_size is not None:
         g.add_argument(
             "--batch-size", type=positive_int, default=batch_size, help="images per forward"
         )
     if precision:
-        add_precision(g, default=None, help="bf16: autocast (default: the checkpoint's, else fp32)")
+        help = "bf16: autocast (default: the checkpoint's, else fp32)"
+        if fp8:
+            help = (
+                f"bf16: autocast; {FP8_INFERENCE_HELP}, on --device (default: the checkpoint's, "
+                "else fp32)"
+            )
+        add_precision(g, default=None, help=help, fp8=fp8)
     add_threads_device(g, device="cpu")
 
 
+# what --precision fp8 is for eval, predict and serve (vitkit.engines.float8_inference)
+FP8_INFERENCE_HELP = (
+    "fp8: bf16 on the GPU with the large Linear layers' weights cast to float8 once (NVIDIA, "
+    "compute capability 8.9+; the 'fp8' extra)"
+)
 INFERENCE_PRECISION_HELP = (
     "bf16: the weights converted to bf16 once, on a CPU with native bf16 (AVX512-BF16 or AMX; "
-    "refused elsewhere); default fp32 (a model of 'vitkit export': its own)"
+    f"refused elsewhere); {FP8_INFERENCE_HELP}, on the first visible CUDA GPU; default fp32 "
+    "(a model of 'vitkit export': its own)"
 )
 
 
 def add_precision(
-    g: Any, default: str | None, help: str = "bf16: autocast", auto: bool = False
+    g: Any,
+    default: str | None,
+    help: str = "bf16: autocast",
+    auto: bool = False,
+    fp8: bool = False,
 ) -> None:
     choices = ["auto", "fp32", "bf16"] if auto else ["fp32", "bf16"]
-    g.add_argument("--precision", default=default, choices=choices, help=help)
+    g.add_argument("--precision", default=default, choices=choices + ["fp8"] * fp8, help=help)
 
 
 def add_fp8_options(g: Any) -> None:

@@ -159,6 +159,7 @@ def served_model(args: argparse.Namespace) -> Any:
     is one."""
     from vitkit.engines.backends import EngineModel
     from vitkit.engines.bf16 import BF16Model
+    from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.models.vit import VisionTransformer
     from vitkit.serve.served_model import ServedModel
@@ -168,7 +169,7 @@ def served_model(args: argparse.Namespace) -> Any:
     )
     print(engine_line)
     attention, why = None, ""
-    if isinstance(model, (EngineModel, BF16Model)):
+    if isinstance(model, (EngineModel, BF16Model, GPUModel)):
         engine, precision = model.engine, model.precision
         if ckpt.format == "vitkit-engine":
             why = (

@@ -89,13 +89,22 @@ def eval_output_dir(out: Path, given: bool, overwrite: bool, reads: Sequence[Pat
 
 def non_finite_weights(model: nn.Module) -> list[str]:
     """Names of the floating-point weights holding NaN or inf (of a sharded FSDP parameter,
-    this rank's shard)."""
+    this rank's shard; of a float8 weight, its values times its scales)."""
     return [
         name
         for name, t in model.state_dict().items()
-        if t.is_floating_point()
-        and not bool(torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all())
+        if t.is_floating_point() and not bool(torch.isfinite(_values(t)).all())
     ]
+
+
+def _values(t: Tensor) -> Tensor:
+    """A weight as a plain tensor: a sharded parameter's local shard, or a quantized weight
+    (torchao's float8 ``--precision fp8`` inference casts once) dequantized."""
+    if hasattr(t, "to_local"):
+        return t.to_local()
+    if type(t) is not torch.Tensor and hasattr(t, "qdata"):
+        return t.dequantize()
+    return t
 
 
 def check_finite_weights(model: nn.Module, ckpt: Checkpoint) -> None:

@@ -45,9 +45,9 @@ def comparison(top1: float, source_top1: float, agree: float, source: str) -> di
     }
 
 
-def format_comparison(c: dict[str, Any], precision: str) -> str:
+def format_comparison(c: dict[str, Any], precision: str, reference: str = "fp32 source") -> str:
     return (
-        f"{precision} vs fp32 source ({c['source']}): top-1 {c['top1']:.2f} % vs "
+        f"{precision} vs {reference} ({c['source']}): top-1 {c['top1']:.2f} % vs "
         f"{c['source_top1']:.2f} % ({c['top1_difference']:+.2f} points), "
         f"top-1 agreement {c['top1_agreement']:.2f} %"
     )
