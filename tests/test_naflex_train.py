@@ -16,6 +16,7 @@ from PIL import Image
 
 from vitkit.cli import build_parser, main
 from vitkit.errors import VitkitError
+from vitkit.hardware import native_bf16
 
 SIZES = ((16, 32), (32, 16), (24, 24))  # (height, width): wide, tall, square
 CLASSES = ("top", "bottom", "none")  # which half is bright: needs the patches' positions
@@ -118,6 +119,18 @@ def test_naflex_training_learns_and_predict_reads_the_checkpoint(folder, tmp_pat
     ev2 = tmp_path / "ev2"
     assert main(["eval", "--from", str(out), "--out", str(ev2)]) == 0  # the run's own
     assert json.loads((ev2 / "eval.json").read_text())["top1"] == report["test_top1"]
+    # bf16 beside fp32 on the same packing: the fp32 side is eval's own at that --max-seq-len
+    if native_bf16(torch.device("cpu")):
+        for n in (4, 16):
+            ev3, ev4 = tmp_path / f"ev3-{n}", tmp_path / f"ev4-{n}"
+            assert (
+                main(["eval", "--from", str(out), "--max-seq-len", str(n), "--out", str(ev3)]) == 0
+            )
+            bf16 = ["eval", "--from", str(out), "--max-seq-len", str(n), "--precision", "bf16"]
+            assert main([*bf16, "--out", str(ev4)]) == 0
+            fp32_top1 = json.loads((ev3 / "eval.json").read_text())["top1"]
+            versus = json.loads((ev4 / "eval.json").read_text())["versus_source"]
+            assert versus["source_top1"] == pytest.approx(100 * fp32_top1), n
     capsys.readouterr()
     bad = ["eval", "--from", str(out), "--max-seq-len", "16", "--tta-shift", "1"]
     assert main([*bad, "--out", str(tmp_path / "bad")]) == 2

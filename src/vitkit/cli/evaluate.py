@@ -261,7 +261,10 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         record["engine"] = model.model.engine
         versus = source_comparison(args, ckpt, dataset, model, result)
         if fp32_model is not None:
-            versus = versus_fp32(model, fp32_model, ckpt, dataset, args.batch_size, result)
+            versus = versus_fp32(
+                model, fp32_model, ckpt, dataset, args.batch_size, result,
+                max_seq_len=max_seq_len,
+            )  # fmt: skip
             print(format_comparison(versus, "bf16"))
         if versus is not None:
             record["versus_source"] = versus
