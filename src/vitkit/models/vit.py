@@ -28,8 +28,9 @@ Where we deviate from the paper or the official code, and why:
 - Query, key and value are one fused ``Linear(D, 3D)`` (faster); the converters split it into
   the official per-projection kernels.
 - ``Attention.forward`` uses PyTorch's fused ``scaled_dot_product_attention``, except on CPU for
-  bf16 or short sequences (eager), where the same softmax with plain matmuls is faster (see
-  ``EXPLICIT_CPU_MAX_TOKENS``; bf16 backward of [128, 4, 50, 32]: 83 ms fused vs 13 ms).
+  training in bf16 or on short sequences (eager), and inference in bf16 over many rows, where
+  the same softmax with plain matmuls is faster (see ``plain_cpu_attention``; bf16 backward of
+  [128, 4, 50, 32]: 83 ms fused vs 13 ms).
 - The paper interpolates E_pos in 2-D once, to fine-tune at a higher resolution (Sec. 3.2);
   the model also does it on the fly for images of another size (any multiple of the patch),
   with the same function as ``vitkit convert --image-size``, so running there equals converting.
@@ -142,9 +143,22 @@ EXPLICIT_CPU_MAX_TOKENS = 128
 EXPLICIT_CPU_MIN_ROWS = 64
 
 
-def plain_cpu_attention(rows: int, tokens: int) -> bool:
-    """Whether eager CPU attention over ``rows`` (batch x heads) of ``tokens`` takes matmuls."""
-    return tokens <= EXPLICIT_CPU_MAX_TOKENS and rows >= EXPLICIT_CPU_MIN_ROWS
+# Inference is another matter: q, k and v are strided views of the qkv projection, and plain
+# matmuls copy k and v first (the fused kernel reads them as they are), so in a whole model
+# fp32 inference ran faster fused at every shape measured (the MNIST model at batch 256, 2
+# threads: vitkit 0.86x timm with plain matmuls, 1.02x fused on an AVX-512 EPYC; 0.84x / 0.95x
+# with PyTorch, MKL and oneDNN held to AVX2). In bf16 plain matmuls still win over many rows
+# (1.06x / 0.96x) and lose over few (batch 1: 0.83x / 0.95x).
+
+
+def plain_cpu_attention(rows: int, tokens: int, *, bf16: bool = False, grad: bool = True) -> bool:
+    """Whether eager CPU attention over ``rows`` (batch x heads) of ``tokens`` takes plain
+    matmuls: training (``grad``) in bf16, or on short sequences over many rows; inference in
+    bf16 over many rows."""
+    many = rows >= EXPLICIT_CPU_MIN_ROWS
+    if not grad:
+        return bf16 and many
+    return bf16 or (tokens <= EXPLICIT_CPU_MAX_TOKENS and many)
 
 
 class Attention(nn.Module):
@@ -213,15 +227,16 @@ class Attention(nn.Module):
         q, k, v = self._split_heads(x, rope)
         cpu = q.device.type == "cpu"
         # PyTorch's CPU flash kernel is ~6x slower than plain matmuls in bf16 (backward) and
-        # 1.4-2.9x slower in fp32 for short sequences over many rows (EXPLICIT_CPU_*); the ONNX
-        # exporter cannot decompose the fused kernel with a float mask (torch 2.13)
-        # (eager only: no guard on an exported graph's dynamic batch)
-        short = not torch.compiler.is_compiling() and plain_cpu_attention(
-            q.shape[0] * q.shape[1], q.shape[-2]
-        )
-        if (cpu and (q.dtype == torch.bfloat16 or short)) or (
-            bias is not None and torch.compiler.is_exporting()
-        ):
+        # 1.4-2.9x slower in fp32 for short sequences over many rows in training; inference:
+        # plain_cpu_attention. The ONNX exporter cannot decompose the fused kernel with a float
+        # mask (torch 2.13). Compiled: bf16 only (no guard on a graph's dynamic batch).
+        bf16 = q.dtype == torch.bfloat16
+        if torch.compiler.is_compiling():
+            plain = cpu and bf16
+        else:
+            rows, grad = q.shape[0] * q.shape[1], torch.is_grad_enabled()
+            plain = cpu and plain_cpu_attention(rows, q.shape[-2], bf16=bf16, grad=grad)
+        if plain or (bias is not None and torch.compiler.is_exporting()):
             return self._merge_heads(self._attend(q, k, v, bias)[0])
         p = self.attn_dropout if self.training else 0.0
         mask = None if bias is None else logit_bias(bias, q.dtype)
