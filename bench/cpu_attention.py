@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import vitkit.models.cpu_attention as routing  # noqa: E402
 import vitkit.models.vit as vm  # noqa: E402
 from vitkit.hardware import cpu_name  # noqa: E402
 from vitkit.registry.model_config import model_config  # noqa: E402
@@ -83,7 +84,7 @@ def attention_row(shape: tuple[int, int, int, int], rounds: int) -> dict:
     row: dict = {"shape": list(shape)}
     row.update({k: statistics.median(v) for k, v in runs.items()})
     b, h, t, _ = shape
-    row["routed_explicit"] = vm.plain_cpu_attention(b * h, t)
+    row["routed_explicit"] = routing.plain_cpu_attention(b * h, t)
     return row
 
 
@@ -97,7 +98,7 @@ def training_steps(rounds: int, steps: int) -> list[dict]:
         opt = build_optimizer(model, "adamw", 1e-3, 0.05)
         x, y = torch.randn(r.batch_size, 1, 28, 28), torch.randint(0, 10, (r.batch_size,))
         setups.append((name, model, opt, x, y))
-    limit = vm.EXPLICIT_CPU_MAX_TOKENS
+    limit = routing.EXPLICIT_CPU_MAX_TOKENS
     speeds: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(rounds):
@@ -111,7 +112,7 @@ def training_steps(rounds: int, steps: int) -> list[dict]:
                     opt.zero_grad(set_to_none=True)
 
                 for mode, lim in (("fused", 0), ("explicit", limit)):
-                    vm.EXPLICIT_CPU_MAX_TOKENS = lim
+                    routing.EXPLICIT_CPU_MAX_TOKENS = lim
                     step()
                     t = time.perf_counter()
                     for _ in range(steps):
@@ -120,7 +121,7 @@ def training_steps(rounds: int, steps: int) -> list[dict]:
                         x.shape[0] * steps / (time.perf_counter() - t)
                     )
     finally:
-        vm.EXPLICIT_CPU_MAX_TOKENS = limit
+        routing.EXPLICIT_CPU_MAX_TOKENS = limit
     out = []
     for name, *_ in setups:
         fused = statistics.median(speeds[(name, "fused")])
@@ -147,8 +148,8 @@ def main() -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "rounds": args.rounds,
         "rule": {
-            "max_tokens": vm.EXPLICIT_CPU_MAX_TOKENS,
-            "min_rows": vm.EXPLICIT_CPU_MIN_ROWS,
+            "max_tokens": routing.EXPLICIT_CPU_MAX_TOKENS,
+            "min_rows": routing.EXPLICIT_CPU_MIN_ROWS,
         },
     }
     out = Path(args.out)
@@ -163,8 +164,8 @@ def main() -> None:
         f"{meta['omp_wait_policy']}), torch {torch.__version__}, fp32, medians of "
         f"{args.rounds} interleaved rounds. Command: `python bench/cpu_attention.py "
         f"--rounds {args.rounds} --threads {args.threads}`. vitkit routes to plain matmuls when "
-        f"tokens <= {vm.EXPLICIT_CPU_MAX_TOKENS} and batch x heads >= "
-        f"{vm.EXPLICIT_CPU_MIN_ROWS} (eager CPU).",
+        f"tokens <= {routing.EXPLICIT_CPU_MAX_TOKENS} and batch x heads >= "
+        f"{routing.EXPLICIT_CPU_MIN_ROWS} (eager CPU).",
         "",
         "## Attention alone (ms; speed-up = fused / explicit time)",
         "",

@@ -2,7 +2,8 @@
 
 Training (gradients on) takes plain matmuls in bf16 and on short sequences over many rows (the
 fused kernel's backward is slow there); inference takes the fused kernel except in bf16 over
-many rows (plain matmuls copy the strided k and v first; bench/results/speed_inference.md).
+many rows, and in fp32 where the CPU lacks AVX-512 (plain matmuls copy the strided k and v
+first; bench/results/speed_inference.md).
 Checked by the operators the profiler sees, and the two paths agree."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.models.vit import EXPLICIT_CPU_MIN_ROWS, plain_cpu_attention
+from vitkit.models.cpu_attention import EXPLICIT_CPU_MIN_ROWS, plain_cpu_attention
 
 
 def test_the_rule_for_training_and_inference():
@@ -20,10 +21,13 @@ def test_the_rule_for_training_and_inference():
     assert plain_cpu_attention(few, 197, bf16=True, grad=True)
     assert plain_cpu_attention(many, 17, grad=True) and not plain_cpu_attention(few, 17)
     assert not plain_cpu_attention(many, 197, grad=True)
-    # inference: bf16 over many rows only, never fp32
+    # inference: bf16 over many rows; fp32 as training does only without AVX-512
     assert plain_cpu_attention(many, 17, bf16=True, grad=False)
     assert not plain_cpu_attention(few, 17, bf16=True, grad=False)
-    assert not plain_cpu_attention(many, 17, grad=False)
+    assert not plain_cpu_attention(many, 17, grad=False, avx512=True)
+    assert plain_cpu_attention(many, 17, grad=False, avx512=False)
+    assert not plain_cpu_attention(few, 17, grad=False, avx512=False)
+    assert not plain_cpu_attention(many, 197, grad=False, avx512=False)
 
 
 def kernels(model: torch.nn.Module, x: torch.Tensor, grad: bool) -> set[str]:

@@ -71,6 +71,7 @@ from vitkit.hardware import check_model_fits
 from vitkit.models import features
 from vitkit.models import naflex_packing as naflex
 from vitkit.models.block_parts import LayerScale, Mlp, drop_path, logit_bias, make_norm
+from vitkit.models.cpu_attention import plain_cpu_attention
 from vitkit.models.hybrid_stem import ResNetStem
 from vitkit.models.map_head import MAPHead, require_map_head
 from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
@@ -131,34 +132,6 @@ class PatchEmbed(TimmPatchEmbed, nn.Module):
             x = self.stem(x)
         x = self.proj(x)  # [B, D, H/P, W/P]
         return self.norm(x.flatten(2).transpose(1, 2))  # [B, N, D], patches in row-major order
-
-
-# Eager CPU attention computes softmax(q k^T) v with plain matmuls for short sequences over many
-# (batch x head) rows. fp32, 2 threads, AVX2 EPYC, fused / explicit time over several runs,
-# inference | training: [128, 4, 17, 16] 1.7-1.9 | 2.3-2.9x, [128, 4, 50, 16] 1.3-1.6 | 1.5-1.6x,
-# [64, 3, 65, 64] 1.1-1.5 | 1.2-1.4x; but [32, 3, 197, 64] 0.9-1.0 | 0.9x, [32, 12, 197, 64]
-# 0.5 | 0.6-0.7x, and with few rows ([1, 4, 50, 16] 0.3-0.8x) the one fused call wins; 64 rows is
-# about even (bench/results/cpu_attention.md).
-EXPLICIT_CPU_MAX_TOKENS = 128
-EXPLICIT_CPU_MIN_ROWS = 64
-
-
-# Inference is another matter: q, k and v are strided views of the qkv projection, and plain
-# matmuls copy k and v first (the fused kernel reads them as they are), so in a whole model
-# fp32 inference ran faster fused at every shape measured (the MNIST model at batch 256, 2
-# threads: vitkit 0.86x timm with plain matmuls, 1.02x fused on an AVX-512 EPYC; 0.84x / 0.95x
-# with PyTorch, MKL and oneDNN held to AVX2). In bf16 plain matmuls still win over many rows
-# (1.06x / 0.96x) and lose over few (batch 1: 0.83x / 0.95x).
-
-
-def plain_cpu_attention(rows: int, tokens: int, *, bf16: bool = False, grad: bool = True) -> bool:
-    """Whether eager CPU attention over ``rows`` (batch x heads) of ``tokens`` takes plain
-    matmuls: training (``grad``) in bf16, or on short sequences over many rows; inference in
-    bf16 over many rows."""
-    many = rows >= EXPLICIT_CPU_MIN_ROWS
-    if not grad:
-        return bf16 and many
-    return bf16 or (tokens <= EXPLICIT_CPU_MAX_TOKENS and many)
 
 
 class Attention(nn.Module):
