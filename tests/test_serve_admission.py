@@ -32,7 +32,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed (pip ins
 import vitkit  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
 from vitkit.serve.admission import Dropped  # noqa: E402
-from vitkit.serve.batcher import Batcher  # noqa: E402
+from vitkit.serve.batcher import COMPANY_WINDOW, Batcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -211,6 +211,29 @@ def test_a_lone_request_starts_its_forward_at_once_where_no_other_is_on_its_way(
     alone, with_company_coming = asyncio.run(answered_in(0)), asyncio.run(answered_in(1))
     assert alone < 0.2, alone  # not the 0.4 s wait for company
     assert with_company_coming >= 0.35, with_company_coming  # another request may join
+
+
+def test_forwards_keep_waiting_while_recent_requests_found_company():
+    seen: list[Any] = []
+
+    async def go() -> list[float]:
+        on_its_way = [2]  # the first request arrives beside another
+        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=100, others=lambda: on_its_way[0])
+        b.start()
+        took = []
+        for i in range(COMPANY_WINDOW + 2):
+            start = time.perf_counter()
+            await b.submit([i])
+            took.append(time.perf_counter() - start)
+            on_its_way[0] = 0  # then each arrives alone
+        await b.stop()
+        return took
+
+    took = asyncio.run(go())
+    # while the request that found company is among the last COMPANY_WINDOW, forwards wait for
+    # more (other clients' next requests may still be on the wire); then they start at once
+    assert all(t >= 0.09 for t in took[:COMPANY_WINDOW]), took
+    assert all(t < 0.05 for t in took[COMPANY_WINDOW + 1 :]), took
 
 
 # -- over HTTP --------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ Each request puts its images on one queue and awaits their answers. One task tak
 queued: the first image, then more until ``max_batch`` images are taken or ``max_wait_ms``
 has passed since the first, and runs them as one forward on the model's own thread (forwards
 never overlap; the event loop keeps accepting requests meanwhile). While a forward runs the
-next batch gathers, so under load batches fill without waiting; a lone request does not wait
-(a client alone gets its answer ``max_wait_ms`` sooner). A request's images always go in order
-and may span two forwards.
+next batch gathers, so under load batches fill without waiting; a client alone (no other
+request on its way and none of the last ``COMPANY_WINDOW`` found another) does not wait. A
+request's images always go in order and may span two forwards.
 
 What the queue takes on and what it gives up before the forward (a full queue, a deadline, a
 client gone, a drain past its timeout) is :mod:`vitkit.serve.admission`'s: a request given up
@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from vitkit.serve.admission import Dropped, ForwardTimes
+
+# how many of the latest requests are asked whether they found another in the server
+COMPANY_WINDOW = 8
 
 Run = Callable[[Sequence[Any]], Sequence[Any]]  # a batch of inputs -> one output per input
 P = ParamSpec("P")
@@ -103,8 +106,11 @@ class Batcher:
         self.on_batch = on_batch
         self.on_abandoned = on_abandoned
         # requests on their way to the queue (their body arriving, their images decoding):
-        # where there are none, nothing can join a forward and it starts at once
+        # where there are none and none of the last COMPANY_WINDOW requests found another in the
+        # server (a client alone; several clients' next requests may still be on the wire:
+        # waiting kept the MNIST model's req/s at 2 and 8 clients), the forward starts at once
         self.others = others
+        self._company: deque[bool] = deque(maxlen=COMPANY_WINDOW)
         self.requests = 0  # requests with images queued or in a forward, not yet answered
         self.times = ForwardTimes()
         self.executor = ModelThread()
@@ -207,6 +213,8 @@ class Batcher:
             self._waiting.append(item)
         self._arrived.set()
         answers = asyncio.gather(*(i.future for i in items))
+        if self.others is not None:  # another request held, or on its way besides this one
+            self._company.append(self.requests > 0 or self.others() > 1)
         self.requests += 1
 
         def ended(f: asyncio.Future[Any]) -> None:
@@ -231,6 +239,10 @@ class Batcher:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
+    def _alone(self) -> bool:
+        """No other request on its way, and none of the last requests found company."""
+        return self.others is not None and not any(self._company) and self.others() <= 0
+
     def _pop_live(self) -> _Item | None:
         while self._waiting:
             item = self._waiting.popleft()
@@ -251,7 +263,7 @@ class Batcher:
                 batch.append(item)
                 continue
             left = until - time.monotonic()
-            if left <= 0 or self.draining or (self.others is not None and self.others() <= 0):
+            if left <= 0 or self.draining or self._alone():
                 break
             self._arrived.clear()
             try:
