@@ -261,11 +261,12 @@ def _fp8_for_inference(
     recipe = args.fp8_recipe or "tensorwise"
     min_params = FP8_MIN_PARAMS if args.fp8_min_params is None else args.fp8_min_params
     check_fp8_settings(recipe, min_params)
-    check_fp8_device(torch.device(fp8_device(args)))
+    device = torch.device(fp8_device(args))
+    check_fp8_device(device)  # before any weights are read
     torchao_quantization()
     model, ckpt = load_model(path, **loading(args))
     check_finite_weights(model, ckpt)
-    gpu = fp8_model(model, fp8_device(args), recipe, min_params)
+    gpu = fp8_model(model, device, recipe, min_params)
     why = "--fast: float8 runs under torch only" if getattr(args, "fast", False) else "as asked"
     n = len(gpu.float8_layers)
     line = (

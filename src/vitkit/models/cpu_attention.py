@@ -4,6 +4,8 @@ whole training steps) and bench/speed.py (whole models' inference)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # Eager CPU attention computes softmax(q k^T) v with plain matmuls for short sequences over many
@@ -36,9 +38,13 @@ def plain_cpu_attention(
         return bf16 or short
     if bf16:
         return many
-    if avx512 is None:
-        avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    return short and not avx512
+    return short and not (_avx512() if avx512 is None else avx512)
+
+
+@functools.cache
+def _avx512() -> bool:
+    """Whether PyTorch's CPU kernels run at AVX-512 here (asked once: every layer asks)."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 __all__ = ["EXPLICIT_CPU_MAX_TOKENS", "EXPLICIT_CPU_MIN_ROWS", "plain_cpu_attention"]

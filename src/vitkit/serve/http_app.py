@@ -262,16 +262,19 @@ class Guard:
 
     async def _receive(self, receive: Receive) -> Message | None:
         """The body's next message; None where the drain gave up before it came."""
+        if self.stopped:
+            return None
         task = asyncio.current_task()
-        if self.stopped or task is None:
-            return None if self.stopped else await receive()
+        if task is None:
+            return await receive()
         self.receiving.add(task)
         try:
             return await receive()
         except asyncio.CancelledError:
             if not self.stopped:
                 raise
-            task.uncancel()
+            if hasattr(task, "uncancel"):  # (Python 3.11+: the task goes on, uncancelled)
+                task.uncancel()
             return None
         finally:
             self.receiving.discard(task)
