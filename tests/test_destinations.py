@@ -249,3 +249,52 @@ def test_convert_never_writes_into_the_run_it_reads(
     code, _, err = run_cli(["convert", str(run), str(run), "--to", to, "--overwrite"], capsys)
     assert code == 2 and "holds" in err and "checkpoint read" in err, err
     assert snapshot(run) == before
+
+
+# ----- a broken symbolic link is something there: never replaced without --overwrite ---------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export", "{run}", "{link}"],
+        ["convert", "{run}", "{link}", "--to", "hf"],
+        ["convert", "{run}", "{link}", "--to", "npz"],
+        ["convert", "{run}", "{link}", "--to", "vitkit"],
+        ["eval", "--from", "{run}", "--out", "{link}"],
+        ["explain", "{img}", "--from", "{run}", "--out", "{link}"],
+        ["analyze", "--from", "{run}", "--out", "{link}"],
+        ["fewshot", "--from", "{run}", "--data", "digits", "--shots", "1", "--out", "{link}"],
+        ["shards", "digits", "{link}", "--splits", "test"],
+        [*["train", *SHORT], "--out-dir", "{link}"],
+    ],
+    ids=["export", "convert-hf", "convert-npz", "convert-vitkit", "eval", "explain", "analyze"]
+    + ["fewshot", "shards", "train"],
+)
+def test_a_broken_link_is_never_replaced_without_overwrite(
+    tiny_run: Path, tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dangling symbolic link as export's OUT was replaced by a regular file (rc 0): a path
+    that exists as anything, a broken link included, is refused (a directory is never written
+    through a broken link; a file replaces the link itself only with --overwrite)."""
+    link = tmp_path / ("out.npz" if "npz" in args else "out.onnx" if "export" in args else "out")
+    os.symlink(tmp_path / "nowhere", link)
+    filled = [a.format(run=tiny_run, link=link, img=image(tmp_path)) for a in args]
+    code, out, err = run_cli(filled, capsys)
+    assert code == 2 and "Traceback" not in err and "symbolic link" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert link.is_symlink() and os.readlink(link) == str(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_overwrite_replaces_a_broken_link_by_the_file_not_its_target(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, args in (("m.npz", ["--to", "npz"]), ("hf", ["--to", "hf"])):
+        link = tmp_path / name
+        os.symlink(tmp_path / f"nowhere-{name}", link)
+        code, _, err = run_cli(["convert", str(tiny_run), str(link), *args, "--overwrite"], capsys)
+        assert code == 0, err
+        assert not link.is_symlink() and link.exists()
+        assert not (tmp_path / f"nowhere-{name}").exists()
+        assert [p.name for p in tmp_path.glob(".*")] == []

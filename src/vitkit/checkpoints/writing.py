@@ -30,16 +30,25 @@ from vitkit.checkpoints.native.safetensors_io import (
     Checkpoint,
     _write_json,
     check_weights_fit,
+    json_bytes,
     load_state_dict_strict,
     replace_dir,
     save_checkpoint,
+    tensor_bytes,
 )
 from vitkit.checkpoints.provenance import TRAVELS
 from vitkit.checkpoints.timm import beit_relpos as timm_relpos
 from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.errors import VitkitError
-from vitkit.output_files import check_destination, fsync_dir, publish, set_file_mode
+from vitkit.output_files import (
+    check_destination,
+    disk_bytes,
+    fsync_dir,
+    publish,
+    set_file_mode,
+    writing,
+)
 from vitkit.registry.config_checks import eva_only_switches
 from vitkit.registry.model_config import ResNetConfig, ViTConfig
 
@@ -87,10 +96,11 @@ def write_checkpoint(
         if ckpt.provenance is not None:  # what was given or assumed stays so (not "the file")
             kept = {f: s for f, s in ckpt.provenance.sources.items() if s in TRAVELS}
             meta["provenance"] = {**meta.get("provenance", {}), **kept}
-        save_checkpoint(
-            tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=meta
-        )
-        return _install_dir(tmp, dst)
+        with writing(dst, tmp):  # (no room: said for dst, not for the temporary name)
+            save_checkpoint(
+                tmp, model, preprocess=ckpt.preprocess, class_names=ckpt.class_names, meta=meta
+            )
+            return _install_dir(tmp, dst)
     if isinstance(cfg, ResNetConfig):
         raise VitkitError(
             f"{ckpt.path}: {cfg.short_name} is a BiT ResNet; vitkit writes ResNets only in its "
@@ -110,8 +120,10 @@ def write_checkpoint(
         if dst.suffix != ".npz":
             raise VitkitError(f"{dst}: an npz checkpoint needs a .npz file name")
         tmp = dst.with_name(f".{dst.name}.tmp.npz")
-        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
-        return _replace(tmp, dst)
+        need = disk_bytes(sum(a.nbytes + len(k) + 200 for k, a in arrays.items()))
+        with writing(dst, tmp, need=need):
+            np.savez(tmp, **arrays)  # type: ignore[arg-type]  # (stub: **arrays vs allow_pickle)
+            return publish(tmp, dst)
     eva = cfg.rope != "none" or not cfg.abs_pos_embed or not cfg.k_bias or _eva_only(cfg)
     if to == "timm" and eva and not timm_relpos.writes_relpos(cfg):
         # rotary embeddings: timm eva.py's Eva (refused without rope)
@@ -130,11 +142,12 @@ def write_checkpoint(
         if dst.suffix in (".safetensors", ".pth", ".bin"):
             timm_conv.warn_hybrid_eps(cfg)
             tmp = dst.with_name(f".{dst.name}.tmp{dst.suffix}")
-            if dst.suffix == ".safetensors":
-                save_file(tsd, str(tmp))
-            else:
-                torch.save(tsd, tmp)
-            return _replace(tmp, dst)
+            with writing(dst, tmp, need=tensor_bytes(tsd)):
+                if dst.suffix == ".safetensors":
+                    save_file(tsd, str(tmp))
+                else:
+                    _torch_save(tsd, tmp)
+                return publish(tmp, dst)
         hub = (timm_relpos.relpos_hub_config if relpos else timm_conv.timm_hub_config)(
             cfg, ckpt.preprocess, ckpt.class_names
         )
@@ -187,8 +200,12 @@ def write_checkpoint(
     raise VitkitError(f"unknown format {to!r} (choose from {', '.join(FORMATS)})")
 
 
-def _replace(tmp: Path, dst: Path) -> Path:
-    return publish(tmp, dst)
+def _torch_save(obj: dict[str, Tensor], path: Path) -> None:
+    """torch.save through a file Python writes: a full disk is then Python's OSError (ENOSPC),
+    not the zip writer's "file write failed"."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
 
 
 def _install_dir(tmp: Path, dst: Path) -> Path:
@@ -212,12 +229,14 @@ def _write_dir(dst: Path, jsons: dict[str, Any], weights: dict[str, Tensor]) -> 
         raise VitkitError(f"{dst}: exists and is not a directory")
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-    set_file_mode(tmp / "model.safetensors")  # (safetensors creates 0600)
-    for name, obj in jsons.items():
-        _write_json(tmp / name, obj)
-    return _install_dir(tmp, dst)
+    need = tensor_bytes(weights) + sum(json_bytes(obj) for obj in jsons.values())
+    with writing(dst, tmp, need=need):
+        tmp.mkdir()
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        set_file_mode(tmp / "model.safetensors")  # (safetensors creates 0600)
+        for name, obj in jsons.items():
+            _write_json(tmp / name, obj)
+        return _install_dir(tmp, dst)
 
 
 def _eva_only(cfg: ViTConfig) -> bool:

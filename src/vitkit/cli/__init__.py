@@ -115,6 +115,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"vitkit: error: {where}: permission denied ({e.strerror})", file=sys.stderr)
         return 2
     except Exception as e:  # a DataLoader worker re-raises our errors wrapped in its own type
+        from vitkit.output_files import no_room_code
+
+        # a full disk met by a writer outside vitkit.output_files.writing
+        if isinstance(e, OSError) and e.filename is not None and no_room_code(e) is not None:
+            _refuse(f"{e.filename}: {e.strerror}: free space or choose another destination")
+            return 2
         if "VitkitError: " in str(e):
             _refuse(_one_line(e))
             return 2

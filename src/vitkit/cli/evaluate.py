@@ -167,16 +167,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
             s = summary[key]
             print(f"{label}: {s['mean']:.2f} ± {s['std']:.2f} % over {len(s['values'])} runs")
         if args.out:
-            Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
+            from vitkit.checkpoints import atomic_write_text
+
+            atomic_write_text(Path(args.out, "summary.json"), json.dumps(summary, indent=1))
     return 0
 
 
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
+    from vitkit.checkpoints import atomic_write_text
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
     from vitkit.engines.backends import EngineModel, engine_model
     from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint_eval import (
+        EVAL_FILES,
         checkpoint_dataset,
         checkpoint_precision,
         eval_output_dir,
@@ -184,6 +188,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     )
     from vitkit.eval.compare import Recorder, format_comparison
     from vitkit.eval.tta import JitterTTA, check_jitter
+    from vitkit.output_files import all_or_none
     from vitkit.plotting import plot_confusion_matrix
 
     fp8 = args.precision == "fp8"  # (bf16 and fp32 of a checkpoint: autocast or not, below)
@@ -276,10 +281,11 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
                 **record["shapes_hard"]
             )
         )
-    (out / "eval.json").write_text(json.dumps(record, indent=1))
-    png = plot_confusion_matrix(
-        result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
-    )
+    with all_or_none(out, EVAL_FILES):  # a failure part-way (a full disk) leaves neither
+        atomic_write_text(out / "eval.json", json.dumps(record, indent=1))
+        png = plot_confusion_matrix(
+            result.confusion, names, out / "confusion.png", title=f"{data} ({args.split})"
+        )
     print(f"wrote {out / 'eval.json'} and {png}")
     return result
 

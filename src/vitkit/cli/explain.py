@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,7 +25,7 @@ from vitkit.cli.options import (
     set_threads,
 )
 from vitkit.errors import VitkitError
-from vitkit.output_files import fresh_directory
+from vitkit.output_files import all_or_none, fresh_directory
 
 HEAD_FUSION = ("mean", "max", "min")
 
@@ -118,9 +119,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         writes=output_names(args.images),
         reads=[ckpt.path],
     )
-    for found in explain_files(
-        model, ckpt, args.images, out, k=args.top_k, head_fusion=args.head_fusion
-    ):
+    with all_or_none(out, output_names(args.images)):  # a failure part-way leaves none
+        found_all = explain_files(
+            model, ckpt, args.images, out, k=args.top_k, head_fusion=args.head_fusion
+        )
+    for found in found_all:
         shown = format_top_k(found.top_k)
         if args.json:
             record: dict[str, Any] = {"image": found.image, "top_k": found.top_k}
@@ -192,25 +195,26 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         writes=[*FILES.values(), "report.html"],
         reads=[ckpt.path],
     )
-    result = analyze_model(
-        model,
-        out,
-        data,
-        num_examples=args.examples,
-        filter_components=args.components,
-        head_fusion=args.head_fusion,
-        batch_size=args.batch_size,
-    )
-    run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
-    # The run's own report.html is the page of its own analysis (RUN/analysis): written when it
-    # is absent or with --overwrite; a moved-on analysis gets a page of its own.
-    own = run_dir is not None and out == run_dir / "analysis"
-    page = run_dir / "report.html" if run_dir is not None and own else None
-    if page is not None and page.exists() and not args.overwrite:
-        page = None
-    report = write_report(
-        page or out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
-    )
+    with all_or_none(out, [*FILES.values(), "report.html"]):  # a failure part-way: none
+        result = analyze_model(
+            model,
+            out,
+            data,
+            num_examples=args.examples,
+            filter_components=args.components,
+            head_fusion=args.head_fusion,
+            batch_size=args.batch_size,
+        )
+        run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else None
+        # The run's own report.html is the page of its own analysis (RUN/analysis): written when it
+        # is absent or with --overwrite; a moved-on analysis gets a page of its own.
+        own = run_dir is not None and out == run_dir / "analysis"
+        page = run_dir / "report.html" if run_dir is not None and own else None
+        if page is not None and os.path.lexists(page) and not args.overwrite:
+            page = None
+        report = write_report(
+            page or out / "report.html", model, result, source=str(ckpt.path), run_dir=run_dir
+        )
     print(format_numbers(result.numbers))
     print(f"wrote {report} (self-contained) and, in {out}:")
     print("    " + "  ".join(p.name for p in result.files.values()))

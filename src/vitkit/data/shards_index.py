@@ -28,6 +28,7 @@ from typing import Any
 
 from vitkit.data.arrays import DataInfo
 from vitkit.errors import VitkitError
+from vitkit.output_files import writing
 
 INDEX = "shards.json"
 FORMAT = "vitkit-shards"
@@ -114,8 +115,9 @@ def write_index(
         "splits": splits,
     }
     tmp = out / f".{INDEX}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out / INDEX)
+    with writing(out / INDEX, tmp):  # any failure removes tmp; no room is one line
+        tmp.write_text(json.dumps(index, indent=1))
+        os.replace(tmp, out / INDEX)
     return out / INDEX
 
 

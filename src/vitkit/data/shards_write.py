@@ -25,6 +25,7 @@ from vitkit.data.datasets import Split, load_dataset
 from vitkit.data.folder import _DECODE_ERRORS, ImageFolderDataset
 from vitkit.data.shards_index import SPLITS, write_index
 from vitkit.errors import VitkitError
+from vitkit.output_files import writing
 
 _KEY_DIGITS = 9
 
@@ -110,7 +111,10 @@ def write_shards(
             final = out / f"{split}-{len(entries):06d}.tar"
             tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
             count = size = 0
-            with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            with (
+                writing(final, tmp),  # any failure removes tmp; no room is one line
+                tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar,
+            ):
                 while count < shard_size:
                     item, held = held, None
                     if item is None:
@@ -136,9 +140,10 @@ def write_shards(
             if count == 0:
                 tmp.unlink()
                 break
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
+            with writing(final, tmp):
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
             entries.append({"file": final.name, "samples": count})
     return entries, skipped
 

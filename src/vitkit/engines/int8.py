@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from vitkit.checkpoints import Checkpoint
 from vitkit.engines.backends import ENGINE_FILE, FORMAT, require
 from vitkit.errors import VitkitError
-from vitkit.output_files import check_destination, publish
+from vitkit.output_files import check_destination, publish, writing
 
 INT8_ENGINES = ("openvino", "onnxruntime")
 FILES = {"openvino": ("model.xml", "model.bin"), "onnxruntime": ("model.onnx",)}
@@ -305,29 +305,30 @@ def write_engine_dir(
     tmp = out / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
-            fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
-        own = make(fp32, tmp)
-        info = {
-            "format": FORMAT,
-            **{k: own[k] for k in ("engine", "precision", "files")},
-            "model": ckpt.model_config.to_dict(),
-            "preprocess": ckpt.preprocess.to_dict(),
-            "class_names": list(ckpt.class_names),
-            "meta": {k: v for k, v in ckpt.meta.items() if k in ("dataset", "train_config")},
-            "source": str(ckpt.path),
-            **{k: v for k, v in own.items() if k not in ("engine", "precision", "files")},
-        }
-        (tmp / ENGINE_FILE).write_text(json.dumps(info, indent=1))
-        for name in names:  # engine.json last: a directory without it is not a model yet
-            publish(tmp / name, out / name)
-    except BaseException:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(out):  # no room: one line (the temporary directory goes below)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+                fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
+            own = make(fp32, tmp)
+            info = {
+                "format": FORMAT,
+                **{k: own[k] for k in ("engine", "precision", "files")},
+                "model": ckpt.model_config.to_dict(),
+                "preprocess": ckpt.preprocess.to_dict(),
+                "class_names": list(ckpt.class_names),
+                "meta": {k: v for k, v in ckpt.meta.items() if k in ("dataset", "train_config")},
+                "source": str(ckpt.path),
+                **{k: v for k, v in own.items() if k not in ("engine", "precision", "files")},
+            }
+            (tmp / ENGINE_FILE).write_text(json.dumps(info, indent=1))
+            for name in names:  # engine.json last: a directory without it is not a model yet
+                publish(tmp / name, out / name)
+        except BaseException:
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

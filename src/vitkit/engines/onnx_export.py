@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from vitkit.errors import VitkitError
-from vitkit.output_files import publish
+from vitkit.output_files import disk_bytes, publish, writing
 from vitkit.registry.model_config import ModelConfig
 
 
@@ -49,24 +49,26 @@ def export_onnx(model: nn.Module, path: str | Path, *, opset: int | None = None)
     # and its registry's "torchvision is not installed. Skipping torchvision::nms" (one line per
     # torchvision op; a ViT uses none of them)
     registry = logging.getLogger("torch.onnx._internal.exporter._registration")
-    with (
-        warnings.catch_warnings(),
-        contextlib.redirect_stdout(io.StringIO()),
-        _without(registry, "torchvision is not installed"),
-    ):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (example,),
-            str(tmp),
-            dynamo=True,
-            input_names=["pixel_values"],
-            output_names=["logits"],
-            dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=4096)}},
-            external_data=False,
-            **kwargs,
-        )
-    return publish(tmp, path)
+    need = disk_bytes(sum(p.numel() * p.element_size() for p in model.parameters()) + 50_000)
+    with writing(path, tmp, need=need):  # no room: one line, no temporary file left
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            _without(registry, "torchvision is not installed"),
+        ):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model,
+                (example,),
+                str(tmp),
+                dynamo=True,
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=4096)}},
+                external_data=False,
+                **kwargs,
+            )
+        return publish(tmp, path)
 
 
 class _Drop(logging.Filter):

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitkit.output_files import set_file_mode
+from vitkit.output_files import set_file_mode, writing
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -38,14 +38,11 @@ def save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
+    with writing(path, tmp):  # any failure removes tmp; no room is one line
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=DPI)
         set_file_mode(tmp)  # mkstemp creates 0600 whatever the umask
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

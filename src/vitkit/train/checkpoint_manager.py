@@ -6,6 +6,7 @@ that it is the same run and load the model's and optimizer's state — single-fi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -94,7 +95,7 @@ def fresh_run_dir(path: Path) -> Path:
     """``path`` if it holds nothing yet (absent or an empty directory), else the first of
     ``path-2``, ``path-3``, ... that does: a new run never writes into another's files."""
     candidate, n = path, 1
-    while candidate.exists() and not (candidate.is_dir() and not any(candidate.iterdir())):
+    while os.path.lexists(candidate) and not (candidate.is_dir() and not any(candidate.iterdir())):
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate

@@ -3,12 +3,15 @@ of the training steps between two records."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from vitkit.checkpoints import atomic_write_text
+from vitkit.output_files import NoRoomError, writing
 
 
 class MetricsLog:
@@ -20,10 +23,19 @@ class MetricsLog:
         self.is_main = is_main
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record``; a full disk is one line, and a line it cut short is taken back."""
         if not self.is_main:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        try:
+            with writing(self.path, need=len(line)), open(self.path, "ab") as f:
+                f.write(line)
+                f.flush()
+        except NoRoomError:
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, size)
+            raise
 
     def clear(self) -> None:
         """A new run starts with no records."""

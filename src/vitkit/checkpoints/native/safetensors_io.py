@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from vitkit.checkpoints.native.dcp_shards import DCP_DIR, read_model_state
 from vitkit.checkpoints.provenance import Provenance
 from vitkit.errors import VitkitError
-from vitkit.output_files import fsync_dir, set_file_mode
+from vitkit.output_files import disk_bytes, fsync_dir, set_file_mode, writing
 from vitkit.registry.counts import count_params
 from vitkit.registry.model_config import (
     ModelConfig,
@@ -134,15 +134,30 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
         os.fsync(f.fileno())
 
 
+def tensor_bytes(tensors: dict[str, Tensor]) -> int:
+    """About the disk space a safetensors file of ``tensors`` takes: the data, a header entry
+    per tensor, whole 4 KB blocks."""
+    data = sum(t.numel() * t.element_size() + len(k) + 80 for k, t in tensors.items())
+    return disk_bytes(data)
+
+
+def json_bytes(obj: Any) -> int:
+    """The disk space :func:`_write_json` takes for ``obj`` (whole 4 KB blocks)."""
+    return disk_bytes(len(json.dumps(obj, indent=1).encode()))
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never half."""
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never half
+    (no room for it: one line, no temporary file left, the old file kept)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    data = text.encode()
+    with writing(path, tmp, need=disk_bytes(len(data))):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
@@ -175,8 +190,7 @@ def save_checkpoint(
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed writer
         shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
-    _write_tensors(tmp / WEIGHTS, state_dict)
+    tensors, skeleton = flatten_state(train_state) if train_state is not None else ({}, None)
     config = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -185,12 +199,17 @@ def save_checkpoint(
         "class_names": list(class_names),
         "meta": meta or {},
     }
-    _write_json(tmp / CONFIG, config)
+    need = tensor_bytes(state_dict) + json_bytes(config)
     if train_state is not None:
-        tensors, skeleton = flatten_state(train_state)
-        _write_tensors(tmp / TRAIN_TENSORS, tensors)
-        _write_json(tmp / TRAIN_JSON, skeleton)
-    return replace_dir(tmp, path)
+        need += tensor_bytes(tensors) + json_bytes(skeleton)
+    with writing(path, tmp, need=need):
+        tmp.mkdir()
+        _write_tensors(tmp / WEIGHTS, state_dict)
+        _write_json(tmp / CONFIG, config)
+        if train_state is not None:
+            _write_tensors(tmp / TRAIN_TENSORS, tensors)
+            _write_json(tmp / TRAIN_JSON, skeleton)
+        return replace_dir(tmp, path)
 
 
 def replace_dir(tmp: Path, path: Path) -> Path:
@@ -198,11 +217,14 @@ def replace_dir(tmp: Path, path: Path) -> Path:
     moved aside first and deleted only after the swap, so a kill at any instant leaves the old
     or the new one (``resolve_checkpoint`` finds a ``.NAME.old-*`` left by a kill)."""
     fsync_dir(tmp)
-    if path.exists():
+    if os.path.lexists(path):  # (a link too, a broken one included: replaced, not followed)
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.rename(path, old)
         os.rename(tmp, path)
-        shutil.rmtree(old)
+        if old.is_symlink() or not old.is_dir():
+            old.unlink()
+        else:
+            shutil.rmtree(old)
     else:
         os.rename(tmp, path)
     fsync_dir(path.parent)
