@@ -359,3 +359,59 @@ def test_a_junk_torch_file_is_one_line_whatever_the_bytes(tmp_path):
         path.write_bytes((b"\x80\x02" if i % 3 == 0 else b"") + body)
         with pytest.raises(VitkitError, match="junk.pt"):
             vitkit.load(path)
+
+
+# ----- a file this user may not read: "permission denied", not "no such file" ----------------
+
+
+@contextlib.contextmanager
+def as_another_user() -> Iterator[None]:
+    """A user whom a mode-000 file stops: this one where it is not root; for root (whom 0000
+    does not stop), the effective user set to nobody for the block (the real one stays root, so
+    it comes back after)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    import pwd
+
+    try:
+        nobody = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.skip("running as root with no 'nobody' user to become")
+    os.seteuid(nobody)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_a_file_the_user_may_not_read_is_said_to_be_so(
+    ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A root-owned mode-600 model.safetensors read as another user was reported "No such file
+    or directory" (safetensors' words for it): the line says permission denied."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="vitkit-perm-"))  # (pytest's own is root's 0700)
+    try:
+        base.chmod(0o755)
+        own = base / "ck"
+        shutil.copytree(ckpt, own)
+        bare = base / "w.safetensors"
+        shutil.copy(own / "model.safetensors", bare)
+        for f in (own / "model.safetensors", bare):
+            f.chmod(0o000)
+        for args, path in ((["inspect", str(own)], own / "model.safetensors"),
+                           (["inspect", str(bare)], bare)):  # fmt: skip
+            main(args)  # (as this user first: whatever the command imports is imported)
+            capsys.readouterr()
+            with as_another_user():
+                code = main(args)
+            err = capsys.readouterr().err
+            assert code == 2 and "Traceback" not in err, err
+            assert f"{path}: " in err and "permission denied" in err, err
+            assert "No such file" not in err, err
+    finally:
+        for f in base.rglob("*"):
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        shutil.rmtree(base)

@@ -18,5 +18,21 @@ class VitkitError(Exception):
     """A user-facing error whose message names the thing at fault and the problem."""
 
 
+def why_unreadable(path: object, e: BaseException) -> str:
+    """Why a reader failed on ``path``, in the system's words where the reader lost them:
+    safetensors' reader says "No such file or directory" for a file this user may not read,
+    and an engine's parser calls such a file damaged. Opening it again tells which it is."""
+    import os
+
+    try:
+        with open(os.fspath(path), "rb"):  # type: ignore[call-overload]
+            pass
+    except PermissionError:
+        return "permission denied: its owner and mode do not let this user read it"
+    except OSError as err:
+        return str(err.strerror or err).lower()
+    return str(e)
+
+
 class AssumptionWarning(UserWarning):
     """A loaded checkpoint's setting that its file does not say, assumed by vitkit."""

@@ -72,7 +72,7 @@ from vitkit.checkpoints.timm.folder_reading import read_timm_eva, read_timm_relp
 from vitkit.checkpoints.timm.folder_reading import wrap as _wrap
 from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
-from vitkit.errors import VitkitError
+from vitkit.errors import VitkitError, why_unreadable
 from vitkit.models.posemb_resample import Resample
 from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
@@ -138,7 +138,7 @@ def _read_safetensors(p: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(p))
     except (OSError, SafetensorError) as e:
-        raise VitkitError(f"{p}: unreadable safetensors file ({e})") from None
+        raise VitkitError(f"{p}: unreadable safetensors file ({why_unreadable(p, e)})") from None
 
 
 def _torch_load(p: Path) -> dict[str, Tensor]:

@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from vitkit.checkpoints.native.dcp_shards import DCP_DIR, read_model_state
 from vitkit.checkpoints.provenance import Provenance
-from vitkit.errors import VitkitError
+from vitkit.errors import VitkitError, why_unreadable
 from vitkit.output_files import disk_bytes, fsync_dir, set_file_mode, writing
 from vitkit.registry.counts import count_params
 from vitkit.registry.model_config import (
@@ -284,7 +284,8 @@ def _read_tensors(path: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(path))
     except (OSError, SafetensorError) as e:
-        raise VitkitError(f"{path}: unreadable safetensors file ({e})") from None
+        reason = why_unreadable(path, e)
+        raise VitkitError(f"{path}: unreadable safetensors file ({reason})") from None
 
 
 def load_checkpoint(path: str | Path, *, with_train_state: bool = False) -> Checkpoint:
