@@ -246,3 +246,75 @@ def test_keep_fp32_under_openvino_leaves_those_matmuls_unquantized(ckpt):
     assert len(now_fp32) == 2  # depth 2: each block's fc2
     assert sum(kept.values()) == sum(everything.values()) - 2 > 0
     assert json.loads((out / "engine.json").read_text())["keep_fp32"] == ["mlp.fc2"]
+
+
+@pytest.fixture(scope="module")
+def engine_dirs(ckpt):
+    """One int8 folder per engine here, written once; each test damages a copy."""
+    d, _ = ckpt
+    out = {}
+    for engine in ENGINES:
+        out[engine] = d / f"intact-{engine}"
+        args = ["export", str(d / "ck"), str(out[engine]), "--int8", "--engine", engine]
+        args += ["--calib-images", "8"] + (["--static"] if engine == "onnxruntime" else [])
+        assert main(args) == 0
+    return out
+
+
+def damaged(tmp_path, folder, how):
+    import shutil
+
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    info = json.loads((copy / "engine.json").read_text())
+    files = [copy / f for f in info["files"].values()]
+    files += [f.with_suffix(".bin") for f in files if f.suffix == ".xml"]
+    for f in files:
+        data = f.read_bytes()
+        damaged = (
+            data[: len(data) // 3]
+            if how == "truncated"
+            else bytes(np.random.default_rng(0).integers(0, 256, len(data), dtype=np.uint8))
+        )
+        f.write_bytes(damaged)
+    return copy, files[0]
+
+
+@pytest.mark.parametrize("how", ["truncated", "random"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_damaged_engine_file_is_one_line_naming_it(engine_dirs, tmp_path, capsys, engine, how):
+    """model.onnx truncated or overwritten with random bytes inside an --int8 folder: predict
+    printed onnxruntime's InvalidProtobuf traceback (OpenVINO's files alike; its half runs
+    where openvino is installed)."""
+    folder, model_file = damaged(tmp_path, engine_dirs[engine], how)
+    img = tmp_path / "img.png"
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(img)
+    for args in (["predict", str(img), "--from", str(folder)], ["eval", "--from", str(folder)]):
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert str(model_file) in err and f"{engine} cannot load it" in err, err
+
+
+def test_engine_json_with_more_class_names_than_outputs_is_refused(engine_dirs, tmp_path, capsys):
+    """1,000,000 class names for 10 outputs were accepted from engine.json (a run's config.json
+    with the same list is refused): refused alike, and a class_names that is no list too."""
+    import shutil
+
+    folder = tmp_path / "q"
+    shutil.copytree(engine_dirs["onnxruntime"], folder)
+    info = json.loads((folder / "engine.json").read_text())
+    img = tmp_path / "img.png"
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(img)
+    for names, expected in (
+        ([f"c{i}" for i in range(1_000_000)], "1,000,000 class_names for a head of 10 outputs"),
+        (["a", "b"], "2 class_names for a head of 10 outputs"),
+        ("abcdefghij", "class_names is a str, not a list"),
+    ):
+        (folder / "engine.json").write_text(json.dumps({**info, "class_names": names}))
+        assert main(["predict", str(img), "--from", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and str(folder / "engine.json") in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    (folder / "engine.json").write_text(json.dumps(info))
+    assert main(["predict", str(img), "--from", str(folder)]) == 0

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
-from vitkit.errors import VitkitError
+from vitkit.errors import VitkitError, why_unreadable
 from vitkit.registry.model_config import PreprocessConfig, config_from_dict
 
 ENGINES = ("torch", "onnxruntime", "openvino")
@@ -93,7 +93,10 @@ def onnxruntime_runner(
     name = session.get_inputs()[0].name
 
     def run(x: Any) -> Any:
-        return session.run(None, {name: x})[0]
+        try:
+            return session.run(None, {name: x})[0]
+        except Exception as e:  # a model file that loads but is not the model engine.json says
+            raise _cannot_run(path, "onnxruntime", x, e) from None
 
     return run
 
@@ -122,7 +125,10 @@ def openvino_runner(
     request = compiled.create_infer_request()
 
     def run(x: Any) -> Any:
-        request.infer({0: x})
+        try:
+            request.infer({0: x})
+        except Exception as e:  # a model file that loads but is not the model engine.json says
+            raise _cannot_run(path, "openvino", x, e) from None
         return request.get_output_tensor(0).data.copy()
 
     return run
@@ -143,17 +149,26 @@ def read_engine_dir(path: str | Path) -> tuple[dict[str, Any], Checkpoint]:
         info = json.loads((path / ENGINE_FILE).read_text())
         if not isinstance(info, dict) or info.get("format") != FORMAT:
             raise ValueError(f"no format: {FORMAT}")
+        names = info.get("class_names", [])
+        if not isinstance(names, list):
+            raise ValueError(f"class_names is a {type(names).__name__}, not a list")
         ckpt = Checkpoint(
             path=path.resolve(),
             model_config=config_from_dict(info["model"]),
             preprocess=PreprocessConfig.from_dict(info["preprocess"]),
             state_dict={},
-            class_names=tuple(str(c) for c in info.get("class_names", ())),
+            class_names=tuple(str(c) for c in names),
             meta=dict(info.get("meta", {})),
             format=FORMAT,
         )
     except (OSError, KeyError, TypeError, ValueError, VitkitError, RecursionError) as e:
         raise VitkitError(f"{path / ENGINE_FILE}: not a model vitkit export wrote ({e})") from None
+    outputs = ckpt.model_config.num_classes
+    if ckpt.class_names and len(ckpt.class_names) != outputs:  # as a checkpoint's config.json
+        raise VitkitError(
+            f"{path / ENGINE_FILE}: {len(ckpt.class_names):,} class_names for a head of "
+            f"{outputs} outputs; give one name per output, or none"
+        )
     return info, ckpt
 
 
@@ -179,10 +194,43 @@ def load_engine_dir(
     precision = str(info.get("precision", "int8"))
     if precision == "bf16" and engine != "openvino":
         raise VitkitError(f"{path}: a bf16 model runs under openvino only, not {engine}")
-    run = RUNNERS[engine](
-        Path(path) / files[engine], threads, "bf16" if precision == "bf16" else "fp32"
-    )
+    model_file = Path(path) / files[engine]
+    try:
+        run = RUNNERS[engine](model_file, threads, "bf16" if precision == "bf16" else "fp32")
+    except VitkitError:
+        raise
+    except Exception as e:  # a truncated or overwritten file: the engine's own parse error
+        for f in (model_file, model_file.with_suffix(".bin")) if engine == "openvino" else ():
+            if not f.is_file():
+                raise VitkitError(f"{f}: missing; export the model again") from None
+        reason = why_unreadable(model_file, e)
+        if reason.startswith("permission denied") or not model_file.is_file():
+            raise VitkitError(f"{model_file}: {reason}") from None
+        raise VitkitError(
+            f"{_engine_files(model_file, engine)}: {engine} cannot load it ({_first_line(e)}); "
+            "the file is damaged or not one vitkit export wrote: export the model again"
+        ) from None
     return EngineModel(run, engine, precision), ckpt
+
+
+def _cannot_run(path: Path, engine: str, x: Any, e: Exception) -> VitkitError:
+    return VitkitError(
+        f"{path}: {engine} cannot run it on images of shape {list(x.shape)} ({_first_line(e)}); "
+        "the file is not the model its engine.json describes: export the model again"
+    )
+
+
+def _engine_files(model_file: Path, engine: str) -> str:
+    """The file an engine reads: for OpenVINO the IR's .xml and its weights' .bin."""
+    weights = model_file.with_suffix(".bin")
+    return f"{model_file} (+ {weights.name})" if engine == "openvino" else str(model_file)
+
+
+def _first_line(e: BaseException) -> str:
+    """An engine's error in one line (onnxruntime's and OpenVINO's run over many)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def fp32_engine_model(model: nn.Module, engine: str, threads: int | None = None) -> nn.Module:
