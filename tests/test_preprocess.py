@@ -273,3 +273,38 @@ def test_eval_on_an_image_folder_feeds_what_predict_feeds(tmp_path):
     data = checkpoint_dataset(ckpt, str(tmp_path / "data"), "all", None, check_classes=False)
     batch = torch.stack([data[i][0] for i in range(len(data))])
     torch.testing.assert_close(_prepare(ckpt)(batch), model_input(pre, *paths))
+
+
+def test_no_resize_and_no_crop_is_said_as_transformers_refuses_other_sizes(tmp_path, capsys):
+    """``do_resize: false`` without a crop: transformers feeds an image as it is and refuses one
+    that is not the model's size; vitkit crops (or pads) it to the size without a word. Now the
+    difference is said when the folder is read, with the override; a crop is not affected."""
+    from vitkit.cli import main
+    from vitkit.errors import AssumptionWarning
+
+    transformers = import_reference("transformers")
+    folder = tmp_path / "hf"
+    hf = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=8, num_labels=3,
+    )  # fmt: skip
+    model = transformers.ViTForImageClassification(hf).eval()
+    model.save_pretrained(folder)
+    processor = transformers.ViTImageProcessorPil(do_resize=False)
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor.to_dict()))
+    img = tmp_path / "big.png"
+    Image.fromarray(np.zeros((48, 48, 3), dtype=np.uint8)).save(img)
+    with pytest.raises(ValueError, match="doesn't match"):  # transformers refuses the image
+        model(processor(Image.open(img), return_tensors="pt")["pixel_values"])
+    with pytest.warns(AssumptionWarning, match=r"resize='none' assumed .* 32x32 px") as said:
+        load_model(folder)
+    assert "resize='squash'" in str(said[0].message)
+    assert main(["predict", str(img), "--from", str(folder), "-o", "resize=squash"]) == 0
+    assert "assumed" not in capsys.readouterr().err  # stated: nothing said
+    crop = transformers.ViTImageProcessorPil(do_resize=False, do_center_crop=True, crop_size=32)
+    (folder / "preprocessor_config.json").write_text(json.dumps(crop.to_dict()))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AssumptionWarning)
+        load_model(folder)  # a crop to the size: transformers' own pixels, nothing to say

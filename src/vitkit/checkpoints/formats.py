@@ -52,6 +52,7 @@ from vitkit.checkpoints.hf import siglip2 as hf_siglip2
 from vitkit.checkpoints.hf import vit_family as hf_family
 from vitkit.checkpoints.hf import vit_model as hf_conv
 from vitkit.checkpoints.hf.hub_cache import looks_like_id, resolve_model_id
+from vitkit.checkpoints.hf.processor import no_resize_assumption
 from vitkit.checkpoints.native.safetensors_io import (
     CONFIG,
     LATEST,
@@ -426,6 +427,8 @@ def _read_hf_model(p: Path, hf: dict[str, Any]) -> Checkpoint:
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: hf_conv.hf_preprocess(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None)
+    if (a := no_resize_assumption(pp, cfg)) is not None:
+        prov.assume(a)
     return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
 
 
@@ -497,8 +500,9 @@ def _read_hf_with(
     pp = _read_json(pp_file) if pp_file.is_file() else None
     pre = _wrap(lambda: to_pre(pp, cfg), pp_file)
     prov = _hf_provenance(hf, cfg, pp is not None, fields)
-    if assume is not None and (a := assume(pp, cfg)) is not None:
-        prov.assume(a)
+    for said in (assume, no_resize_assumption):
+        if said is not None and (a := said(pp, cfg)) is not None:
+            prov.assume(a)
     return Checkpoint(p, cfg, pre, sd, _hf_names(hf, cfg), provenance=prov)
 
 

@@ -18,6 +18,7 @@ import math
 import numbers
 from typing import Any
 
+from vitkit.checkpoints.provenance import Assumption
 from vitkit.errors import VitkitError
 from vitkit.registry.model_config import PreprocessConfig, ViTConfig
 
@@ -162,6 +163,26 @@ def hf_preprocess(pp: dict[str, Any] | None, cfg: ViTConfig) -> PreprocessConfig
         crop_pct=crop_pct,
         resize=resize,
         rescale_factor=factor if pp.get("do_rescale", True) is not False else 1.0,
+    )
+
+
+def no_resize_assumption(pp: dict[str, Any] | None, cfg: ViTConfig) -> Assumption | None:
+    """The one line said when a processor neither resizes nor crops (``do_resize: false``, no
+    centre crop): transformers feeds an image as it is and refuses one that is not the model's
+    size; vitkit centre-crops it (zero-padded where smaller) to that size."""
+    if not isinstance(pp, dict) or pp.get("do_resize", True) is not False:
+        return None
+    if bool(pp.get("do_center_crop", _FAMILY[_family(pp)][1])):
+        return None  # (a crop to the size: transformers' pixels too)
+    h, w = cfg.image_size
+    return Assumption(
+        "resize",
+        "none",
+        f"do_resize is false and there is no centre crop: transformers feeds each image as it "
+        f"is and refuses one that is not {h}x{w} px; vitkit centre-crops (zero-pads a smaller "
+        f"one) each image to {h}x{w} px, the same pixels only for images of that size",
+        f"to resize every image to {h}x{w} px instead",
+        "squash",
     )
 
 
