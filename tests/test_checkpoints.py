@@ -792,7 +792,7 @@ def test_config_fields_are_checked_before_anything_is_built(
         start = time.perf_counter()
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert time.perf_counter() - start < 5 and "\n" not in err, err
+        assert time.perf_counter() - start < 30 and "\n" not in err, err  # (not building it)
         assert re.search(expected, err) and str(path / "config.json") in err, err
 
 

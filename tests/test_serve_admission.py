@@ -67,7 +67,7 @@ def test_a_full_queue_refuses_at_once_with_a_retry_time_and_runs_only_what_it_to
     seen: list[Any] = []
 
     async def go() -> tuple[Any, Any]:
-        b = Batcher(slow_run(0.2, seen), max_batch=2, max_wait_ms=0, max_queue=3)
+        b = Batcher(slow_run(1.0, seen), max_batch=2, max_wait_ms=0, max_queue=3)
         b.start()
         first = asyncio.ensure_future(b.submit([1, 2]))  # taken into a forward at once
         await asyncio.sleep(0.05)
@@ -83,7 +83,7 @@ def test_a_full_queue_refuses_at_once_with_a_retry_time_and_runs_only_what_it_to
 
     refused, (answers, took) = asyncio.run(go())
     assert refused.reason == "queue_full" and "--max-queue" in refused.message
-    assert took < 0.05  # refused without waiting
+    assert took < 0.5  # refused without waiting (for the 1 s forward before it)
     assert int(refused.retry_after_header) >= 1
     assert answers == [[10, 20], [30, 40, 50]]
     assert sorted(seen) == [1, 2, 3, 4, 5]  # the refused image never reached a forward
@@ -93,16 +93,16 @@ def test_images_past_their_deadline_are_dropped_before_the_forward():
     seen: list[Any] = []
 
     async def go() -> Any:
-        b = Batcher(slow_run(0.5, seen), max_batch=1, max_wait_ms=0)
+        b = Batcher(slow_run(2.0, seen), max_batch=1, max_wait_ms=0)
         b.start()
-        busy = asyncio.ensure_future(b.submit([1]))  # the model is busy for 0.5 s
+        busy = asyncio.ensure_future(b.submit([1]))  # the model is busy for 2 s
         await asyncio.sleep(0.05)
         start = time.perf_counter()
         with pytest.raises(Dropped) as late:
             await b.submit([2], deadline=time.monotonic() + 0.2)
         took = time.perf_counter() - start
         assert await busy == [10]
-        # the forward of 1 image is now known to take ~0.5 s: a 0.1 s deadline is refused at once
+        # the forward of 1 image is now known to take ~2 s: a 0.1 s deadline is refused at once
         with pytest.raises(Dropped) as hopeless:
             await b.submit([3], deadline=time.monotonic() + 0.1)
         await asyncio.sleep(0.1)
@@ -110,7 +110,8 @@ def test_images_past_their_deadline_are_dropped_before_the_forward():
         return late.value, took, hopeless.value
 
     late, took, hopeless = asyncio.run(go())
-    assert late.reason == "deadline" and 0.15 < took < 0.4  # answered at its deadline
+    # answered at its deadline (0.2 s), well before the busy forward's end (2 s)
+    assert late.reason == "deadline" and 0.15 < took < 1.2
     assert hopeless.reason == "deadline" and "--timeout" in hopeless.message
     assert seen == [1]  # neither late image was computed
 
@@ -175,7 +176,7 @@ def test_a_drain_runs_what_waits_at_once_and_refuses_what_is_left_at_its_timeout
         flushed = time.perf_counter() - start
         ended = await b.stop()
         # a slow forward and work queued behind it: past the timeout both are answered 503
-        slow = Batcher(slow_run(1.0, seen), max_batch=1, max_wait_ms=0)
+        slow = Batcher(slow_run(3.0, seen), max_batch=1, max_wait_ms=0)
         slow.start()
         running = asyncio.ensure_future(slow.submit([2]))
         queued = asyncio.ensure_future(slow.submit([3]))
@@ -190,9 +191,9 @@ def test_a_drain_runs_what_waits_at_once_and_refuses_what_is_left_at_its_timeout
         return flushed, ended, outcomes, refused_after
 
     flushed, ended, outcomes, refused_after = asyncio.run(go())
-    assert flushed < 1 and ended
+    assert flushed < 5 and ended  # at once, not after the 10 s wait for company
     assert [getattr(o, "reason", o) for o in outcomes] == ["shutdown", "shutdown"]
-    assert refused_after < 0.8  # at the drain timeout, not after the 1 s forward
+    assert refused_after < 2.0  # at the drain timeout (0.3 s), not after the 3 s forward
     assert seen == [1, 2]
 
 
@@ -200,7 +201,7 @@ def test_a_lone_request_starts_its_forward_at_once_where_no_other_is_on_its_way(
     seen: list[Any] = []
 
     async def answered_in(others: int) -> float:
-        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=400, others=lambda: others)
+        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=2000, others=lambda: others)
         b.start()
         start = time.perf_counter()
         assert await b.submit([1]) == [10]
@@ -209,8 +210,8 @@ def test_a_lone_request_starts_its_forward_at_once_where_no_other_is_on_its_way(
         return took
 
     alone, with_company_coming = asyncio.run(answered_in(0)), asyncio.run(answered_in(1))
-    assert alone < 0.2, alone  # not the 0.4 s wait for company
-    assert with_company_coming >= 0.35, with_company_coming  # another request may join
+    assert alone < 1.0, alone  # not the 2 s wait for company
+    assert with_company_coming >= 1.95, with_company_coming  # another request may join
 
 
 def test_forwards_keep_waiting_while_recent_requests_found_company():
@@ -218,7 +219,7 @@ def test_forwards_keep_waiting_while_recent_requests_found_company():
 
     async def go() -> list[float]:
         on_its_way = [2]  # the first request arrives beside another
-        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=100, others=lambda: on_its_way[0])
+        b = Batcher(slow_run(0, seen), max_batch=8, max_wait_ms=400, others=lambda: on_its_way[0])
         b.start()
         took = []
         for i in range(COMPANY_WINDOW + 2):
@@ -232,8 +233,8 @@ def test_forwards_keep_waiting_while_recent_requests_found_company():
     took = asyncio.run(go())
     # while the request that found company is among the last COMPANY_WINDOW, forwards wait for
     # more (other clients' next requests may still be on the wire); then they start at once
-    assert all(t >= 0.09 for t in took[:COMPANY_WINDOW]), took
-    assert all(t < 0.05 for t in took[COMPANY_WINDOW + 1 :]), took
+    assert all(t >= 0.39 for t in took[:COMPANY_WINDOW]), took
+    assert all(t < 0.2 for t in took[COMPANY_WINDOW + 1 :]), took
 
 
 # -- over HTTP --------------------------------------------------------------------------------
@@ -321,15 +322,15 @@ def test_a_full_queue_answers_503_with_retry_after_and_counts_it(work):
 
 
 def test_a_request_past_its_deadline_gets_503_and_is_never_computed(work):
-    s = Server([str(work / "ck"), "--timeout", "0.5", "--max-wait-ms", "3000"])
+    s = Server([str(work / "ck"), "--timeout", "0.5", "--max-wait-ms", "6000"])
     try:
         with on_its_way(s.port):
             start = time.perf_counter()
             status, raw, headers = call(s.port, "/v1/classify", (work / "img.png").read_bytes())
             took = time.perf_counter() - start
         assert status == 503 and b"--timeout" in raw and "Retry-After" in headers, raw
-        assert took < 2.5  # at its deadline, not after the 3 s wait for company
-        time.sleep(3)
+        assert took < 4.5  # at its deadline (0.5 s), not after the 6 s wait for company
+        time.sleep(6)
         assert metric(s.port, 'vitkit_requests_dropped_total{reason="deadline"}') == 1
         assert metric(s.port, "vitkit_batch_images_count") == 0  # no forward ran
     finally:
@@ -355,16 +356,16 @@ def test_a_client_that_leaves_while_its_request_waits_is_dropped_before_the_forw
 
 
 def test_a_lone_request_is_answered_without_waiting_for_company(work):
-    s = Server([str(work / "ck"), "--max-wait-ms", "3000"])
+    s = Server([str(work / "ck"), "--max-wait-ms", "6000"])
     try:
         png = (work / "img.png").read_bytes()
         start = time.perf_counter()
         assert call(s.port, "/v1/classify", png)[0] == 200
-        assert time.perf_counter() - start < 1.5  # nothing else on its way: no 3 s wait
+        assert time.perf_counter() - start < 4.5  # nothing else on its way: no 6 s wait
         with on_its_way(s.port):  # another request arriving: the forward waits for it
             start = time.perf_counter()
             assert call(s.port, "/v1/classify", png)[0] == 200
-            assert time.perf_counter() - start >= 2.5
+            assert time.perf_counter() - start >= 5.9
     finally:
         s.stop()
 
@@ -399,13 +400,19 @@ def test_sigterm_runs_what_waits_at_once_and_refuses_a_body_still_arriving_at_th
             time.sleep(0.5)  # the request waits for company
             start = time.perf_counter()
             proc.send_signal(signal.SIGTERM)
-            assert answer.result(timeout=5)[0] == 200  # run at once, not after 10 s
+            assert answer.result(timeout=30)[0] == 200
             answered = time.perf_counter() - start
-            assert proc.wait(timeout=20) == 0
-            took = time.perf_counter() - start
             refused = slow.recv(65536)
-        assert answered < 1.5, answered
-        assert took < 4.5, took  # at the drain timeout (3 s)
+            took = time.perf_counter() - start
+            while more := slow.recv(65536):  # (the head and the body may come apart)
+                refused += more
+            assert proc.wait(timeout=60) == 0
+        # run at once, not after the forward's 10 s wait for company; the body still arriving
+        # is refused at the drain timeout (3 s), not at that 10 s. Both bounds hold at 5x the
+        # quiet host's times (0.1 s, 3.1 s) and fail for the 10 s. (How long the interpreter
+        # then takes to exit is the host's: a loaded one took 12 s, so it is not bounded.)
+        assert answered < 6.0, answered
+        assert 3.0 <= took < 9.0, took
         assert refused.startswith(b"HTTP/1.1 503") and b"--drain-timeout" in refused, refused
         out = proc.stdout.read()  # type: ignore[union-attr]
         assert "Traceback" not in out and "Exception" not in out, out
@@ -437,6 +444,15 @@ def listening(lines: list[str]) -> dict[int, int]:
     return {int(m.group(1)): int(m.group(2)) for m in found if m}
 
 
+def said(lines: list[str], text: str, within: float = 30.0) -> None:
+    """Wait until the thread reading the server's output has read ``text`` (a loaded host
+    takes more than a moment), then fail naming what it read."""
+    deadline = time.monotonic() + within
+    while text not in "".join(lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert text in "".join(lines), "".join(lines)
+
+
 def test_two_workers_share_the_port_a_dead_one_is_started_again_and_sigterm_stops_all(work):
     proc, lines = start([str(work / "ck"), "--port", "0", "--workers", "2"])
     try:
@@ -461,8 +477,7 @@ def test_two_workers_share_the_port_a_dead_one_is_started_again_and_sigterm_stop
         assert call(port, "/v1/classify", png)[0] == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        time.sleep(0.2)
-        assert "stopped: 2 workers, exit codes [0, 0]" in "".join(lines), "".join(lines)
+        said(lines, "stopped: 2 workers, exit codes [0, 0]")
         for pid in again.values():  # no worker left behind
             assert (
                 not Path(f"/proc/{pid}").exists()
@@ -477,7 +492,7 @@ def test_workers_that_cannot_start_stop_the_server_loudly(work, tmp_path):
     proc, lines = start([str(tmp_path), "--port", "0", "--workers", "2"])
     try:
         assert proc.wait(timeout=120) == 2
-        time.sleep(0.2)
+        said(lines, "before it listened: stopping every worker")
         text = "".join(lines)
         assert "not a checkpoint vitkit knows" in text, text  # the worker's own line
         assert "before it listened: stopping every worker" in text, text

@@ -144,7 +144,7 @@ def test_an_extreme_aspect_ratio_is_refused_from_its_header_fast_without_memory(
         assert status == 413, body
         error = json.loads(body)["error"]
         assert "--max-resize-pixels" in error and "\n" not in error
-        assert took < 1.0
+        assert took < 5.0  # (resizing to 54,000,000 px: many seconds, and the memory below)
         assert peak_rss() - before < 50_000_000
     assert call(server.port, "/v1/classify", (work / "img.png").read_bytes())[0] == 200
 
@@ -192,7 +192,7 @@ def test_a_side_too_long_is_refused_where_the_resize_plan_would_pass(work):
     with pytest.raises(RequestError) as e:
         decode_image(strip_png(100_000, 1), 3, 25_000_000)
     assert e.value.status == 413 and "65,535 along a side" in e.value.message
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 2.5  # from the header: not decoded
     assert decode_image(strip_png(65_535, 1), 3, 25_000_000).size == (65_535, 1)
 
 
@@ -227,7 +227,7 @@ def test_predict_refuses_the_strip_in_one_line_before_decoding(work, capsys):
     assert main(["predict", str(work / "tall.png"), "--from", str(work / "ck")]) != 0
     err = capsys.readouterr().err.strip()
     assert "tall.png" in err and "crop or resize the image first" in err
-    assert len(err.splitlines()) == 1 and time.perf_counter() - start < 5
+    assert len(err.splitlines()) == 1 and time.perf_counter() - start < 20
 
 
 # -- 2. decoding never on the event loop -------------------------------------------------------
@@ -235,11 +235,15 @@ def test_predict_refuses_the_strip_in_one_line_before_decoding(work, capsys):
 
 def test_health_answers_while_large_images_decode(work, server):
     """Eight 25 KB PNGs of 5000 x 5000 px at once (they used to be decoded on the event loop,
-    being small): /health answers within 0.5 s throughout."""
+    being small): /health answers throughout in less than half the time one of them takes to
+    decode, measured here on the same host (on the event loop, one decode blocked it whole)."""
     buf = io.BytesIO()
     Image.new("L", (5000, 5000)).save(buf, format="PNG", compress_level=9)
     big = buf.getvalue()
     assert len(big) < 64_000
+    start = time.perf_counter()
+    Image.open(io.BytesIO(big)).convert("RGB").load()
+    one_decode = time.perf_counter() - start
     done = threading.Event()
     worst = 0.0
 
@@ -260,7 +264,7 @@ def test_health_answers_while_large_images_decode(work, server):
         done.set()
         prober.join()
     assert [a[0] for a in answers] == [200] * 8
-    assert worst < 0.5, worst
+    assert worst < max(0.5, one_decode / 2), (worst, one_decode)
 
 
 # -- 3. the request head, its read time, multipart parts ---------------------------------------
@@ -294,7 +298,7 @@ def test_a_client_still_sending_a_huge_head_reads_its_431(server):
         except ConnectionResetError:
             pass
     assert got.startswith(b"HTTP/1.1 431"), got[:200]
-    assert b"--max-header-bytes" in got and time.perf_counter() - start < 5
+    assert b"--max-header-bytes" in got and time.perf_counter() - start < 9  # (not the 10 s)
 
 
 def test_a_request_sent_slowly_gets_408_within_the_read_timeout(server):
@@ -312,15 +316,16 @@ def test_a_request_sent_slowly_gets_408_within_the_read_timeout(server):
             pass
         while more := s.recv(65536):
             got += more
+    # (bounds: the 1 s read timeout, not the client's 10 s; they hold at 5x slowdown)
     assert got.startswith(b"HTTP/1.1 408") and b"--read-timeout" in got
-    assert time.perf_counter() - start < 3
+    assert time.perf_counter() - start < 6
     head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc"
     status, _, took = raw(server.port, head)
-    assert status == 408 and took < 3
+    assert status == 408 and took < 6
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
         start = time.perf_counter()
         assert s.recv(10) == b""  # a silent connection is closed too
-        assert time.perf_counter() - start < 3
+        assert time.perf_counter() - start < 6
 
 
 def test_multipart_parts_with_large_or_many_headers_and_too_many_parts_get_413(work, server):

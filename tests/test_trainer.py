@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,11 @@ def test_epoch_records_carry_training_wall_time_that_a_resume_goes_on_from(
     (run / "metrics.jsonl").write_text(
         text.replace(f'"elapsed_s": {first[0]}', '"elapsed_s": 3600.0')
     )
+    start = time.perf_counter()
     Trainer(config(run, epochs=2, max_steps=None, resume=True)).fit()
+    resumed_wall = time.perf_counter() - start
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     after = [r["elapsed_s"] for r in records if "val_top1" in r]
-    assert len(after) == 2 and after[0] == 3600.0 and 3600.0 < after[1] < 3600.0 + first[1]
+    # the resumed epoch's training time goes on from the hour: more than it, by no more than
+    # the resumed run's own wall time (measured here, so the bound holds on a loaded host)
+    assert len(after) == 2 and after[0] == 3600.0 and 3600.0 < after[1] <= 3600.0 + resumed_wall
