@@ -54,7 +54,7 @@ from vitkit.checkpoints.native.safetensors_io import (
     unflatten_state,
 )
 from vitkit.errors import VitkitError
-from vitkit.output_files import fsync_dir
+from vitkit.output_files import fsync_dir, writing
 from vitkit.registry.model_config import ModelConfig, PreprocessConfig
 
 
@@ -125,25 +125,27 @@ def save_distributed_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run
         (tmp / DCP_DIR).mkdir(parents=True)
     _barrier()
-    msd, osd = _state_dicts(model, optimizer)
-    writer = HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True)
-    dcp.save(_tensors(msd, osd), storage_writer=writer)
-    _barrier()  # every rank's shards are on disk
-    if main:
-        hyper = {k: v for k, v in osd.items() if not isinstance(v, Tensor)}
-        _, hyper_json = flatten_state(hyper)
-        config = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "model": model_config.to_dict(),
-            "preprocess": preprocess.to_dict(),
-            "class_names": list(class_names),
-            "meta": meta or {},
-        }
-        _write_json(tmp / CONFIG, config)
-        _write_json(tmp / TRAIN_JSON, {"state": train_state or {}, "optimizer": hyper_json})
-        fsync_dir(tmp / DCP_DIR)
-        replace_dir(tmp, path)
+    # no room on any rank: dcp.save raises on every rank; one line, the temporary removed
+    with writing(path, tmp if main else None):
+        msd, osd = _state_dicts(model, optimizer)
+        writer = HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True)
+        dcp.save(_tensors(msd, osd), storage_writer=writer)
+        _barrier()  # every rank's shards are on disk
+        if main:
+            hyper = {k: v for k, v in osd.items() if not isinstance(v, Tensor)}
+            _, hyper_json = flatten_state(hyper)
+            config = {
+                "format": FORMAT,
+                "version": FORMAT_VERSION,
+                "model": model_config.to_dict(),
+                "preprocess": preprocess.to_dict(),
+                "class_names": list(class_names),
+                "meta": meta or {},
+            }
+            _write_json(tmp / CONFIG, config)
+            _write_json(tmp / TRAIN_JSON, {"state": train_state or {}, "optimizer": hyper_json})
+            fsync_dir(tmp / DCP_DIR)
+            replace_dir(tmp, path)
     _barrier()
     return path
 
