@@ -233,7 +233,7 @@ def all_or_none(out: str | os.PathLike[str], names: Iterable[str]) -> Iterator[N
     if it fails part-way (a full disk: :func:`writing`), the files it had written are removed
     again, and ``out`` too if it made it, so that the same command can simply be run again
     (files that were there before it started are not touched)."""
-    out = Path(out)
+    out, names = Path(out), list(names)
     made = not os.path.lexists(out)
     there = {n for n in names if os.path.lexists(out / n)}
     try:
