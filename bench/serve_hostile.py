@@ -9,6 +9,7 @@ clients. Alone, on the MNIST model:
 
     python bench/serve_hostile.py --seconds 20
     python bench/serve_hostile.py --alone          # each case alone: time, /health, memory
+    python bench/serve_hostile.py --decode-bombs --seconds 60 --serve-args "--timeout 5"
 """
 
 from __future__ import annotations
@@ -75,6 +76,46 @@ def _bomb(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     idat = zlib.compress(b"\0" * (width + 1) * 4)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def scan_bomb(side: int, scans: int) -> bytes:
+    """A progressive JPEG of ``side`` x ``side`` flat pixels whose smallest scan after the
+    first is repeated ``scans`` times: each repeat costs the decoder a pass over every block
+    (a 1,000 x 1,000 one of 2,000 scans: 30 KB, 4.5 s of decode on an EPYC core)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (120, 80, 40)).save(
+        buf, format="JPEG", quality=90, progressive=True
+    )
+    data = buf.getvalue()
+    starts = [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xDA]
+    end = data.rfind(b"\xff\xd9")
+    a, b = min(zip(starts[1:], [*starts[2:], end]), key=lambda ab: ab[1] - ab[0])
+    return data[:end] + data[a:b] * scans + data[end:]
+
+
+def webp_image(side: int, *, animated: bool = False, lossy: bool = False) -> bytes:
+    """A flat ``side`` x ``side`` WebP: lossless (a few hundred bytes at 5,000 x 5,000),
+    lossy, or animated (two frames)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    first = Image.new("RGB", (side, side), (10, 200, 30))
+    more = [Image.new("RGB", (side, side), (200, 0, 0))] if animated else []
+    first.save(buf, format="WEBP", lossless=not lossy, save_all=animated, append_images=more)
+    return buf.getvalue()
+
+
+def deflate_tiff(side: int) -> bytes:
+    """A flat ``side`` x ``side`` RGB TIFF, deflate-compressed (40 KB at 3,000 x 3,000)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (1, 2, 3)).save(
+        buf, format="TIFF", compression="tiff_adobe_deflate"
+    )
+    return buf.getvalue()
 
 
 def _form(parts: list[tuple[str, bytes]]) -> tuple[list[tuple[str, str]], bytes]:
@@ -293,6 +334,157 @@ def alone(port: int, server_pid: int, strips: bool = True) -> list[dict[str, Any
     return out
 
 
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of ``pid`` and every descendant, summed (MB): a page that forked
+    processes share counts once across them (/proc/PID/smaps_rollup)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) / 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # (it exited meanwhile)
+            continue
+    return round(total, 1)
+
+
+def decode_bombs(
+    port: int, server_pid: int, timeout: float, seconds: float, good_request: Any
+) -> dict[str, Any]:
+    """Each decode-bomb case as 4 concurrent requests, one case after another, under 8 good
+    clients for ``seconds`` and a /health probe every 50 ms; the process tree's PSS sampled
+    every 50 ms. Every bomb must be refused or answered within ``timeout`` + 1 s."""
+    jpeg = [("Content-Type", "image/jpeg")]
+    cases = [
+        ("scan bomb 5,000 x 5,000 px, 5,000 scans", jpeg, scan_bomb(5000, 5000)),
+        ("scan bomb 5,000 x 5,000 px, 40,000 scans", jpeg, scan_bomb(5000, 40000)),
+        ("lossless WebP 5,000 x 5,000 px", [("Content-Type", "image/webp")], webp_image(5000)),
+        ("animated WebP 5,000 x 5,000 px", [("Content-Type", "image/webp")],
+         webp_image(5000, animated=True)),
+        ("deflate TIFF 5,000 x 5,000 px", [("Content-Type", "image/tiff")], deflate_tiff(5000)),
+        ("16-bit PNG 5,000 x 5,000 px", [("Content-Type", "image/png")],
+         _png(5000, 5000, "I;16")),
+    ]  # fmt: skip
+    idle = tree_pss_mb(server_pid)
+    peak = [idle]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_pss_mb(server_pid))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    async def main() -> dict[str, Any]:
+        health: list[float] = []
+        results: list[dict[str, Any]] = []
+        stop = asyncio.Event()
+
+        async def probe() -> None:
+            while not stop.is_set():
+                status, took = await fire(port, encode("GET", "/health", [], b""))
+                health.append(took if status == 200 else float("inf"))
+                await asyncio.sleep(0.05)
+
+        async def bombs() -> None:
+            for name, headers, body in cases:
+                request = encode("POST", "/v1/classify", headers, body)
+                got = await asyncio.gather(*(fire(port, request) for _ in range(4)))
+                results.append({
+                    "case": name, "bytes": len(body),
+                    "statuses": sorted({s for s, _ in got}),
+                    "max_s": round(max(t for _, t in got), 2),
+                    "within_timeout_plus_1s": all(t <= timeout + 1 for _, t in got),
+                })  # fmt: skip
+            stop.set()
+
+        good, *_ = await asyncio.gather(
+            run_clients(port, 8, seconds, good_request, None), probe(), bombs()
+        )
+        return {"good": good, "health": health, "cases": results}
+
+    got = asyncio.run(main())
+    done.set()
+    sampler.join()
+    import numpy as np
+
+    health = np.array(got["health"]) * 1000
+    return {
+        "cases": got["cases"],
+        "good_clients": got["good"].summary(),
+        "health_p99_ms": round(float(np.percentile(health, 99)), 1),
+        "health_max_ms": round(float(health.max()), 1),
+        "tree_pss_idle_mb": idle,
+        "tree_pss_peak_mb": peak[0],
+        "tree_pss_growth_mb": round(peak[0] - idle, 1),
+    }
+
+
+def _serve_bombs(args: Any, src: str | None) -> dict[str, Any]:
+    from bench_models import mnist_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = mnist_checkpoint(Path(tmp) / "mnist")
+        proc, port = start_server(
+            ["-m", "vitkit", "serve", str(ckpt), "--port", "0", "--timeout", "5",
+             *args.serve_args.split()],
+            env={"PYTHONPATH": src} if src else None,
+        )  # fmt: skip
+        try:
+            good = _png(28, 28, "L")
+            request = ("POST", "/v1/classify", good, {"Content-Type": "image/png"})
+            return decode_bombs(port, proc.pid, 5.0, args.seconds, lambda _: request)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def _write_bombs(args: Any, runs: dict[str, dict[str, Any]]) -> None:
+    import os
+    import shlex
+
+    from vitkit.hardware import cpu_name
+
+    out = Path(__file__).resolve().parent / "results" / args.out
+    command = "python bench/serve_hostile.py " + shlex.join(sys.argv[1:])
+    load = os.getloadavg()
+    meta = {"command": command, "cpu": cpu_name(), "load_average": [round(x, 2) for x in load]}
+    out.with_suffix(".json").write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
+    lines = [
+        "# Decode bombs under load: `vitkit serve` (the MNIST model, `--timeout 5`)",
+        "",
+        f"`{command}`; {meta['cpu']}; load average {load[0]:.1f} at the end (a shared host).",
+        "Each case as 4 concurrent requests, one case after another, beside 8 good clients "
+        "(28 x 28 PNGs) and a /health probe every 50 ms. Memory: the PSS of the server's "
+        "whole process tree (the server, its fork server and decode processes), sampled "
+        "every 50 ms.",
+        "",
+    ]
+    for name, run in runs.items():
+        g = run["good_clients"]
+        lines += [
+            f"## {name}",
+            "",
+            "| case | bytes | statuses | slowest answer (s) | within --timeout + 1 s |",
+            "| --- | ---: | --- | ---: | --- |",
+            *(f"| {c['case']} | {c['bytes']:,} | {', '.join(map(str, c['statuses']))} | "
+              f"{c['max_s']} | {'yes' if c['within_timeout_plus_1s'] else 'no'} |"
+              for c in run["cases"]),
+            "",
+            f"Good clients: {g['ok']:,} answered, {g['failed']} failed, {g['requests_per_s']} "
+            f"req/s, p99 {g['p99_ms']} ms. /health p99 {run['health_p99_ms']} ms (max "
+            f"{run['health_max_ms']}). Process tree PSS {run['tree_pss_idle_mb']} MB idle, "
+            f"{run['tree_pss_peak_mb']} MB at its peak (+{run['tree_pss_growth_mb']} MB).",
+            "",
+        ]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
 def _main() -> None:
     from bench_models import mnist_checkpoint
 
@@ -302,7 +494,25 @@ def _main() -> None:
     ap.add_argument("--src", default=None, help="the vitkit sources to serve (default: ../src)")
     ap.add_argument("--alone", action="store_true", help="the cases of alone() instead")
     ap.add_argument("--no-strips", action="store_true", help="with --alone: not the strips")
+    ap.add_argument(
+        "--decode-bombs",
+        action="store_true",
+        help="the decode bombs of decode_bombs() under 8 good clients (serve with --timeout 5)",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="with --decode-bombs: also write bench/results/OUT.json and OUT.md (a second run "
+        "with --baseline-src is written beside it as the code before)",
+    )
+    ap.add_argument("--baseline-src", default=None, help="with --out: the code before, to compare")
     args = ap.parse_args()
+    if args.decode_bombs and args.out:
+        runs = {"this code": _serve_bombs(args, args.src)}
+        if args.baseline_src:
+            runs["the code before"] = _serve_bombs(args, args.baseline_src)
+        _write_bombs(args, runs)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = mnist_checkpoint(Path(tmp) / "mnist")
         proc, port = start_server(
@@ -313,7 +523,9 @@ def _main() -> None:
             good = _png(28, 28, "L")
             request = ("POST", "/v1/classify", good, {"Content-Type": "image/png"})
             out: Any = (
-                alone(port, proc.pid, not args.no_strips)
+                decode_bombs(port, proc.pid, 5.0, args.seconds, lambda _: request)
+                if args.decode_bombs
+                else alone(port, proc.pid, not args.no_strips)
                 if args.alone
                 else run(port=port, seconds=args.seconds, good_request=lambda _: request,
                          check=None, server_pid=proc.pid)

@@ -315,7 +315,7 @@ def test_a_patch_that_does_not_tile_the_data_says_the_fix_and_the_fix_works(
 
 
 def test_an_ipv6_host_is_written_as_a_url() -> None:
-    from vitkit.cli.serve import http_url
+    from vitkit.serve.workers import http_url
 
     assert http_url("::", 8000) == "http://[::]:8000"
     assert http_url("::1", 80) == "http://[::1]:80"
@@ -329,7 +329,8 @@ def test_serve_dry_run_on_ipv6_prints_a_url(ckpt: Path, capsys: pytest.CaptureFi
         ["serve", str(ckpt), "--host", "::", "--port", "8123", "--dry-run"], capsys
     )
     assert code == 0, err
-    assert out.rstrip().endswith(" on http://[::]:8123"), out
+    (serving,) = [line for line in out.splitlines() if line.startswith("would serve")]
+    assert serving.endswith(" on http://[::]:8123"), out
 
 
 def test_a_run_inside_a_run_is_refused_before_the_banner(

@@ -31,7 +31,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed (pip ins
 
 import vitkit  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
-from vitkit.serve.admission import Dropped  # noqa: E402
+from vitkit.serve.admission import ClientGone, Dropped  # noqa: E402
 from vitkit.serve.batcher import COMPANY_WINDOW, Batcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +159,33 @@ def test_a_request_cancelled_while_waiting_never_reaches_the_forward():
 
     assert asyncio.run(go()) == [[10], [40]]
     assert seen == [1, 4]
+
+
+def test_a_request_whose_client_left_is_never_computed_though_nobody_watched_it():
+    """A request expected to wait briefly has no watcher task; its client's connection closing
+    is read just before the forward: its images are dropped (ClientGone), none computed, none
+    counted abandoned."""
+    seen: list[Any] = []
+    abandoned: list[int] = []
+
+    async def go() -> Any:
+        b = Batcher(slow_run(0.3, seen), max_batch=4, max_wait_ms=0, on_abandoned=abandoned.append)
+        b.start()
+        busy = asyncio.ensure_future(b.submit([1]))
+        await asyncio.sleep(0.05)
+        closed = [False]
+        left = asyncio.ensure_future(b.submit([2, 3], None, lambda: closed[0]))
+        stays = asyncio.ensure_future(b.submit([4], None, lambda: False))
+        await asyncio.sleep(0.05)
+        closed[0] = True  # its connection closed while it waited behind the forward
+        out = await asyncio.gather(busy, stays)
+        with pytest.raises(ClientGone):
+            await left
+        await b.stop()
+        return out
+
+    assert asyncio.run(go()) == [[10], [40]]
+    assert seen == [1, 4] and abandoned == []
 
 
 def test_a_drain_runs_what_waits_at_once_and_refuses_what_is_left_at_its_timeout():

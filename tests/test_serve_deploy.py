@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitkit.cli import build_parser
+from vitkit.serve.workers import STOP_MARGIN_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -46,7 +47,8 @@ def test_the_dockerfile_installs_cpu_torch_pinned_runs_as_a_user_and_checks_heal
     assert entry[:3] == ["vitkit", "serve", "/model"]
     args = serve_args(entry[2:] + cmd)
     assert args.host == "0.0.0.0" and args.port == 8000  # type: ignore[attr-defined]
-    assert args.drain_timeout < 10  # type: ignore[attr-defined]  (docker stop kills after 10 s)
+    # docker stop kills after 10 s: the drain and, with --workers, the margin after it
+    assert args.drain_timeout + STOP_MARGIN_S < 10  # type: ignore[attr-defined]
     kept = (ROOT / ".dockerignore").read_text().split()
     assert "*" in kept and "!src/" in kept  # the build context is the package, not runs/
 
@@ -61,13 +63,15 @@ def test_the_kubernetes_example_probes_health_drains_in_its_grace_period_and_sca
     pod = kinds["Deployment"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     args = serve_args(["/model", *c["args"]])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert c["ports"][0] == {"name": "http", "containerPort": 8000}
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     grace = pod["terminationGracePeriodSeconds"]
-    assert int(pre_stop[1]) + args.drain_timeout + 1 < grace  # type: ignore[attr-defined]
+    stop = int(pre_stop[1]) + args.drain_timeout + STOP_MARGIN_S  # type: ignore[attr-defined]
+    assert stop < grace
     cpus = c["resources"]["requests"]["cpu"]
     assert args.threads == int(cpus) and c["resources"]["limits"]["memory"]  # type: ignore[attr-defined]
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/model")
@@ -140,3 +144,68 @@ def test_the_image_serves_a_model_under_load_and_stops_within_its_drain_timeout(
         assert code == "0"
     finally:
         subprocess.run([tool, "rm", "-f", name], capture_output=True)
+
+
+def test_the_base_image_is_an_argument_to_pin_by_digest_and_no_invented_digest():
+    """FROM takes BASE_IMAGE; a digest, where the default carries one, is a whole sha256; the
+    comment says how to pin it."""
+    assert instruction("FROM") == "${BASE_IMAGE}"
+    arg = next(a for a in re.findall(r"^ARG (\S+)", DOCKERFILE, re.M) if a.startswith("BASE_"))
+    name, _, image = arg.partition("=")
+    assert name == "BASE_IMAGE" and image.startswith("python:3.11-slim")
+    if "@" in image:
+        assert re.fullmatch(r"python:3\.11-slim@sha256:[0-9a-f]{64}", image)
+    assert "--build-arg BASE_IMAGE=python:3.11-slim@sha256:" in DOCKERFILE
+
+
+def test_the_deployment_runs_a_pinned_tag_with_the_memory_dry_run_printed():
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "deploy" / "k8s.yaml").read_text()
+    pod = next(d for d in yaml.safe_load_all(text) if d["kind"] == "Deployment")["spec"]
+    (c,) = pod["template"]["spec"]["containers"]
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version and c["image"] == f"vitkit-serve:{version.group(1)}"
+    printed = re.findall(r"memory: .* request (\d+)Mi, limit (\d+)Mi", text)
+    assert len(printed) == 2  # the MNIST model's (used) and B/16's
+    request, limit = printed[0]
+    assert c["resources"]["requests"]["memory"] == f"{request}Mi"
+    assert c["resources"]["limits"]["memory"] == f"{limit}Mi"
+    notes = pod["template"]["metadata"]["annotations"]
+    assert notes["prometheus.io/path"] == "/metrics" and notes["prometheus.io/port"] == "8000"
+
+
+def test_the_prometheus_example_scrapes_metrics_without_a_key():
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    static = jobs["vitkit-serve-static"]
+    assert static["metrics_path"] == "/metrics" and "authorization" not in static
+    assert static["static_configs"][0]["targets"] == ["127.0.0.1:8000"]
+    assert "authorization" not in jobs["vitkit-serve"]
+
+
+def test_dry_run_prints_the_memory_a_container_needs(tmp_path, capsys):
+    import torch
+
+    import vitkit
+    from vitkit.cli import main
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/4", num_classes=3, image_size=16, in_chans=3, width=32,
+                                depth=1, num_heads=2, mlp_dim=64)  # fmt: skip
+    vitkit.save_checkpoint(tmp_path / "ck", model, class_names=["a", "b", "c"])
+    argv = ["serve", str(tmp_path / "ck"), "--dry-run", "--max-body-memory", "100000000"]
+    assert main([*argv, "--workers", "3", "--decode-workers", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    m = re.fullmatch(
+        r"memory: ([\d,]+) MiB resident after warm-up \+ (\d+) MiB of decode and body budgets "
+        r"\+ 40 MiB of decode processes = ([\d,]+) MiB a worker, x 3 workers: "
+        r"request (\d+)Mi, limit (\d+)Mi",
+        last,
+    )
+    assert m, last
+    budgets = round((256_000_000 + 100_000_000) / 2**20)
+    assert int(m.group(2)) == budgets
+    worker = int(m.group(3).replace(",", ""))
+    assert abs(worker - (int(m.group(1).replace(",", "")) + budgets + 40)) <= 1
+    assert int(m.group(4)) >= 3 * worker and int(m.group(5)) >= 1.25 * 3 * worker - 64

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -487,9 +488,32 @@ def count(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+# --threads above this many per CPU is refused: no speed comes of it, and OpenMP's thread
+# pool of 100,000 threads crashed the process (SIGSEGV) before a word was said
+THREADS_PER_CPU = 4
+
+
+def check_threads(threads: int | None) -> None:
+    """``--threads`` at most :data:`THREADS_PER_CPU` per CPU this process may run on (one line
+    otherwise)."""
+    if not threads:
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        cpus = os.cpu_count() or 1
+    if threads > THREADS_PER_CPU * cpus:
+        raise VitkitError(
+            f"--threads {threads:,}: this machine gives the process {cpus} CPUs; at most "
+            f"{THREADS_PER_CPU * cpus} threads ({THREADS_PER_CPU} per CPU)"
+        )
+
+
 def set_threads(threads: int | None) -> None:
-    """Apply ``--threads`` (PyTorch's intra-op threads, checked >= 1 by its argparse type);
-    None keeps PyTorch's choice. Training commands pass it in the TrainConfig instead."""
+    """Apply ``--threads`` (PyTorch's intra-op threads, checked >= 1 by its argparse type and
+    at most 4 per CPU: :func:`check_threads`); None keeps PyTorch's choice. Training commands
+    pass it in the TrainConfig instead."""
+    check_threads(threads)
     if threads:
         import torch
 

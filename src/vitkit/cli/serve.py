@@ -24,6 +24,7 @@ from vitkit.cli.serve_bounds import (
     show_access_log,
 )
 from vitkit.errors import VitkitError
+from vitkit.serve.workers import http_url
 
 KEY_VARIABLE = "VITKIT_API_KEY"
 
@@ -82,8 +83,9 @@ def add_commands(sub: Any) -> None:
     g.add_argument(
         "--api-key",
         default=None,
-        help=f"required on every route but /health, as 'Authorization: Bearer KEY' or "
-        f"'X-API-Key: KEY' (default: the {KEY_VARIABLE} environment variable; none: open)",
+        help="required on every route but /health, /ready and /metrics, as 'Authorization: "
+        f"Bearer KEY' or 'X-API-Key: KEY' (default: the {KEY_VARIABLE} environment variable; "
+        "none: open)",
     )
     g.add_argument("--access-log", action="store_true", help="print a line per request")
     g.add_argument(
@@ -211,7 +213,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vitkit.serve import require_serve
 
     _, uvicorn = require_serve()  # the missing extra first, before loading any weights
-    from vitkit.serve.http_app import build_app
 
     set_threads(args.threads)
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)
@@ -231,7 +232,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from vitkit.serve.workers import supervise
 
         return supervise(args, cmd_serve)
+    sock = None
+    if worker is None and not args.dry_run:  # a busy port said before the model loads
+        from vitkit.serve.workers import bind
+
+        sock = bind(args.host, args.port)
+    try:
+        return _serve(args, key, worker, sock, uvicorn)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def check_batch_memory(served: Any, max_batch: int) -> None:
+    """--max-batch refused where one forward of that many images would need more than half
+    the machine's memory (one line, before the warm-up tries it)."""
+    from vitkit.serve.served_model import forward_bytes
+
+    cfg = served.ckpt.model_config
+    need = forward_bytes(cfg, max_batch)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # (not on Linux)
+        return
+    if need > memory / 2:
+        most = max(1, int(memory / 2 // forward_bytes(cfg, 1)))
+        raise VitkitError(
+            f"--max-batch {max_batch:,}: one forward of {cfg.short_name} would hold about "
+            f"{need / 1e9:,.1f} GB; this machine has {memory / 1e9:,.1f} GB (at most {most:,} "
+            "images a forward)"
+        )
+
+
+def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uvicorn: Any) -> int:
+    from vitkit.serve.http_app import build_app
+
     served = served_model(args)
+    check_batch_memory(served, args.max_batch)
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)
     limits = settings.limits
@@ -246,6 +283,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.dry_run:
         print(f"would serve {what} on {http_url(args.host, args.port)}")
+        print(memory_line(args, limits))
         return 0
     config = uvicorn.Config(
         app,
@@ -263,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.batcher, server.drain_timeout = app.state.batcher, args.drain_timeout
     server.worker = worker
     try:
-        server.run(sockets=None if worker is None else [worker[1]])
+        server.run(sockets=[sock] if worker is None else [worker[1]])
     except SystemExit:  # uvicorn could not listen (the address is taken or unknown): it said why
         raise VitkitError(f"could not listen on {args.host}:{args.port}") from None
     if not server.started:
@@ -272,18 +310,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
     late = f" ({refused} after --drain-timeout with 503)" if refused else ""
     print(f"stopped: every request in flight was answered{late}", flush=True)
     if not getattr(app.state, "forward_ended", True):
-        print(
-            "stopped: a forward still ran after --drain-timeout; its requests were answered 503",
-            flush=True,
-        )
-        sys.stderr.flush()
-        os._exit(0)  # (the model's thread is in native code: no waiting for it)
-    return 0
+        print("stopped: a forward still ran after --drain-timeout; its requests were answered 503")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # nothing is left to write: the interpreter's teardown (PyTorch, the decode processes'
+    # fork server) took 2-3 s more on a loaded host, past a container's stop timeout; and a
+    # forward still running after --drain-timeout is in native code, not waited for
+    os._exit(0)
 
 
-def http_url(host: str, port: int) -> str:
-    """``http://HOST:PORT``, an IPv6 address in brackets (``http://[::]:8000``, RFC 3986)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+# Beside the model and the budgets: the decode processes kept started (their own pages, what
+# they do not share with the fork server) and the HTTP side's buffers.
+DECODE_PROCESS_MB = 40
+# A container's limit over its request: room for what the estimate leaves out.
+LIMIT_OVER_REQUEST = 1.25
+
+
+def resident_mb() -> float:
+    """This process's resident memory now (MB)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def memory_line(args: argparse.Namespace, limits: Any) -> str:
+    """What a container needs (``--dry-run``): the resident memory after loading and warming
+    up, plus what the decode and body budgets let requests hold, per worker and for
+    ``--workers``; the request and limit to give it (Mi)."""
+    model = resident_mb()
+    budgets = (limits.max_decode_memory + limits.max_body_memory) / 2**20
+    decoders = DECODE_PROCESS_MB * limits.decode_workers
+    worker = model + budgets + decoders
+    total = worker * args.workers
+    request = int(-(-total // 64) * 64)
+    limit = int(-(-total * LIMIT_OVER_REQUEST // 64) * 64)
+    return (
+        f"memory: {model:,.0f} MiB resident after warm-up + {budgets:,.0f} MiB of decode and "
+        f"body budgets + {decoders} MiB of decode processes = {worker:,.0f} MiB a worker, "
+        f"x {args.workers} workers: request {request}Mi, limit {limit}Mi"
+    )
 
 
 def _draining_server() -> Any:

@@ -24,15 +24,17 @@ def add_bound_options(g: Any) -> None:
         "--decode-workers",
         type=positive_int,
         default=2,
-        help="threads that decode and transform images, never the event loop: images decoded "
-        "at once, within --max-decode-memory (default 2)",
+        help="decode processes kept started: every image but a small PNG or JPEG decodes in "
+        "one, killed at its request's deadline and bounded in memory by the OS; up to 4x as "
+        "many at once when all are busy (default 2)",
     )
     g.add_argument(
         "--max-decode-memory",
         type=positive_int,
         default=256_000_000,
         help="bytes the images being decoded may hold together, each image's need known from "
-        "its header: one that needs more is refused (413), others wait their turn "
+        "its header: one that needs more is refused (413), others wait their turn; each "
+        "decode's share is its process's RLIMIT_DATA (past it: 413) "
         "(default 256,000,000: a 25-megapixel RGBA PNG needs about 206 MB)",
     )
     g.add_argument(

@@ -89,14 +89,20 @@ def match_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
 # --- per-sample PIL transforms ----------------------------------------------------------------
 
 
-def pil_to_tensor(img: Image.Image) -> torch.Tensor:
-    """A PIL image as a uint8 [C, H, W] tensor: C = 1 for mode "L", else 3 (converted to RGB)."""
+def pil_to_array(img: Image.Image) -> np.ndarray:
+    """A PIL image as a contiguous uint8 [C, H, W] array: C = 1 for mode "L", else 3
+    (converted to RGB)."""
     if img.mode != "L" and img.mode != "RGB":
         img = img.convert("RGB")
-    array = np.array(img, dtype=np.uint8)  # a copy: PIL's buffer is read-only
+    array = np.asarray(img, dtype=np.uint8)
     if array.ndim == 2:
-        return torch.from_numpy(array).unsqueeze(0)
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+        return array[None].copy()  # (a copy: PIL's buffer is read-only)
+    return np.array(array.transpose(2, 0, 1), order="C")  # (always a copy)
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """A PIL image as a uint8 [C, H, W] tensor: C = 1 for mode "L", else 3 (converted to RGB)."""
+    return torch.from_numpy(pil_to_array(img))
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -266,13 +272,18 @@ class PilEvalTransform:
         return int(round((new - out) / 2)) if self.crop_offset == "round" else (new - out) // 2
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
+        return torch.from_numpy(self.array(img))
+
+    def array(self, img: Image.Image) -> np.ndarray:
+        """The transformed image as a uint8 [C, H, W] array (no torch operation: what a
+        decode process computes)."""
         img = convert_image(img, self.channels)
         out_h, out_w = self.size
         new_w, new_h = self.resized_size(*img.size)
         if (new_w, new_h) != img.size:
             img = img.resize((new_w, new_h), _PIL_INTERPOLATION[self.interpolation])
         left, top = self._offset(new_w, out_w), self._offset(new_h, out_h)
-        return pil_to_tensor(img.crop((left, top, left + out_w, top + out_h)))
+        return pil_to_array(img.crop((left, top, left + out_w, top + out_h)))
 
     def __repr__(self) -> str:
         return (

@@ -36,6 +36,8 @@ REASONS = {
     "queue_full": "the queue of images waiting for a forward was full (--max-queue)",
     "deadline": "its deadline passed, or would have before its forward ended (--timeout)",
     "client_gone": "its client left while its images waited",
+    "decode_time": "its image's decode did not end by its deadline: the decode process was "
+    "killed (--timeout)",
     "shutdown": "the server was stopping and the drain timeout passed (--drain-timeout)",
     "body_memory": "the request bodies the server held were at their limit (--max-body-memory)",
 }

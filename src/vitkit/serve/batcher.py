@@ -27,7 +27,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-from vitkit.serve.admission import Dropped, ForwardTimes
+from vitkit.serve.admission import ClientGone, Dropped, ForwardTimes
 
 # how many of the latest requests are asked whether they found another in the server
 COMPANY_WINDOW = 8
@@ -49,6 +49,7 @@ class _Item:
     deadline: float = math.inf  # time.monotonic()
     expiry: asyncio.TimerHandle | None = None
     started: bool = False  # in a forward: no longer dropped
+    gone: Callable[[], bool] | None = None  # whether its client has gone (its connection closed)
 
 
 class ModelThread(Executor):
@@ -176,14 +177,27 @@ class Batcher:
             self.depth + images, self.max_batch
         )
 
-    async def submit(self, values: Sequence[Any], deadline: float | None = None) -> list[Any]:
+    async def submit(
+        self,
+        values: Sequence[Any],
+        deadline: float | None = None,
+        gone: Callable[[], bool] | None = None,
+    ) -> list[Any]:
         """The outputs of ``values``; raises Dropped where the request is refused or given up
-        (``deadline``: time.monotonic() by which its answer is due)."""
-        return list(await self.enqueue(values, deadline))
+        (``deadline``: time.monotonic() by which its answer is due), ClientGone where
+        ``gone()`` says its client left before its forward."""
+        return list(await self.enqueue(values, deadline, gone))
 
-    def enqueue(self, values: Sequence[Any], deadline: float | None = None) -> asyncio.Future[Any]:
+    def enqueue(
+        self,
+        values: Sequence[Any],
+        deadline: float | None = None,
+        gone: Callable[[], bool] | None = None,
+    ) -> asyncio.Future[Any]:
         """``values`` queued: a future of their outputs (cancel it: none of them runs after
-        that); raises Dropped at once where the request is refused."""
+        that); raises Dropped at once where the request is refused. ``gone()``: whether the
+        request's client has left, asked just before a forward (its images are dropped then:
+        ClientGone)."""
         assert self._arrived is not None, "Batcher.start() first"
         if self.closed:
             raise Dropped("shutdown", "the server is stopping: send the request elsewhere")
@@ -205,7 +219,7 @@ class Batcher:
                     retry_after=expected,
                 )
         loop = asyncio.get_running_loop()
-        items = [_Item(v, loop.create_future()) for v in values]
+        items = [_Item(v, loop.create_future(), gone=gone) for v in values]
         for item in items:
             if deadline is not None:
                 item.deadline = deadline
@@ -271,6 +285,9 @@ class Batcher:
             except asyncio.TimeoutError:
                 break
         self._gathering = []
+        for item in batch:  # a client gone meanwhile: nobody to answer, nothing computed
+            if item.gone is not None and not item.future.done() and item.gone():
+                item.future.set_exception(ClientGone())
         batch = [i for i in batch if not i.future.done()]
         # a forward starting now must end before each of its images' deadlines
         while batch and self.times.per_image:

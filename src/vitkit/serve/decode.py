@@ -1,28 +1,22 @@
-"""Decoding off the event loop, a bounded number at a time and within a memory budget.
+"""What decoding an image holds, known from its header, and the budget decodes share.
 
-Every request image is decoded, converted and transformed on one of ``workers`` threads
-(PIL releases the GIL while it decodes and resizes): the event loop only waits, so /health
-and every other route answer meanwhile. At most ``workers`` images are decoded at once, and
-together they hold at most ``--max-decode-memory`` bytes: each image's need is known from its
-header before a pixel is decoded (:func:`decode_bytes`), an image that needs more than the
-whole budget is refused (413), and the others wait for their turn as the bytes they came as
-(:class:`DecodeBudget`). Four 25-megapixel 16-bit PNGs at once decode one after the other
-instead of holding 225 MB each together.
+Each image's need is known from its header before a pixel is decoded (:func:`decode_bytes`);
+an image that needs more than the whole ``--max-decode-memory`` is refused (413), and the
+others hold their share of it (:class:`DecodeBudget`) while they decode, waiting for their turn
+as the bytes they came as. The decode itself runs in a process whose memory the OS bounds by
+that share (:mod:`vitkit.serve.decode_process`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import weakref
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from vitkit.data.transforms import BAND_PIXELS
-
-T = TypeVar("T")
 
 # Bytes per pixel PIL holds for an image of each mode ("RGB" is stored as 4 bytes a pixel).
 _ONE_BYTE = ("1", "L", "P")
@@ -77,6 +71,45 @@ def jpeg_coefficient_bytes(img: Any) -> int:
     return 2 * total
 
 
+@dataclass(frozen=True)
+class Header:
+    """What a header says of an image, where Pillow is not asked to open it."""
+
+    size: tuple[int, int]
+    mode: str
+    format: str
+
+    @property
+    def width(self) -> int:
+        return self.size[0]
+
+    @property
+    def height(self) -> int:
+        return self.size[1]
+
+
+def webp_header(data: bytes) -> Header | None:
+    """A WebP file's canvas size and mode, read from its first chunk (lossy "VP8 ", lossless
+    "VP8L", extended "VP8X": RFC 9649); None where ``data`` is no WebP. Mode "RGBA" where the
+    file may hold alpha or frames (what Pillow decodes it to)."""
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunk = data[12:16]
+    if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
+        w = int.from_bytes(data[26:28], "little") & 0x3FFF
+        h = int.from_bytes(data[28:30], "little") & 0x3FFF
+        return Header((w, h), "RGB", "WEBP")
+    if chunk == b"VP8L" and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        w, h = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        return Header((w, h), "RGBA" if bits >> 28 & 1 else "RGB", "WEBP")
+    if chunk == b"VP8X":
+        w = int.from_bytes(data[24:27], "little") + 1
+        h = int.from_bytes(data[27:30], "little") + 1
+        return Header((w, h), "RGBA" if data[20] & 0x12 else "RGB", "WEBP")
+    raise ValueError("a WebP file whose first chunk is not VP8, VP8L or VP8X")
+
+
 class DecodeBudget:
     """Bytes the decodes in progress may hold together. :meth:`hold` waits until ``need``
     fits beside what the others hold (or nothing else is held)."""
@@ -93,10 +126,15 @@ class DecodeBudget:
         return need <= self.limit
 
     @contextmanager
-    def hold(self, need: int) -> Iterator[None]:
+    def hold(self, need: int, until: float | None = None) -> Iterator[None]:
+        """Hold ``need`` bytes; ``until`` (time.monotonic()): TimeoutError where they do not
+        come free by then."""
         with self._cond:
             while self.held and self.held + need > self.limit:
-                self._cond.wait()
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                self._cond.wait(left)
             self.held += need
             self.peak = max(self.peak, self.held)
         try:
@@ -105,19 +143,3 @@ class DecodeBudget:
             with self._cond:
                 self.held -= need
                 self._cond.notify_all()
-
-
-class DecodePool:
-    """At most ``workers`` decodes at once, none on the event loop, within ``memory`` bytes
-    (the :class:`DecodeBudget` the decodes hold)."""
-
-    def __init__(self, workers: int, memory: int = 256_000_000):
-        if workers < 1:
-            raise ValueError(f"decode workers must be at least 1, got {workers}")
-        self.workers = workers
-        self.budget = DecodeBudget(memory)
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="vitkit-decode")
-        weakref.finalize(self, self.pool.shutdown, wait=False)
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

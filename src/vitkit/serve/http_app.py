@@ -1,9 +1,10 @@
 """The HTTP application: routes, limits, the API key and one-line JSON errors (FastAPI).
 
 Every request passes :class:`Guard` first (an ASGI middleware): the API key where one is set
-(every route but ``/health``), the body size (``Content-Length`` checked before a byte is read;
-a body without one is read only up to the limit), the counters of ``/metrics``. The routes
-take images only from the body: no file path or URL is ever read from a request.
+(every route but the probes ``/health`` and ``/ready`` and the scrape ``/metrics``), the body
+size (``Content-Length`` checked before a byte is read; a body without one is read only up to
+the limit), the counters of ``/metrics``. The routes take images only from the body: no file
+path or URL is ever read from a request.
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vitkit.serve.admission import Admission, ClientGone, Dropped, unless_gone
 from vitkit.serve.batcher import Batcher
-from vitkit.serve.decode import DecodePool, jpeg_coefficient_bytes
-from vitkit.serve.limits import check_multipart, quiet_multipart
+from vitkit.serve.decode_process import ImageDecoder
+from vitkit.serve.limits import FIRST_BYTE, GONE, check_multipart, quiet_multipart
 from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
-from vitkit.serve.served_model import (
-    INLINE_BYTES,
-    INLINE_PIXELS,
-    Limits,
-    RequestError,
-    ServedModel,
-)
+from vitkit.serve.served_model import Limits, RequestError, ServedModel
 
-ROUTES = ("/", "/health", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
+ROUTES = ("/", "/health", "/ready", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
+# Routes open without the API key: the probes and the Prometheus scrape (counters only)
+OPEN_ROUTES = ("/health", "/ready", "/metrics")
+# /ready answers 503 this long after a request was refused for load
+SHED_WINDOW_S = 2.0
 KEY_HINT = "send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
 
 
@@ -165,7 +164,7 @@ class Guard:
 
     def _authorized(self, scope: Scope) -> bool:
         key = self.settings.api_key
-        if key is None or scope["path"] == "/health":
+        if key is None or scope["path"] in OPEN_ROUTES:
             return True
         given: list[bytes] = []  # (bytes as sent: a key beyond ASCII arrives as UTF-8)
         for name, value in scope["headers"]:
@@ -191,7 +190,8 @@ class Guard:
                 status[0] = message["status"]
             await send(message)
 
-        scope.setdefault("state", {})["arrival"] = time.monotonic()  # (its --timeout starts)
+        # its --timeout starts at its first byte where the bounded protocol saw it
+        scope.setdefault("state", {})["arrival"] = scope.get(FIRST_BYTE, time.monotonic())
         counted = scope["path"] != "/metrics"  # (a scrape does not count itself)
         self.metrics.in_flight += counted
         try:
@@ -335,6 +335,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         batcher.start()
         yield
         app.state.forward_ended = await batcher.stop()
+        decoder.close()
 
     app = FastAPI(
         title="vitkit serve",
@@ -372,18 +373,16 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def failed(_: Request, e: Exception) -> JSONResponse:
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
-    decoder = DecodePool(limits.decode_workers, limits.max_decode_memory)  # (off the loop)
+    decoder = ImageDecoder(served, limits, lambda limit: metrics.decode_stopped(limit))
+    app.state.decoder = decoder
     quiet_multipart()
 
-    async def prepare(data: bytes, what: str) -> Any:
-        if len(data) > INLINE_BYTES:  # even its header is read on a decode thread
-            return await decoder.run(served.prepare, data, limits, what, decoder.budget)
-        img, need = served.open(data, limits, what, decoder.budget)
-        if img.width * img.height <= INLINE_PIXELS and not jpeg_coefficient_bytes(img):
-            # less work than the hop to a thread; outside the budget (never waits for it on
-            # the event loop), one at a time, at most 65,536 pixels
-            return served.finish(img, need, what, None)
-        return await decoder.run(served.finish, img, need, what, decoder.budget)
+    def deadline_of(request: Request) -> float | None:
+        arrival = request.scope.get("state", {}).get("arrival", time.monotonic())
+        return None if admission.timeout is None else arrival + admission.timeout
+
+    async def prepare(request: Request, data: bytes, what: str) -> Any:
+        return await decoder.prepare(data, what, deadline_of(request))
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
@@ -393,6 +392,20 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def health() -> dict[str, Any]:
         """Ready: the model is loaded and warmed up (the server listens only then)."""
         return {"status": "ready", **served.describe()}
+
+    @app.get("/ready", responses={503: {"model": ErrorAnswer, "description": "not ready"}})
+    async def ready() -> JSONResponse:
+        """Ready for more traffic: 503 while the server drains (SIGTERM) or sheds load (a
+        request refused for load within the last 2 s). Liveness is /health."""
+        if batcher.draining:
+            why = "draining: the server is stopping"
+        elif time.monotonic() - metrics.last_shed < SHED_WINDOW_S:
+            why = f"shedding load: a request was refused as busy within {SHED_WINDOW_S:g} s"
+        else:
+            return JSONResponse({"status": "ready"})
+        answer = _error(503, why)
+        answer.headers["Retry-After"] = "1"
+        return answer
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
@@ -413,13 +426,12 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         batched with other clients' images."""
         datas = await _request_images(request, limits)  # (at most max_images: the form says)
         what = "the image" if len(datas) == 1 else "image {}"
-        images = [await prepare(d, what.format(i + 1)) for i, d in enumerate(datas)]
-        arrival = request.scope.get("state", {}).get("arrival", time.monotonic())
-        deadline = None if admission.timeout is None else arrival + admission.timeout
+        images = [await prepare(request, d, what.format(i + 1)) for i, d in enumerate(datas)]
+        deadline = deadline_of(request)
         wait = batcher.expected_wait(len(images)) + batcher.max_wait  # (gathering included)
         short = wait < WATCH_AFTER_S
         try:
-            work = batcher.enqueue(images, deadline)
+            work = batcher.enqueue(images, deadline, request.scope.get(GONE))
             # a client that leaves is noticed (and its images dropped) where the wait is long
             # enough to matter; a watcher per request cost the MNIST model 12 % of its req/s
             probs = await (work if short else unless_gone(work, request.receive))
@@ -451,7 +463,7 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
         datas = await _request_images(request, limits)
         if len(datas) != 1:
             raise RequestError(400, f"explain takes one image, got {len(datas)}")
-        image = await prepare(datas[0], "the image")
+        image = await prepare(request, datas[0], "the image")
         found = await batcher.call(
             served.explain, image, k=top_k, layers=layers, head_fusion=head_fusion,
             query_patch=query_patch,

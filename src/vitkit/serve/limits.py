@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,10 @@ PART_HEADERS = 16  # header lines of one part
 # closed at once with unread bytes, it is reset, and a client still sending (a 20 MB header)
 # never read its 431.
 LINGER_S = 1.0
+# Keys of a request's ASGI scope: the time.monotonic() its first byte arrived, and a callable
+# telling whether its connection has closed (the client gone).
+FIRST_BYTE = "vitkit.first_byte"
+GONE = "vitkit.gone"
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
             if self._refused:
                 return
             if self._in_head:
+                if not self._started:  # the request's first byte: its deadline counts from here
+                    self._first_byte = time.monotonic()
                 self._started = True
                 self._arm()
             heads, in_head = self._heads, self._in_head
@@ -142,6 +149,10 @@ def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
             self._heads += 1
             if self._refused:
                 return
+            # when the request began arriving, and whether its client has gone since (its
+            # connection closed): read before a forward, no task watching each request
+            self.scope[FIRST_BYTE] = getattr(self, "_first_byte", time.monotonic())  # type: ignore[literal-required]
+            self.scope[GONE] = self.transport.is_closing  # type: ignore[literal-required]
             if self._head_bytes > limits.max_header_bytes or len(self.headers) > limits.max_headers:
                 self._head_too_large()
                 return

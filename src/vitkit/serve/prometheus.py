@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from vitkit.serve.admission import REASONS
@@ -12,6 +13,8 @@ from vitkit.serve.admission import REASONS
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The reasons for which a refused request means the server is shedding load (/ready: 503).
+SHEDDING = ("queue_full", "deadline", "body_memory", "decode_time")
 
 
 class Histogram:
@@ -50,6 +53,8 @@ class Metrics:
         self.in_flight = 0
         self.dropped = dict.fromkeys(REASONS, 0)  # requests given up before the forward
         self.abandoned = 0  # images computed for a request already gone
+        self.decodes_stopped = {"time": 0, "memory": 0}  # decode processes killed, by limit
+        self.last_shed = -float("inf")  # time.monotonic() a request was last refused for load
 
     def request_done(self, route: str, status: int | str, seconds: float) -> None:
         with self.lock:
@@ -60,10 +65,16 @@ class Metrics:
     def request_dropped(self, reason: str) -> None:
         with self.lock:
             self.dropped[reason] += 1
+            if reason in SHEDDING:
+                self.last_shed = time.monotonic()
 
     def images_abandoned(self, images: int) -> None:
         with self.lock:
             self.abandoned += images
+
+    def decode_stopped(self, limit: str) -> None:
+        with self.lock:
+            self.decodes_stopped[limit] += 1
 
     def batch_done(self, size: int, seconds: float) -> None:
         with self.lock:
@@ -112,6 +123,12 @@ class Metrics:
                 "had gone meanwhile (its client left during the forward).",
                 "# TYPE vitkit_images_abandoned_total counter",
                 f"vitkit_images_abandoned_total {self.abandoned}",
+                "# HELP vitkit_decodes_stopped_total Image decodes stopped at a limit, their "
+                "process killed and replaced: time (the request's deadline), memory (its grant "
+                "of --max-decode-memory).",
+                "# TYPE vitkit_decodes_stopped_total counter",
+                *(f'vitkit_decodes_stopped_total{{limit="{k}"}} {n}'
+                  for k, n in self.decodes_stopped.items()),
             ]  # fmt: skip
         return "\n".join(lines) + "\n"
 

@@ -30,22 +30,24 @@ from vitkit.data.transforms import convert_image, normalize
 from vitkit.engines.allocator import release_freed_memory
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
-from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes
+from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes, webp_header
 
 # Pixels along either side of a request image (JPEG's and GIF's own limit). Pillow's resize
 # keeps filter weights for every source pixel along a side it shrinks (16 to 48 bytes each,
 # by the filter): a 25,000,000 x 1 PNG of 24 KB, squashed to 224 x 224, passes the resize
 # plan (50,400 pixels) yet made one decode allocate 0.5 to 1.2 GB.
 MAX_SIDE = 65_535
-# After a decode that needed this many bytes the server gives glibc's free memory back: each
-# decode thread has its own malloc arena, and the vitkit command keeps freed blocks
-# (vitkit.engines.allocator), so resident memory grew to the sum of every thread's peak.
+# After a decode that needed this many bytes glibc's free memory goes back to the system
+# (vitkit.engines.allocator: the vitkit command keeps freed blocks otherwise).
 RELEASE_AFTER = 32_000_000
-# A body this small is opened on the event loop (its header: microseconds), and decoded there
-# too if it holds at most this many pixels and is no progressive JPEG (well under a millisecond
-# of work, less than the hop to a decode thread); every other image is decoded on a thread.
+# A PNG or baseline JPEG this small is decoded on the event loop (its decode is bounded by its
+# pixels: well under a millisecond, less than the hop to a decode process); every other image
+# decodes in a process (vitkit.serve.decode_process).
 INLINE_BYTES = 65_536
 INLINE_PIXELS = 65_536
+# Pillow's WebP decoder holds about three times the decoded image (its own RGBA canvas and
+# the frame it hands over, an animated file's canvas besides): the estimate is multiplied.
+WEBP_FACTOR = 3
 
 
 class RequestError(Exception):
@@ -60,8 +62,8 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """What one request may hold and the work its images may cost: pixels decoded, pixels
-    the resize before the centre crop allocates (:mod:`vitkit.data.resize_plan`), images
-    decoded at once (:class:`vitkit.serve.decode.DecodePool`); and what all requests hold
+    the resize before the centre crop allocates (:mod:`vitkit.data.resize_plan`), decode
+    processes kept started (:mod:`vitkit.serve.decode_process`); and what all requests hold
     together: bytes of images being decoded (:class:`vitkit.serve.decode.DecodeBudget`) and
     bytes of request bodies held (beyond it: 503)."""
 
@@ -80,19 +82,23 @@ def open_image(
     max_pixels: int,
     what: str = "the image",
     check: Callable[[Any], None] | None = None,
+    pillow: bool = True,
 ) -> Any:
     """Request bytes -> a PIL image opened from its header, no pixel decoded yet.
 
     The size is read from the header and checked against ``max_pixels`` (a decompression
     bomb never allocates); formats outside :data:`FORMATS` and unreadable headers are refused
     with one line (``RequestError``, 4xx); ``check(image)`` runs then too, on the image opened
-    from its header (it raises to refuse)."""
+    from its header (it raises to refuse). ``pillow=False``: a WebP's header is read here
+    (:func:`vitkit.serve.decode.webp_header`), not by Pillow, whose WebP plugin allocates the
+    whole canvas when it opens a file: the header a server reads costs no memory."""
     if not data:
         raise RequestError(400, f"{what}: empty (no bytes)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DecompressionBombWarning)  # the limit below rules
-            img = Image.open(io.BytesIO(data), formats=FORMATS)
+            header = None if pillow else webp_header(data)
+            img = header or Image.open(io.BytesIO(data), formats=FORMATS)
     except DecompressionBombError as e:
         raise RequestError(413, f"{what}: too large to decode ({e})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
@@ -136,6 +142,52 @@ def decode_image(
     """Request bytes -> a PIL image in the model's mode: :func:`open_image`, then
     :func:`load_image`."""
     return load_image(open_image(data, channels, max_pixels, what, check), channels, what)
+
+
+def open_checked(
+    data: bytes,
+    transform: Any,
+    channels: int,
+    limits: Limits,
+    what: str,
+    memory: int | None = None,
+    pillow: bool = True,
+) -> tuple[Any, int]:
+    """The image of ``data`` opened from its header with every limit checked before a pixel is
+    decoded (pixels, sides, the resize plan of ``transform``, the decode's memory against
+    ``memory``: 413), and the bytes its decode will hold (:func:`decode_bytes`; a WebP's
+    decoder holds :data:`WEBP_FACTOR` times that)."""
+    need = 0
+
+    def planned(img: Any) -> None:  # before a pixel is decoded
+        nonlocal need
+        (width, height), mode = img.size, img.mode
+        why = resize_refusal(transform, width, height, limits.max_resize_pixels)
+        if why:
+            raise RequestError(413, f"{what}: {why} (--max-resize-pixels)")
+        resized = resize_pixels(transform, width, height)
+        coefficients = jpeg_coefficient_bytes(img)
+        need = decode_bytes(mode, width, height, channels, resized, coefficients)
+        if img.format == "WEBP":
+            need *= WEBP_FACTOR
+        if memory is not None and need > memory:
+            raise RequestError(
+                413, f"{what}: decoding {width}x{height} pixels (mode {mode}) takes about "
+                f"{need / 1e6:,.0f} MB; the server decodes at most {memory / 1e6:,.0f} "
+                "MB at once (--max-decode-memory)",
+            )  # fmt: skip
+
+    return open_image(data, channels, limits.max_pixels, what, planned, pillow), need
+
+
+def forward_bytes(cfg: Any, batch: int) -> int:
+    """About the most memory one forward of ``batch`` images holds at once: the float input
+    and, in one encoder block, the tokens, q/k/v, the attention matrix of every head and the
+    MLP's hidden layer (float32)."""
+    (h, w), (ph, pw) = cfg.image_size, cfg.patch_size
+    tokens = (h // ph) * (w // pw) + 1
+    block = tokens * (5 * cfg.width + cfg.mlp_dim) + cfg.num_heads * tokens * tokens
+    return 4 * batch * (cfg.in_chans * h * w + block)
 
 
 class ServedModel:
@@ -205,30 +257,18 @@ class ServedModel:
         return self.finish(*self.open(data, limits, what, budget), what, budget)
 
     def open(
-        self, data: bytes, limits: Limits, what: str, budget: DecodeBudget | None = None
+        self,
+        data: bytes,
+        limits: Limits,
+        what: str,
+        budget: DecodeBudget | None = None,
+        pillow: bool = True,
     ) -> tuple[Any, int]:
         """The image of ``data`` opened from its header, every limit checked before a pixel
-        is decoded, and the bytes its decode will hold (:func:`decode_bytes`)."""
+        is decoded, and the bytes its decode will hold (:func:`open_checked`)."""
         channels = self.ckpt.preprocess.channels
-        need = 0
-
-        def planned(img: Any) -> None:  # before a pixel is decoded
-            nonlocal need
-            (width, height), mode = img.size, img.mode
-            why = resize_refusal(self.transform, width, height, limits.max_resize_pixels)
-            if why:
-                raise RequestError(413, f"{what}: {why} (--max-resize-pixels)")
-            resized = resize_pixels(self.transform, width, height)
-            coefficients = jpeg_coefficient_bytes(img)
-            need = decode_bytes(mode, width, height, channels, resized, coefficients)
-            if budget is not None and not budget.fits(need):
-                raise RequestError(
-                    413, f"{what}: decoding {width}x{height} pixels (mode {mode}) takes about "
-                    f"{need / 1e6:,.0f} MB; the server decodes at most {budget.limit / 1e6:,.0f} "
-                    "MB at once (--max-decode-memory)",
-                )  # fmt: skip
-
-        return open_image(data, channels, limits.max_pixels, what, planned), need
+        limit = None if budget is None else budget.limit
+        return open_checked(data, self.transform, channels, limits, what, limit, pillow)
 
     def finish(self, img: Any, need: int, what: str, budget: DecodeBudget | None) -> Tensor:
         """An image :meth:`open` opened, decoded and transformed within ``budget``."""

@@ -8,8 +8,8 @@ so a worker that died or whose event loop stalls for :data:`STALL_S` seconds is 
 worker is killed and started again (the others keep serving meanwhile); a worker that fails
 before it listens (at start or after a restart) stops the server loudly: every worker is
 stopped and the command exits 1 naming it. SIGTERM or Ctrl-C is passed to every worker, which
-drains as one server does (``--drain-timeout``); a worker still running a second after that is
-killed.
+drains as one server does (``--drain-timeout``); a worker still running :data:`STOP_MARGIN_S`
+after that is killed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,14 @@ from vitkit.errors import VitkitError
 
 STALL_S = 30.0  # a worker whose event loop sends no heartbeat for this long is restarted
 HEARTBEAT_S = 1.0
+# A worker still running this long after --drain-timeout is killed: the whole server stops
+# within --drain-timeout + this (docker stop waits 10 s: --drain-timeout 8 fits any --workers)
+STOP_MARGIN_S = 1.0
+
+
+def http_url(host: str, port: int) -> str:
+    """``http://HOST:PORT``, an IPv6 address in brackets (``http://[::]:8000``, RFC 3986)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def cpus() -> int:
@@ -118,7 +126,7 @@ def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], in
                 workers[i] = Worker(w.index, args, sock, serve)
             if not announced and all(w.ready for w in workers):
                 announced = True
-                print(f"ready: http://{host}:{port}/", flush=True)
+                print(f"ready: {http_url(host, port)}/", flush=True)
     except BaseException:
         _stop(workers, args.drain_timeout)
         raise
@@ -135,7 +143,7 @@ def _stop(workers: list[Worker], drain_timeout: float) -> list[int | None]:
     for w in workers:
         if w.process.is_alive() and w.process.pid is not None:
             os.kill(w.process.pid, signal.SIGTERM)
-    until = time.monotonic() + drain_timeout + 5
+    until = time.monotonic() + drain_timeout + STOP_MARGIN_S
     for w in workers:
         w.process.join(max(until - time.monotonic(), 0))
         if w.process.is_alive():
