@@ -80,8 +80,8 @@ def variant(spec: str, ckpt: Path) -> tuple[str, Path, list[str], float | None]:
         if not out.exists():
             subprocess.run([sys.executable, "-m", "vitkit", "export", str(ckpt), str(out),
                             "--int8"], check=True, capture_output=True)  # fmt: skip
-        return name, out, [], None
-    return name, ckpt, [], 1e-4
+        return name, out, ["--precision", "auto"], None  # (an engine directory's own)
+    return name, ckpt, ["--precision", "fp32"], 1e-4
 
 
 def load_model(spec: str, ckpts: dict[str, Path], args: Any) -> dict[str, Any]:
@@ -117,7 +117,8 @@ def load_model(spec: str, ckpts: dict[str, Path], args: Any) -> dict[str, Any]:
         # warm-up: every batch size the levels reach (1 to 32 images per forward)
         warm = asyncio.run(run_clients(port, 64, args.seconds / 2, lambda i: req(images[i % 16])))
         rss_start = rss_mb(proc.pid)
-        served = served_model(build_parser().parse_args(["serve", str(ckpt), *extra, "--fast"]))
+        argv = ["serve", str(ckpt), *extra, "--fast"]
+        served = served_model(build_parser().parse_args(argv))
         rows = []
         for clients in args.clients:
             batch = min(clients, MAX_BATCH)
@@ -332,7 +333,9 @@ async def sigterm_under_load(proc: Any, port: int, images: list[bytes]) -> dict[
 
 def fault_run(ckpt: Path, seconds: float) -> dict[str, Any]:
     images = [image_bytes("mnist", s) for s in range(16)]
-    proc, port = start_server(["-m", "vitkit", "serve", str(ckpt), "--fast", "--port", "0"])
+    proc, port = start_server(
+        ["-m", "vitkit", "serve", str(ckpt), "--precision", "fp32", "--fast", "--port", "0"]
+    )
     try:
         expected = {}
         for i, data in enumerate(images):

@@ -28,7 +28,7 @@ from typing import Any
 
 from serve_http import Tally, rss_mb, run_clients, start_server
 
-SERVE = ["-m", "vitkit", "serve"]
+SERVE = ["-m", "vitkit", "serve", "--precision", "fp32"]  # (serve's default, auto: bf16 here)
 
 
 def metrics(port: int) -> dict[str, float]:

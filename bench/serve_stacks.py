@@ -43,7 +43,8 @@ import base64
 
 class VitAPI(ls.LitAPI):
     def setup(self, device):
-        self.served = served_model(build_parser().parse_args(["serve", sys.argv[1]]))
+        argv = ["serve", sys.argv[1], "--precision", "fp32"]
+        self.served = served_model(build_parser().parse_args(argv))
         self.served.warm_up(%(batch)d)
         self.limits = Limits()
     def decode_request(self, request):
@@ -144,6 +145,8 @@ def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: A
                 str(WAIT_MS),
                 "--timeout",
                 "0",
+                "--precision",
+                "fp32",
             ]
         ),  # fmt: skip
         "litserve": lambda: start_litserve(ckpt, "pipe", script),

@@ -30,6 +30,8 @@ from PIL import Image
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 
+from test_serve_bounds import fp32_unless_asked  # noqa: E402
+
 import vitkit  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
 
@@ -68,7 +70,7 @@ class Server:
         from vitkit.serve.http_app import Settings, build_app
         from vitkit.serve.served_model import Limits
 
-        args = build_parser().parse_args(["serve", *argv])
+        args = build_parser().parse_args(["serve", *fp32_unless_asked(argv)])
         served = served_model(args)
         limits = Limits(args.max_body, args.max_pixels, args.max_images)
         settings = Settings(limits, args.max_batch, args.max_wait_ms, args.api_key)

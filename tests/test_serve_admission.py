@@ -29,6 +29,8 @@ from PIL import Image
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 
+from test_serve_bounds import fp32_unless_asked  # noqa: E402
+
 import vitkit  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
 from vitkit.serve.admission import ClientGone, Dropped  # noqa: E402
@@ -287,7 +289,7 @@ class Server:
         from vitkit.cli.serve import served_model, server_settings
         from vitkit.serve.http_app import build_app
 
-        args = build_parser().parse_args(["serve", *argv])
+        args = build_parser().parse_args(["serve", *fp32_unless_asked(argv)])
         config = uvicorn.Config(
             build_app(served_model(args), server_settings(args, None)), port=0,
             log_level="warning",

@@ -55,6 +55,16 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def fp32_unless_asked(argv: list[str]) -> list[str]:
+    """``argv`` with ``--precision fp32`` unless it gives one: these servers' answers are
+    compared with fp32 ones (the default, auto, runs bf16 on a CPU with native bf16)."""
+    from vitkit.engines.backends import is_engine_dir
+
+    if "--precision" in argv or is_engine_dir(argv[0]):  # (an engine directory: its own)
+        return argv
+    return [*argv, "--precision", "fp32"]
+
+
 class Server:
     """``vitkit serve``'s application and bounded protocol on a thread (uvicorn, port 0)."""
 
@@ -65,7 +75,7 @@ class Server:
         from vitkit.cli.serve_bounds import request_limits, server_options
         from vitkit.serve.http_app import Settings, build_app
 
-        args = build_parser().parse_args(["serve", *argv])
+        args = build_parser().parse_args(["serve", *fp32_unless_asked(argv)])
         settings = Settings(request_limits(args), args.max_batch, args.max_wait_ms)
         app = build_app(served_model(args), settings)
         config = uvicorn.Config(app, port=0, log_level="warning", **server_options(args))

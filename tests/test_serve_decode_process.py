@@ -18,7 +18,10 @@ from PIL import Image
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 
-from test_serve_bounds import call  # noqa: E402
+from test_serve_bounds import (
+    call,  # noqa: E402
+    fp32_unless_asked,  # noqa: E402
+)
 from test_serve_bounds import work as work  # noqa: E402,F401  (the module's fixture)
 
 from vitkit.cli import build_parser  # noqa: E402
@@ -42,7 +45,7 @@ class Server:
         from vitkit.cli.serve_bounds import server_options
         from vitkit.serve.http_app import build_app
 
-        args = build_parser().parse_args(["serve", *argv])
+        args = build_parser().parse_args(["serve", *fp32_unless_asked(argv)])
         self.app = build_app(served_model(args), server_settings(args, None))
         config = uvicorn.Config(self.app, port=0, log_level="warning", **server_options(args))
         self.server = uvicorn.Server(config)

@@ -151,23 +151,74 @@ def add_commands(sub: Any) -> None:
     )
     add_bound_options(g)
     add_engine_options(p, fast=True, precision=True)
+    for action in p._actions:  # serve's --precision takes auto, its default
+        if action.dest == "precision":
+            action.choices = ["auto", *(action.choices or ())]
+            action.default = "auto"
+            rest = str(action.help).split("; default fp32")[0]
+            action.help = (
+                "auto (default): bf16 where this CPU multiplies bf16 natively (AVX512-BF16 or "
+                "AMX) and the model's bf16 top-1 agrees with fp32's on 32 synthetic images "
+                f"measured at start, else fp32 (the ready line and /v1/info say which and why); "
+                f"{rest}; a model of 'vitkit export' runs at its own"
+            )
     p.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     p.set_defaults(func=cmd_serve)
 
 
 def served_model(args: argparse.Namespace) -> Any:
     """The model of ``args.ckpt`` as the server runs it: classification by ``--engine`` /
-    ``--fast`` (what ``vitkit predict`` runs), explanations by the PyTorch model where there
-    is one."""
+    ``--fast`` (what ``vitkit predict`` runs) at ``--precision`` (``auto``: bf16 where this CPU
+    has it natively and the model's bf16 top-1 agrees with its fp32 top-1, measured now;
+    :mod:`vitkit.serve.precision_choice`), explanations by the PyTorch model where there is
+    one."""
+    from vitkit.engines.backends import is_engine_dir
+    from vitkit.serve.precision_choice import MAX_DISAGREEMENTS, auto_choice, top1_agreement
+    from vitkit.serve.served_model import ServedModel
+
+    asked = args.precision
+    precision, why = asked, f"--precision {asked}"
+    if asked == "auto":
+        precision, why = auto_choice(is_engine_dir(args.ckpt))
+    model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, precision)
+    if asked == "auto" and precision == "bf16" and fp32 is not None:
+        served = ServedModel(model, ckpt, engine=engine, precision=precision)
+        agree, n = top1_agreement(fp32, model, served)
+        if n - agree > MAX_DISAGREEMENTS:
+            why = (
+                f"auto: fp32, the bf16 top-1 agreed with fp32's on only {agree} of {n} "
+                "synthetic images measured at start"
+            )
+            del model, served
+            model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, "fp32")
+        else:
+            why += (
+                f", top-1 agreeing with fp32's on {agree} of {n} synthetic images measured "
+                "at start (--precision fp32 to run fp32)"
+            )
+    print(f"precision: {precision} ({why})")
+    return ServedModel(
+        model,
+        ckpt,
+        engine=engine,
+        precision=precision,
+        attention_model=attention,
+        no_attention_reason=no_attention,
+        precision_why=why,
+    )
+
+
+def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
+    """(model, checkpoint, engine, precision, attention model, fp32 PyTorch model, why no
+    attention) of ``args.ckpt`` at ``precision``."""
     from vitkit.engines.backends import EngineModel
     from vitkit.engines.bf16 import BF16Model
     from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.models.vit import VisionTransformer
-    from vitkit.serve.served_model import ServedModel
 
     model, ckpt, engine_line = load_for_inference(
-        args, args.ckpt, precision=args.precision, long_lived=True
+        args, args.ckpt, precision=precision, long_lived=True
     )
     print(engine_line)
     attention, why = None, ""
@@ -182,21 +233,16 @@ def served_model(args: argparse.Namespace) -> Any:
             from vitkit.checkpoints import load_model
 
             attention, _ = load_model(args.ckpt, **loading(args))
+            attention.eval()
     else:
         engine, precision = "torch", "fp32"
         check_finite_weights(model, ckpt)
         attention = model
+    fp32 = attention
     if attention is not None and not isinstance(attention, VisionTransformer):
         why = f"{ckpt.model_config.short_name} is not a Vision Transformer: it has no attention"
         attention = None
-    return ServedModel(
-        model,
-        ckpt,
-        engine=engine,
-        precision=precision,
-        attention_model=attention,
-        no_attention_reason=why,
-    )
+    return model, ckpt, engine, precision, attention, fp32, why
 
 
 def server_settings(args: argparse.Namespace, key: str | None) -> Any:

@@ -89,6 +89,8 @@ def _decode(job: tuple[Any, ...], data: bytes) -> tuple[Any, ...]:
         return ("refused", e.status, message)
     except MemoryError:
         return ("memory",)
+    except Exception as e:  # (a decoder's own error: the one line, never a traceback)
+        return ("refused", 400, f"{what}: cannot be decoded ({type(e).__name__}: {e})")
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
@@ -221,6 +223,9 @@ class DecodeProcesses:
 
         proc = self._take(until)
         seconds = max(until - time.monotonic(), 0.0)
+        if proc is not None and not seconds:  # (its time passed while it waited: none left)
+            self._give_back(proc)
+            proc = None
         if proc is None:
             raise DecodeFailed(
                 503, f"{what}: no decode process came free within the request's time "

@@ -34,7 +34,10 @@ from vitkit.serve.limits import FIRST_BYTE, GONE, check_multipart, quiet_multipa
 from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
 from vitkit.serve.served_model import Limits, RequestError, ServedModel
 
-ROUTES = ("/", "/health", "/ready", "/metrics", "/openapi.json", "/v1/classify", "/v1/explain")
+ROUTES = (
+    "/", "/health", "/ready", "/metrics", "/openapi.json", "/v1/info", "/v1/classify",
+    "/v1/explain",
+)  # fmt: skip
 # Routes open without the API key: the probes and the Prometheus scrape (counters only)
 OPEN_ROUTES = ("/health", "/ready", "/metrics")
 # /ready answers 503 this long after a request was refused for load
@@ -392,6 +395,11 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     async def health() -> dict[str, Any]:
         """Ready: the model is loaded and warmed up (the server listens only then)."""
         return {"status": "ready", **served.describe()}
+
+    @app.get("/v1/info")
+    async def info_route() -> dict[str, Any]:
+        """The model, engine, precision and why that precision, and preprocessing."""
+        return {**served.describe(), "precision_why": served.precision_why}
 
     @app.get("/ready", responses={503: {"model": ErrorAnswer, "description": "not ready"}})
     async def ready() -> JSONResponse:

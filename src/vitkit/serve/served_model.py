@@ -207,6 +207,7 @@ class ServedModel:
         precision: str,
         attention_model: nn.Module | None = None,
         no_attention_reason: str = "",
+        precision_why: str = "",
     ):
         cfg = ckpt.model_config
         if not cfg.num_classes:
@@ -222,6 +223,7 @@ class ServedModel:
         self.precision = precision
         self.attention_model = attention_model
         self.no_attention_reason = no_attention_reason
+        self.precision_why = precision_why  # how the precision was chosen (/v1/info)
         self.transform = eval_transform(ckpt.preprocess)
         self.num_classes = int(cfg.num_classes)
         self.names = class_names(ckpt, self.num_classes)
