@@ -66,7 +66,8 @@ def add_commands(sub: Any) -> None:
         "Serves SOURCE (a run, a checkpoint in any format, or an engine directory of 'vitkit "
         "export --int8') with the answers of 'vitkit predict': POST /v1/classify (top-k of one "
         "or several images, batched across clients), POST /v1/explain (attention rollout and "
-        "per-layer maps), GET /health, GET /metrics (Prometheus), GET /openapi.json and a page "
+        "per-layer maps), GET /v1/info, GET /health (liveness), GET /ready (readiness), GET "
+        "/metrics (Prometheus), GET /openapi.json and a page "
         "at GET /. Listens on 127.0.0.1 unless --host says otherwise, once the model is loaded "
         "and warmed up; SIGTERM or Ctrl-C drains the requests in flight and exits 0. Needs "
         "pip install 'vitkit[serve]'.",
