@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +229,15 @@ def _add_run(g: Any) -> None:
         "--out-dir", type=output_directory, help="run directory (checkpoints, metrics, plots)"
     )
     g.add_argument("--seed", type=seed, help="seeds initialisation, data order and augmentation")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out-dir")
+    g.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        choices=["auto"],
+        help="continue the run in --out-dir; '--resume auto': continue it if it exists, else "
+        "start it (one command that starts and restarts a job)",
+    )
     g.add_argument("--ckpt-every", type=positive_int, help="also checkpoint every N steps")
     g.add_argument("--keep-checkpoints", type=positive_int, help="how many checkpoints to keep")
     g.add_argument("--max-steps", type=positive_int, help="stop after N optimizer steps")
@@ -292,7 +302,10 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     cfg = get_recipe(args.recipe).config
     if args.smoke:
         cfg = smoke(cfg, finetune=bool(getattr(args, "init_from", None)))
-    if args.resume:  # continue the run as it was started
+    resume = bool(args.resume)
+    if args.resume == "auto":
+        resume = _resume_auto(Path(args.out_dir or cfg.out_dir))
+    if resume:  # continue the run as it was started
         cfg = saved_run_config(Path(args.out_dir or cfg.out_dir))
     changes = {f: getattr(args, f) for f in _TRAIN_FIELDS if getattr(args, f) is not None}
     if "grad_clip" in changes and changes["grad_clip"] == 0:
@@ -305,7 +318,7 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     if model_opts:
         changes["model_overrides"] = {**changes.get("model_overrides", cfg.model_overrides)}
         changes["model_overrides"].update(model_opts)
-    changes["resume"] = args.resume
+    changes["resume"] = resume
     objective = getattr(args, "objective", None)
     if objective is not None and objective != cfg.objective:
         changes["objective"] = objective
@@ -333,6 +346,18 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
         changes["progress"] = False
     changes.update(_naflex_change(args, cfg))
     return dataclasses.replace(cfg, **changes)
+
+
+def _resume_auto(out: Path) -> bool:
+    """``--resume auto``: whether ``out`` holds the run to continue; a start is said here in
+    one line (a continuation by the trainer, which knows its checkpoint)."""
+    from vitkit.train.checkpoint_manager import holds_run
+
+    if holds_run(out):
+        return True
+    if os.environ.get("RANK", "0") == "0":  # (under torchrun: once)
+        print(f"{out}: holds no run yet; starting it (--resume auto)", file=sys.stderr)
+    return False
 
 
 def _init_reading(args: argparse.Namespace, model_overrides: dict[str, Any]) -> dict[str, Any]:

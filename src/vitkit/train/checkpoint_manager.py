@@ -91,6 +91,30 @@ def saved_run_config(run_dir: Path) -> TrainConfig:
     raise VitkitError(f"{run_dir} has no checkpoint to resume; start it again without --resume")
 
 
+# What a run directory holds before its train_config.json is written (a run killed at once).
+_RUN_ENTRIES = frozenset({"checkpoints", "metrics.jsonl"})
+
+
+def holds_run(run_dir: Path) -> bool:
+    """``--resume auto``: True if ``run_dir`` holds a vitkit run to continue (its
+    ``train_config.json`` or a checkpoint), False if it holds none yet (absent, empty, or only
+    what a run writes before its settings); refuses a directory that holds something else."""
+    if not run_dir.exists():
+        return False
+    if not run_dir.is_dir():
+        raise VitkitError(f"{run_dir}: is not a directory; --resume auto needs a run directory")
+    if (run_dir / "train_config.json").is_file() or (run_dir / "checkpoints" / LATEST).is_file():
+        return True
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_ENTRIES)
+    if others:
+        listed = ", ".join(others[:3]) + (" ..." if len(others) > 3 else "")
+        raise VitkitError(
+            f"{run_dir}: holds files that are not a vitkit run ({listed}); --resume auto "
+            "starts or continues a run only in its own directory: choose another --out-dir"
+        )
+    return False
+
+
 def fresh_run_dir(path: Path) -> Path:
     """``path`` if it holds nothing yet (absent or an empty directory), else the first of
     ``path-2``, ``path-3``, ... that does: a new run never writes into another's files."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -397,4 +398,9 @@ class TrainingRun:
         except (KeyError, TypeError, ValueError) as e:
             raise VitkitError(f"{path}: incomplete training state ({e!r})") from None
         self.metrics.truncate(self.step)
+        if self.dist.is_main:
+            print(
+                f"{self.out}: continuing the run from {path.name} (step {self.step})",
+                file=sys.stderr,
+            )
         return True
