@@ -16,6 +16,7 @@ ALLOWED = re.compile(
     r"InferenceSession|SessionOptions|add_session_config_entry|\"session\.intra_op"
     r"|\bsession\.(run|get_inputs)\(|\bsession = ort\.|ONNX Runtime session"
     r"|test session starts"  # pytest's own header in a saved log
+    r"|AWS_SESSION_TOKEN"  # the AWS credential variable
     r"|\w+lease|please",  # release, released, please
     re.I,
 )

@@ -19,6 +19,7 @@ from vitkit.cli.options import (
     positive_int,
     seed,
 )
+from vitkit.errors import VitkitError
 
 
 def add_commands(sub: Any) -> None:
@@ -35,7 +36,13 @@ def add_commands(sub: Any) -> None:
         "streaming reader only shuffles within its buffer).",
     )
     p.add_argument("src", metavar="SRC", type=dataset, help="dataset name or directory")
-    p.add_argument("out", metavar="OUT", type=output_directory, help="output directory")
+    p.add_argument(
+        "out",
+        metavar="OUT",
+        type=shards_destination,
+        help="output directory, or object storage: s3://BUCKET/PREFIX/ (credentials from the "
+        "environment, as the storage's own tools find them)",
+    )
     g = p.add_argument_group("data")
     g.add_argument(
         "--splits",
@@ -64,15 +71,30 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_shards)
 
 
+def shards_destination(text: str) -> str:
+    """`vitkit shards`'s OUT: a directory to write into, or a URL in object storage."""
+    from vitkit.data.shards_remote import is_remote
+
+    return text if is_remote(text) else output_directory(text)
+
+
 def cmd_shards(args: argparse.Namespace) -> int:
+    from vitkit.data import shards_remote as remote
     from vitkit.data.shards_index import INDEX
     from vitkit.data.shards_write import write_dataset_shards
     from vitkit.output_files import check_destination
 
-    out = Path(args.out)
-    taken = [INDEX, *(p.name for p in out.glob("*.tar"))] if out.is_dir() else []
-    reads = [args.src] if Path(args.src).is_dir() else []  # (an ImageFolder directory)
-    check_destination(out, reads=reads, writes=taken, overwrite=args.overwrite)
+    if remote.is_remote(args.out):
+        index = remote.join(args.out, INDEX)
+        if remote.exists(index) and not args.overwrite:
+            raise VitkitError(f"{index} exists; pass --overwrite to replace those shards")
+        where = index
+    else:
+        out = Path(args.out)
+        taken = [INDEX, *(p.name for p in out.glob("*.tar"))] if out.is_dir() else []
+        reads = [args.src] if Path(args.src).is_dir() else []  # (an ImageFolder directory)
+        check_destination(out, reads=reads, writes=taken, overwrite=args.overwrite)
+        where = str(out / INDEX)
     counts = write_dataset_shards(
         args.src,
         args.out,
@@ -95,5 +117,5 @@ def cmd_shards(args: argparse.Namespace) -> int:
                 "(add val to --splits to write them)"
             )
         print(f"{split}: {count(c['samples'], 'sample')} in {count(c['shards'], 'shard')}{note}")
-    print(f"wrote {Path(args.out) / INDEX}; train with: vitkit train --data {args.out}")
+    print(f"wrote {where}; train with: vitkit train --data {args.out}")
     return 0

@@ -89,6 +89,16 @@ def _add_data(g: Any) -> None:
     g.add_argument(
         "--shuffle-buffer", type=positive_int, help="shards: samples per worker's buffer"
     )
+    g.add_argument(
+        "--read-ahead",
+        type=positive_int,
+        help="shards in object storage: shards each stream fetches ahead (default 2)",
+    )
+    g.add_argument(
+        "--shard-cache",
+        metavar="DIR",
+        help="shards in object storage: keep the fetched shards in DIR for the next epochs",
+    )
 
 
 def _add_model(g: Any) -> None:
@@ -288,7 +298,7 @@ _TRAIN_FIELDS = (
     "grad_clip label_smoothing precision out_dir seed ckpt_every keep_checkpoints max_steps "
     "device prefetch_factor shuffle_buffer strategy init_resample ema_decay mixup_alpha "
     "cutmix_alpha compile threads early_stop tta_shift tta_rotate tta_zoom fp8_recipe "
-    "fp8_min_params attention_backend"
+    "fp8_min_params attention_backend read_ahead shard_cache"
 ).split()
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 

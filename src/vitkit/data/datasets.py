@@ -42,6 +42,7 @@ from vitkit.data.shapes_hard import DEFAULT_N as HARD_DEFAULT_N
 from vitkit.data.shapes_hard import make_shapes_hard
 from vitkit.data.shards_index import is_shard_dir, read_index, shard_info
 from vitkit.data.shards_read import ShardDataset, load_shards
+from vitkit.data.shards_remote import is_remote
 from vitkit.data.splits import resolve_holdout_size, stratified_holdout
 from vitkit.data.transforms import PilEvalTransform, PilTrainTransform, match_channels, resize_batch
 from vitkit.errors import VitkitError
@@ -143,8 +144,9 @@ def load_dataset(
             raise VitkitError(f"{spec}: split 'all' is for ImageFolder directories")
         return _load_builtin(spec, split, image_size, channels, val_size, seed, root)
     if is_shard_dir(spec):
+        root = str(spec) if is_remote(spec) else Path(spec)  # (a URL: shards in object storage)
         return _load_shards(
-            Path(spec), split, image_size, channels, on_bad_image, train_transform, eval_transform
+            root, split, image_size, channels, on_bad_image, train_transform, eval_transform
         )
     if Path(spec).is_dir():
         p = Path(spec)
@@ -171,6 +173,8 @@ def check_data_spec(spec: str | os.PathLike[str]) -> None:
     """Refuse a data spec that names no built-in dataset and no directory (cheap: before
     `--nproc-per-node` starts processes that would each refuse it)."""
     if isinstance(spec, str) and spec in BUILTIN_DATASETS or Path(spec).is_dir():
+        return
+    if is_remote(spec):  # (shards in object storage: read where the run starts)
         return
     raise VitkitError(
         f"unknown dataset '{spec}': expected one of {', '.join(BUILTIN_DATASETS)}, an "
@@ -445,7 +449,7 @@ def _load_folder(
 
 
 def _load_shards(
-    root: Path,
+    root: Path | str,
     split: Split,
     image_size: int | tuple[int, int] | None,
     channels: int | None,

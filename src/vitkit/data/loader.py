@@ -210,13 +210,16 @@ def make_loader(
     world_size: int = 1,
     shuffle_buffer: int = 1000,
     collate_fn: Callable[[Any], Any] | None = None,
+    read_ahead: int = 2,
+    shard_cache: str | None = None,
 ) -> EpochLoader:
     """An `EpochLoader` for `dataset`: `ArrayLoader` for an `ArrayDataset`, a `ShardLoader` for
     webdataset shards (`ShardDataset`), else a DataLoader over an `EpochBatchSampler`.
 
     `batch_size` is per rank; `rank` / `world_size` pick this rank's part of every epoch.
     The worker options apply to DataLoaders only (an ArrayLoader just honours `pin_memory`);
-    `shuffle_buffer` to shards only; `collate_fn` to a map-style dataset's DataLoader.
+    `shuffle_buffer`, `read_ahead` and `shard_cache` to shards only; `collate_fn` to a
+    map-style dataset's DataLoader.
     """
     if isinstance(dataset, ArrayDataset):
         return ArrayLoader(
@@ -245,6 +248,8 @@ def make_loader(
             persistent_workers=persistent_workers,
             prefetch_factor=prefetch_factor,
             shuffle_buffer=shuffle_buffer,
+            read_ahead=read_ahead,
+            shard_cache=shard_cache,
         )
     n = len(cast(Sized, dataset))  # a map-style dataset: its batches are sampled by index
     sampler = EpochBatchSampler(

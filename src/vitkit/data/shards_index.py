@@ -24,8 +24,9 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from vitkit.data import shards_remote as remote
 from vitkit.data.arrays import DataInfo
 from vitkit.errors import VitkitError
 from vitkit.output_files import writing
@@ -42,24 +43,34 @@ SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class ShardFile:
-    path: Path
+    path: Path | str  # a local file, or a URL in object storage
     samples: int
+    size: int | None = None  # bytes, where shards.json records it
 
 
 def is_shard_dir(spec: str | os.PathLike[str]) -> bool:
-    """True for a directory written by `write_shards` or holding webdataset ``.tar`` files."""
+    """True for a directory written by `write_shards` or holding webdataset ``.tar`` files, and
+    for a URL (shards in object storage, read through their ``shards.json``)."""
+    if remote.is_remote(spec):
+        return True
     p = Path(spec)
     return p.is_dir() and ((p / INDEX).is_file() or any(p.glob("*.tar")))
 
 
 def read_index(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """The shard index of `root`: ``shards.json`` if present, else built by reading the tars."""
-    root = Path(root)
-    path = root / INDEX
-    if not path.is_file():
-        return _index_foreign(root)
+    """The shard index of `root`: ``shards.json`` if present, else built by reading the tars
+    (object storage: its ``shards.json`` only)."""
+    path: Path | str
     try:
-        index = json.loads(path.read_text())
+        if remote.is_remote(root):
+            path = remote.join(str(root), INDEX)
+            index = json.loads(remote.read_bytes(path))
+        else:
+            root = Path(root)
+            path = root / INDEX
+            if not path.is_file():
+                return _index_foreign(root)
+            index = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VitkitError(f"{path}: unreadable shard index ({e})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
@@ -75,7 +86,7 @@ def shard_splits(root: str | os.PathLike[str]) -> tuple[str, ...]:
 
 
 def shard_info(
-    root: Path,
+    root: Path | str,
     index: dict[str, Any],
     image_size: int | tuple[int, int] | None,
     channels: int | None,
@@ -85,7 +96,8 @@ def shard_info(
     h, w = (size, size) if isinstance(size, int) else size
     names = tuple(str(c) for c in index["class_names"])
     return DataInfo(
-        name=str(root.resolve()),  # what a checkpoint records to find the data again
+        # what a checkpoint records to find the data again
+        name=str(root) if remote.is_remote(root) else str(Path(root).resolve()),
         num_classes=len(names),
         class_names=names,
         channels=int(channels or index["channels"]),
@@ -101,8 +113,8 @@ def write_index(
     native_size: tuple[int, int] | None,
     source: str,
 ) -> Path:
-    """Write ``shards.json`` (atomically) for the splits written into `out_dir`."""
-    out = Path(out_dir)
+    """Write ``shards.json`` (atomically) for the splits written into `out_dir` (a directory or
+    a URL)."""
     index = {
         "format": FORMAT,
         "version": 1,
@@ -114,6 +126,10 @@ def write_index(
         "allow_flip": info.allow_flip,
         "splits": splits,
     }
+    if remote.is_remote(out_dir):  # (an object appears whole when its upload completes)
+        remote.write_bytes(remote.join(str(out_dir), INDEX), json.dumps(index, indent=1).encode())
+        return Path(INDEX)
+    out = Path(out_dir)
     tmp = out / f".{INDEX}.tmp-{os.getpid()}"
     with writing(out / INDEX, tmp):  # any failure removes tmp; no room is one line
         tmp.write_text(json.dumps(index, indent=1))
@@ -160,16 +176,19 @@ def _index_foreign(root: Path) -> dict[str, Any]:
 # --- reading tar files ----------------------------------------------------------------------
 
 
-def iter_tar_samples(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+def iter_tar_samples(
+    path: str | os.PathLike[str], fileobj: IO[bytes] | None = None
+) -> Iterator[dict[str, Any]]:
     """The samples of a webdataset tar in file order: ``{"__key__": key, ext: bytes, ...}``.
 
     As webdataset: the key is the member's path up to the first dot of its file name and the
     extension (lower-cased) is the rest; consecutive members with one key form one sample.
-    Directories, hidden files and names without an extension are ignored.
+    Directories, hidden files and names without an extension are ignored. ``fileobj``: the
+    shard's bytes already fetched (``path`` then only names it).
     """
     current: dict[str, Any] | None = None
     try:
-        with tarfile.open(path, "r|*") as tar:
+        with tarfile.open(None if fileobj else path, "r|*", fileobj=fileobj) as tar:
             for member in tar:
                 if not member.isfile():
                     continue

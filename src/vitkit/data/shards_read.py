@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vitkit.data import shards_remote as remote
 from vitkit.data.arrays import DataInfo
 from vitkit.data.folder import _DECODE_ERRORS, collate_skipping
 from vitkit.data.shards_index import (
@@ -113,7 +114,15 @@ class _RankStream(IterableDataset):
     """
 
     def __init__(
-        self, dataset: ShardDataset, shuffle: bool, seed: int, rank: int, world: int, buf: int
+        self,
+        dataset: ShardDataset,
+        shuffle: bool,
+        seed: int,
+        rank: int,
+        world: int,
+        buf: int,
+        read_ahead: int = 2,
+        cache: str | None = None,
     ) -> None:
         self.dataset = dataset
         self.shuffle = shuffle
@@ -121,6 +130,8 @@ class _RankStream(IterableDataset):
         self.rank = rank
         self.world = world
         self.buffer = buf
+        self.read_ahead = read_ahead  # (object storage) shards fetched ahead, and where kept
+        self.cache = cache
         self.chunk = 1  # samples per item a worker sends (the loader sets its batch size)
         self.state = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
 
@@ -130,7 +141,18 @@ class _RankStream(IterableDataset):
             g = torch.Generator().manual_seed(_seed(self.seed, epoch, self.rank, -1))
             shards = [shards[i] for i in torch.randperm(len(shards), generator=g).tolist()]
         mine = shards[worker::num_workers]
-        samples: Iterator[dict] = (s for shard in mine for s in iter_tar_samples(shard.path))
+        samples: Iterator[dict]
+        if mine and remote.is_remote(mine[0].path):  # fetched whole, read_ahead shards ahead
+            fetched = remote.ReadAhead(
+                [(str(s.path), s.size) for s in mine], self.read_ahead, self.cache
+            )
+            samples = (
+                s
+                for shard, data in zip(mine, fetched, strict=True)
+                for s in _counted(shard, iter_tar_samples(shard.path, data))
+            )
+        else:
+            samples = (s for shard in mine for s in _counted(shard, iter_tar_samples(shard.path)))
         if self.shuffle and self.buffer > 1:
             rng = random.Random(_seed(self.seed, epoch, self.rank, worker))
             samples = _shuffled(samples, self.buffer, rng)
@@ -173,6 +195,20 @@ def _unchunk(chunk: Chunk) -> Iterator[tuple[torch.Tensor, int] | None]:
             k += 1
         else:
             yield None
+
+
+def _counted(shard: ShardFile, samples: Iterator[dict]) -> Iterator[dict]:
+    """The samples of `shard`, refused at its end if they are not as many as the index says
+    (a truncated or replaced shard would otherwise shorten the epoch silently)."""
+    n = 0
+    for s in samples:
+        n += image_entry(s) is not None
+        yield s
+    if n != shard.samples:
+        raise VitkitError(
+            f"{shard.path}: {n} samples where {INDEX} records {shard.samples}: the shard is "
+            "truncated or was replaced; write the shards again"
+        )
 
 
 def _shuffled(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -219,6 +255,8 @@ class ShardLoader:
         persistent_workers: bool = False,
         prefetch_factor: int | None = None,
         shuffle_buffer: int = 1000,
+        read_ahead: int = 2,
+        shard_cache: str | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
@@ -231,7 +269,9 @@ class ShardLoader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.epoch = 0
-        self.stream = _RankStream(dataset, shuffle, seed, rank, world_size, shuffle_buffer)
+        self.stream = _RankStream(
+            dataset, shuffle, seed, rank, world_size, shuffle_buffer, read_ahead, shard_cache
+        )
         self.stream.chunk = batch_size
         if drop_last and len(dataset.shards) < world_size:
             raise VitkitError(
@@ -321,7 +361,6 @@ def load_shards(
 ) -> ShardDataset:
     """`split` of a shard directory. `transform` maps a PIL image to uint8 [C, H, W] of
     `image_size` (the caller builds it from the returned size; see `shard_info`)."""
-    root = Path(root)
     index = read_index(root)
     if split not in index["splits"]:
         raise VitkitError(
@@ -330,11 +369,18 @@ def load_shards(
         )
     shards = []
     for entry in index["splits"][split]:
-        path = root / entry["file"]
+        size = int(entry["bytes"]) if entry.get("bytes") is not None else None
+        if remote.is_remote(root):  # (a missing object is said when its turn comes)
+            shards.append(
+                ShardFile(remote.join(str(root), entry["file"]), int(entry["samples"]), size)
+            )
+            continue
+        path = Path(root) / entry["file"]
         if not path.is_file():
-            raise VitkitError(f"{path}: shard listed in {root / INDEX} is missing")
-        shards.append(ShardFile(path, int(entry["samples"])))
-    info = shard_info(root, index, image_size, channels)
+            raise VitkitError(f"{path}: shard listed in {Path(root) / INDEX} is missing")
+        shards.append(ShardFile(path, int(entry["samples"]), size))
+    where = str(root) if remote.is_remote(root) else Path(root)
+    info = shard_info(where, index, image_size, channels)
     return ShardDataset(shards, info, transform, on_bad_image)
 
 

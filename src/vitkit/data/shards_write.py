@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitkit.data import shards_remote as remote
 from vitkit.data.arrays import ArrayDataset, DataInfo
 from vitkit.data.datasets import Split, load_dataset
 from vitkit.data.folder import _DECODE_ERRORS, ImageFolderDataset
@@ -89,11 +91,51 @@ def write_shards(
 
     `shuffle` (default) writes the samples in a random order (seeded): a streaming reader only
     shuffles within its buffer, so shards in class order would give one-class batches.
-    Each shard is written to a temporary name and renamed when complete.
+    Each shard is written to a temporary name and renamed when complete; to object storage
+    (`out_dir` a URL) it is written locally, uploaded whole, then deleted locally.
     """
     if shard_size < 1:
         raise VitkitError(f"shard size must be at least 1, got {shard_size}")
-    out = Path(out_dir)
+    if remote.is_remote(out_dir):
+        with tempfile.TemporaryDirectory(prefix="vitkit-shards-") as staging:
+            return _write_shards(
+                dataset,
+                Path(staging),
+                split,
+                shard_size,
+                max_shard_bytes,
+                shuffle,
+                seed,
+                on_bad_image,
+                progress,
+                str(out_dir),
+            )
+    return _write_shards(
+        dataset,
+        Path(out_dir),
+        split,
+        shard_size,
+        max_shard_bytes,
+        shuffle,
+        seed,
+        on_bad_image,
+        progress,
+        None,
+    )
+
+
+def _write_shards(
+    dataset: ArrayDataset | ImageFolderDataset,
+    out: Path,
+    split: str,
+    shard_size: int,
+    max_shard_bytes: int,
+    shuffle: bool,
+    seed: int,
+    on_bad_image: Literal["stop", "skip"],
+    progress: bool,
+    upload_to: str | None,
+) -> tuple[list[dict[str, Any]], int]:
     out.mkdir(parents=True, exist_ok=True)
     n = len(dataset)
     g = torch.Generator().manual_seed(seed)
@@ -144,7 +186,10 @@ def write_shards(
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, final)
-            entries.append({"file": final.name, "samples": count})
+            entries.append({"file": final.name, "samples": count, "bytes": final.stat().st_size})
+            if upload_to is not None:
+                remote.upload(final, remote.join(upload_to, final.name))
+                final.unlink()
     return entries, skipped
 
 

@@ -89,10 +89,43 @@ def init_distributed(device: str = "cpu", timeout_s: float = 1800.0) -> DistEnv:
         if not torch.cuda.is_available():
             raise VitkitError(f"device '{device}': this PyTorch sees no CUDA GPU")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(
-        backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        dist.init_process_group(
+            backend="nccl" if cuda else "gloo", timeout=timeout, **_restart_store(timeout)
+        )
+    except (dist.DistStoreError, dist.DistNetworkError) as e:  # (the store never answered)
+        endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        reason = " ".join(str(e).split("\n")[0].split())[:200]
+        raise VitkitError(
+            f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: the rendezvous at "
+            f"{endpoint} did not complete within {timeout_s:g} s ({reason}); is every node "
+            "started, and is the endpoint reachable from this one?"
+        ) from None
     return DistEnv.current()
+
+
+def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """Under torchrun's rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``), the process
+    group's keys under a prefix of their own per restart: torchrun keeps one store for every
+    round and its workers' keys carry no attempt, so after ``--max-restarts`` restarted the
+    processes, gloo read the killed processes' addresses from it (connection refused) and the
+    restart failed. Elsewhere: nothing (init_process_group reads the environment itself)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    return {
+        "store": dist.PrefixStore(f"vitkit/attempt_{attempt}", store),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
 
 
 def shutdown() -> None:

@@ -240,6 +240,8 @@ class TrainingRun:
             rank=self.dist.rank,
             world_size=self.dist.world_size,
             shuffle_buffer=cfg.shuffle_buffer,
+            read_ahead=cfg.read_ahead,
+            shard_cache=cfg.shard_cache,
         )
 
     def _units(self) -> list[torch.nn.Module]:

@@ -40,6 +40,8 @@ class TrainConfig:
     persistent_workers: bool = False  # keep DataLoader workers between epochs
     prefetch_factor: int | None = None  # batches each worker loads ahead (None: PyTorch's 2)
     shuffle_buffer: int = 1000  # webdataset shards: samples in each worker's shuffle buffer
+    read_ahead: int = 2  # shards in object storage: shards each stream fetches ahead
+    shard_cache: str | None = None  # shards in object storage: keep fetched shards in this dir
     # model
     model: str = "Ti/4"  # a variant name ("B/16", "vit_s16", "r50_vit_b16", "bit_r50x1", ...)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig/ResNetConfig fields
@@ -156,6 +158,8 @@ class TrainConfig:
             raise VitkitError(f"augment must be none, digits or inception, got {self.augment!r}")
         if self.strategy not in ("auto", "ddp", "fsdp"):
             raise VitkitError(f"strategy must be auto, ddp or fsdp, got {self.strategy!r}")
+        if self.read_ahead < 1:
+            raise VitkitError(f"read_ahead must be at least 1, got {self.read_ahead}")
         if self.shuffle_buffer < 1:
             raise VitkitError(f"shuffle_buffer must be at least 1, got {self.shuffle_buffer}")
         problem = check_jitter(self.tta_shift, self.tta_rotate, self.tta_zoom)
@@ -264,6 +268,8 @@ RESUMABLE_CHANGES = frozenset(
         "pin_memory",
         "persistent_workers",
         "prefetch_factor",
+        "read_ahead",
+        "shard_cache",
         "strategy",
         "activation_checkpointing",
         "compile",
