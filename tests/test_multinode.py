@@ -1,8 +1,9 @@
 """Several nodes and a rank that dies, for real: docs/distributed.md's two-node command (two
 torchrun agents on loopback, c10d rendezvous, gloo) run as written, against the one-agent run
-of two processes; then its options under one agent with one rank SIGKILLed while it writes a
+of two processes; then the same command with one node's rank SIGKILLed while it writes a
 checkpoint, restarted by torchrun (--max-restarts 1) and continued (--resume auto). Both end
-with bitwise the same weights as the unbroken one-agent run."""
+with bitwise the same weights as the unbroken one-agent run. A rendezvous that never
+completes is one line naming its endpoint."""
 
 from __future__ import annotations
 
@@ -128,20 +129,14 @@ def _children(pid: int) -> list[int]:
 def test_a_rank_killed_mid_checkpoint_restarts_to_the_same_weights(
     one_agent: Path, tmp_path: Path
 ) -> None:
-    """kill -9 of one rank while a checkpoint is being written, after an earlier one is
-    complete, under torchrun --max-restarts 1 with the documented options: torchrun restarts
-    both processes, they continue from the complete checkpoint (--resume auto; the
-    half-written one is never read) and end bitwise where the unbroken run does, with every
-    step logged once."""
-    cmd = doc_command()
-    options = cmd[cmd.index("-m") :]
-    launch = [*_torchrun(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
-    with open(tmp_path / "agent-0.log", "wb") as log:
-        agent = subprocess.Popen(
-            [*launch, *options], cwd=tmp_path, env=_env(), stdout=log, stderr=subprocess.STDOUT
-        )
-    (tmp_path / "agent-1.log").write_text("")
-    agents = [agent]
+    """kill -9 of one node's rank while a checkpoint is being written, after an earlier one is
+    complete (the documented command, --max-restarts 1): torchrun restarts both nodes'
+    processes, they continue from the complete checkpoint (--resume auto; the half-written one
+    is never read) and end bitwise where the unbroken run does, every record logged once.
+    Fails without the process group's per-round store keys (the restart read the killed
+    processes' addresses)."""
+    agents = _agents(tmp_path)
+    agent = agents[1]
     run = tmp_path / "runs" / "two-nodes"
     ckpts = run / "checkpoints"
     deadline, killed_during = time.time() + 300, None

@@ -107,24 +107,31 @@ def init_distributed(device: str = "cpu", timeout_s: float = 1800.0) -> DistEnv:
 
 def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
     """Under torchrun's rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``), the process
-    group's keys under a prefix of their own per restart: torchrun keeps one store for every
-    round and its workers' keys carry no attempt, so after ``--max-restarts`` restarted the
-    processes, gloo read the killed processes' addresses from it (connection refused) and the
-    restart failed. Elsewhere: nothing (init_process_group reads the environment itself)."""
+    group's keys under a prefix of their own per round of processes: torchrun keeps one store
+    for every round and its workers' keys carry no round, so after ``--max-restarts``
+    restarted the processes, gloo read the killed processes' addresses from it (connection
+    refused) and the restart failed. torchrun's restart count does not name the round either:
+    of two agents, the one whose process died counts a restart, the other restarts its healthy
+    process for the new round without counting one. The round is counted here instead: every
+    process adds one on joining, and the processes of a round join after all of the previous
+    round's have (torchrun stops a round before it starts the next), so the joins of round k
+    are k * world_size + 1 ... (k + 1) * world_size. Elsewhere: nothing (init_process_group
+    reads the environment itself)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    world = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
-        int(os.environ["WORLD_SIZE"]),
+        world,
         is_master=False,
         timeout=timeout,
     )
+    round_ = (store.add("vitkit/processes_joined", 1) - 1) // world
     return {
-        "store": dist.PrefixStore(f"vitkit/attempt_{attempt}", store),
+        "store": dist.PrefixStore(f"vitkit/round_{round_}", store),
         "rank": int(os.environ["RANK"]),
-        "world_size": int(os.environ["WORLD_SIZE"]),
+        "world_size": world,
     }
 
 
