@@ -203,6 +203,9 @@ def test_a_truncated_object_and_a_vanished_bucket_are_one_line(s3: dict[str, str
         for _ in _train_loader("s3://cut/digits/"):
             pass
 
+    with pytest.raises(VitkitError, match=r"s3://cut/nothing/shards.json: not found; shards in"):
+        _train_loader("s3://cut/nothing/")
+
     batches = _train_loader("s3://gone/digits/", read_ahead=1)
     next(batches)  # reading has begun; then the bucket disappears
     listed = client.list_objects_v2(Bucket="gone")["Contents"]

@@ -64,6 +64,12 @@ def read_index(root: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         if remote.is_remote(root):
             path = remote.join(str(root), INDEX)
+            if not remote.exists(path):
+                raise VitkitError(
+                    f"{path}: not found; shards in object storage are read through the "
+                    f"{INDEX} that 'vitkit shards SRC {root}' writes (are the bucket and the "
+                    "prefix right?)"
+                )
             index = json.loads(remote.read_bytes(path))
         else:
             root = Path(root)
