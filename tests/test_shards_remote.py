@@ -219,11 +219,27 @@ def test_a_truncated_object_and_a_vanished_bucket_are_one_line(s3: dict[str, str
             pass
 
 
+class _Flaky(http.server.SimpleHTTPRequestHandler):
+    """Serves a directory; the first request for each shard is answered 503 (a busy server)."""
+
+    failed: set[str] = set()
+
+    def do_GET(self) -> None:
+        if self.path.endswith(".tar") and self.path not in self.failed:
+            self.failed.add(self.path)
+            self.send_error(503, "busy")
+            return
+        super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def test_shards_over_plain_https_style_http(s3: dict[str, str], tmp_path: Path) -> None:
-    """The same shards served by a plain HTTP server (as a CDN or https:// bucket would):
-    training reads them to the weights of the run from disk."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=s3["local"])
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    """The same shards served by a plain HTTP server (as a CDN or https:// bucket would), whose
+    first answer for every shard is 503: each is retried, and training reads them to the
+    weights of the run from disk."""
+    handler = functools.partial(_Flaky, directory=s3["local"])
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -233,4 +249,5 @@ def test_shards_over_plain_https_style_http(s3: dict[str, str], tmp_path: Path) 
         assert main([*short, "--data", s3["local"], "--out-dir", str(tmp_path / "disk")]) == 0
     finally:
         server.shutdown()
+    assert len(_Flaky.failed) >= 2  # (each shard read was refused once, then retried)
     _assert_bitwise(_weights(tmp_path / "http"), _weights(tmp_path / "disk"))

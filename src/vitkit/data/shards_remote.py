@@ -71,6 +71,8 @@ def _retryable(e: BaseException) -> bool:
     text = str(e)
     if re.search(r"\b(403|404|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch)\b", text):
         return False
+    if re.search(r"\b(429|500|502|503|504|SlowDown|Throttl\w*|RequestTimeout)\b", text):
+        return True  # a busy or failing server: the next attempt may pass
     return isinstance(e, OSError | TimeoutError | ConnectionError) or "Timeout" in type(e).__name__
 
 
