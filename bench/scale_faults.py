@@ -2,7 +2,8 @@
 command (two torchrun agents on loopback, c10d rendezvous, gloo) against one agent of two
 processes with the same options (final weights compared bit for bit, train images/s), then a
 rank killed with SIGKILL while it writes a checkpoint under ``--max-restarts 1`` with
-``--resume auto``, in one agent and in one of two agents: whether the job restarted and ended
+``--resume auto``, in one agent, in one of two agents, and with that agent killed whole and
+its command started again (a node that dies and is replaced): whether the job restarted and ended
 bitwise equal to the unbroken run, the seconds from the kill to training again (the restarted
 run's "continuing the run from" line), and the steps lost (those redone after the restart).
 
@@ -82,6 +83,8 @@ def _launch(cwd: Path, two_agents: bool, restarts: bool) -> list[subprocess.Pope
         commands = [[*launch, *options]]
     agents = []
     for n, command in enumerate(commands):
+        if n:  # (the first agent then hosts the rendezvous store)
+            time.sleep(2)
         with open(cwd / f"agent-{n}.log", "wb") as log:
             agents.append(
                 subprocess.Popen(command, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -127,8 +130,13 @@ def unbroken(work: Path, two_agents: bool) -> dict:
     return {"ok": ok, "run": str(run), "train_images_per_s": report.get("train_images_per_s")}
 
 
-def killed(work: Path, two_agents: bool, reference: Path, timeout: float) -> dict:
+def killed(
+    work: Path, two_agents: bool, reference: Path, timeout: float, whole_agent: bool = False
+) -> dict:
+    """One rank SIGKILLed mid-checkpoint; ``whole_agent``: the second agent with its process
+    (a node that dies), then the same command started again in its place (the replacement)."""
     cwd = work / ("killed-two-agents" if two_agents else "killed-one-agent")
+    cwd = cwd.with_name(cwd.name + ("-whole" if whole_agent else ""))
     cwd.mkdir()
     agents = _launch(cwd, two_agents, restarts=True)
     ckpts = cwd / "runs" / "two-nodes" / "checkpoints"
@@ -140,10 +148,18 @@ def killed(work: Path, two_agents: bool, reference: Path, timeout: float) -> dic
             if workers:
                 latest = (ckpts / "LATEST").read_text().strip()
                 os.kill(workers[0], signal.SIGKILL)
+                if whole_agent:
+                    os.kill(agents[-1].pid, signal.SIGKILL)
                 kill_at, writing = time.perf_counter(), tmp[0].name
         time.sleep(0.002)
     if kill_at is None:
         return {"ok": False, "why": "the run ended before a checkpoint write was seen"}
+    if whole_agent:  # the node's replacement: the same command
+        agents[-1].wait()
+        with open(cwd / "agent-2.log", "wb") as log:
+            agents[-1] = subprocess.Popen(
+                agents[-1].args, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT
+            )
     back = None
     deadline = kill_at + timeout
     while time.perf_counter() < deadline and any(a.poll() is None for a in agents):
@@ -194,6 +210,9 @@ def main() -> None:
         faults = {
             "one agent, 2 processes": killed(work, False, Path(one["run"]), args.timeout),
             "two agents, 1 process each": killed(work, True, Path(one["run"]), args.timeout),
+            "two agents, one killed whole and started again": killed(
+                work, True, Path(one["run"]), args.timeout, whole_agent=True
+            ),
         }
     cpu = cpu_name()
     load = os.getloadavg()
