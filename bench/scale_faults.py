@@ -188,7 +188,8 @@ def killed(
             _weights(cwd / "runs" / "two-nodes"), _weights(reference)
         )
     else:
-        tail = [line for line in _logs(cwd).splitlines() if "Error" in line][-3:]
+        found = re.findall(r"^\w*(?:Error|Exception): .*$", _logs(cwd), re.M)
+        tail = [line.split(" (0x")[0] for line in found][-3:]  # (no library paths)
         result["errors"] = [line[:300] for line in tail]
     return result
 
