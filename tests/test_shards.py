@@ -320,3 +320,22 @@ def test_shards_write_every_image_or_say_how_many_are_left_out(
     out = capsys.readouterr().out
     n_val = len(load_dataset("digits", "val"))
     assert f"the {n_val:,} images held out as the val split are in no shard" in out
+
+
+def test_a_shard_with_fewer_samples_than_its_index_says_is_refused(tmp_path: Path) -> None:
+    """A shard cut at a member boundary (or replaced) reads as a valid tar with fewer samples:
+    the epoch would silently shrink. Its count is checked against shards.json at its end."""
+    write_dataset_shards("digits", tmp_path, ["train"], shard_size=100, val_size=0)
+    index = json.loads((tmp_path / INDEX).read_text())
+    first = tmp_path / index["splits"]["train"][0]["file"]
+    with tarfile.open(first) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(first, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in members[: len(members) // 2]:
+            tar.addfile(member, io.BytesIO(data))
+    data = load_dataset(str(tmp_path), "train")
+    loader = make_loader(data, 16, shuffle=False, drop_last=False, seed=0)
+    with pytest.raises(
+        VitkitError, match=r"train-000000.tar: 50 samples where shards.json records 100"
+    ):
+        list(loader)
