@@ -516,9 +516,12 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     features-only model of it (:class:`vitkit.models.features.FeaturesModel`); ``backbone=True``
     (``out_indices`` / ``out_features`` in transformers' stages, ``apply_layernorm``,
     ``reshape_hidden_states``): transformers' backbone output
-    (:class:`vitkit.models.hf_backbone.HFBackbone`). The model is in eval mode.
+    (:class:`vitkit.models.hf_backbone.HFBackbone`). A transformers folder's model answers
+    transformers' call (``pixel_values=``, ...) as the folder's class, ``model(x)`` as vitkit
+    (:mod:`vitkit.models.hf_model`). The model is in eval mode.
     """
     from vitkit.models.features import features_model, pop_features_options
+    from vitkit.models.hf_model import as_transformers
     from vitkit.models.vit import build_model
 
     backbone = hf_backbone.pop_backbone_options(overrides)  # transformers' backbone output
@@ -546,6 +549,10 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     elif options is not None:
         hf_backbone.features_options(ckpt.meta, options, str(ckpt.path))
         model = features_model(model, options)
+    elif ckpt.format == "hf":  # transformers' call answered as the folder's class
+        hf = _read_json(Path(ckpt.path) / CONFIG)
+        _, settings = hf_backbone.backbone_settings(ckpt.meta, ckpt.model_config)
+        model = as_transformers(model, hf if isinstance(hf, dict) else {}, settings)
     return model.eval(), ckpt
 
 

@@ -173,21 +173,27 @@ def backbone_model(model: Any, meta: dict[str, Any], options: dict[str, Any]) ->
     ``options`` of :func:`pop_backbone_options` over them."""
     from vitkit.models.hf_backbone import HFBackbone
 
-    b = meta.get("backbone")
-    cfg = model.cfg
-    if b:
-        cls = b["class"]
-        settings: dict[str, Any] = {
-            "apply_layernorm": b["apply_layernorm"],
-            "reshape_hidden_states": b["reshape_hidden_states"],
-            "return_class_token": b.get("return_class_token", False),
-        }
-        if "out_indices" not in options and "out_features" not in options:
-            settings["out_indices"] = b.get("given_out_indices", b["out_indices"])
-    else:
-        cls = DINOV3[0] if cfg.rope == "dinov3" else DINOV2[1 if cfg.num_reg_tokens else 0]
-        settings = {}
+    given = "out_indices" in options or "out_features" in options
+    cls, settings = backbone_settings(meta, model.cfg, given)
     return HFBackbone(model, cls, **{**settings, **options})
+
+
+def backbone_settings(
+    meta: dict[str, Any], cfg: Any, stages_given: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The backbone class and its settings: a backbone folder's (``meta["backbone"]``; its
+    stages unless ``stages_given``), else the Dinov2 / DINOv3 class of the layout, defaults."""
+    b = meta.get("backbone")
+    if not b:
+        return DINOV3[0] if cfg.rope == "dinov3" else DINOV2[1 if cfg.num_reg_tokens else 0], {}
+    settings: dict[str, Any] = {
+        "apply_layernorm": b["apply_layernorm"],
+        "reshape_hidden_states": b["reshape_hidden_states"],
+        "return_class_token": b.get("return_class_token", False),
+    }
+    if not stages_given:
+        settings["out_indices"] = b.get("given_out_indices", b["out_indices"])
+    return b["class"], settings
 
 
 def as_backbone(
