@@ -17,13 +17,15 @@ checks it against timm.
 from __future__ import annotations
 
 import json
+import math
 import re
+import warnings
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from vitkit.errors import VitkitError
+from vitkit.errors import AssumptionWarning, VitkitError
 
 # layout facts a state dict's key names and shapes show, and the keys that show them
 FACT_KEYS: dict[str, str] = {
@@ -278,12 +280,19 @@ def named_checkpoint(
     num_heads: int | None,
     read_eva: Callable[..., Any],
     read_vit: Callable[..., Any],
+    grid: tuple[int, int] | None = None,
+    image_size: Any = None,
 ) -> Any:
     """A bare timm state dict read as the entry ``hub`` names: the weights checked against the
-    entry, then read as a folder naming it would be; nothing assumed."""
+    entry, then read as a folder naming it would be, at the input size their position
+    embeddings fill (:func:`weights_input_size`; ``grid``: theirs where not square)."""
     name = hub["architecture"]
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
     check_name_against_weights(name, shapes, {}, str(path), None, num_heads is not None)
+    size = weights_input_size(name, shapes, grid, str(path), image_size)
+    if size is not None:  # (the grid is a free setting of a name, as timm's img_size=)
+        pcfg = {**hub["pretrained_cfg"], "input_size": [3, *size]}
+        hub = {**hub, "model_args": {**hub["model_args"], "img_size": size}, "pretrained_cfg": pcfg}
     eva = name in _eva_names()
     ckpt = read_eva(path, hub, sd, num_heads) if eva else read_vit(path, hub, sd, num_heads)
     ckpt.meta = {**ckpt.meta, "timm_arch": name}
@@ -293,6 +302,62 @@ def named_checkpoint(
         prov.set("name", [f for f, s in prov.sources.items() if s == "file"], note)
         prov.assumptions = []
     return ckpt
+
+
+def weights_input_size(
+    name: str,
+    shapes: dict[str, tuple[int, ...]],
+    grid: tuple[int, int] | None,
+    source: str,
+    image_size: Any = None,
+) -> list[int] | None:
+    """The input size [H, W] at which timm's entry ``name`` has the weights' position
+    embeddings, as ``timm.create_model(name, img_size=...)`` takes it: the entry's own where
+    they fit it, else ``grid`` x the weights' patch, else the square grid their rows make (said
+    in one line); None where the weights have no table to fit. A patch other than the name's is
+    said too: it is the real cause of a table that fits no grid of the name."""
+    entry = entries()[name]
+    pos, proj = shapes.get("pos_embed"), shapes.get("patch_embed.proj.weight")
+    prefix = entry["layout"]["pos_prefix"]
+    own = list(entry["pretrained_cfg"].get("input_size", [3, 224, 224])[1:])
+    if pos is None or proj is None or prefix is None or any(".backbone." in k for k in shapes):
+        return None
+    ph, pw = proj[2], proj[3]
+    theirs = entry["layout"]["patch"]
+    patch = "" if [ph, pw] == list(theirs) else (
+        f"; the weights' patch is {ph}x{pw}, the name's {theirs[0]}x{theirs[1]} (timm refuses "
+        "these weights for this name; vitkit reads them with their own patch)"
+    )  # fmt: skip
+    n = pos[1] - prefix
+    if grid is None and image_size is not None:  # the size given, where the rows fill it
+        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+        grid = (h // ph, w // pw) if (h // ph) * (w // pw) == n else None
+    if grid is not None and grid[0] * grid[1] != n:
+        raise VitkitError(
+            f"{source}: pos_embed holds {pos[1]} rows, {prefix} prefix and {n} patches, not a "
+            f"{grid[0]}x{grid[1]} grid{patch}"
+        )
+    if grid is None and (own[0] // ph) * (own[1] // pw) == n:
+        if patch:
+            warnings.warn(f"{source}: {name}{patch}", AssumptionWarning, stacklevel=5)
+        return None if not patch else own
+    side = math.isqrt(max(n, 0))
+    if grid is None and (n <= 0 or side * side != n):
+        raise VitkitError(
+            f"{source}: pos_embed holds {pos[1]} rows: {prefix} prefix rows ({name}'s) leave "
+            f"{n} for the patches, which fill no square grid{patch}; give grid=(rows, columns) "
+            "(--grid) for a non-square one"
+        )
+    rows, cols = grid or (side, side)
+    if grid is None:
+        warnings.warn(
+            f"{source}: position embeddings for a {rows}x{cols} grid, not {name}'s "
+            f"{own[0] // theirs[0]}x{own[1] // theirs[1]}: read at {rows * ph}x{cols * pw} px "
+            f"(a square grid assumed; grid=(rows, columns) for another){patch}",
+            AssumptionWarning,
+            stacklevel=5,
+        )
+    return [rows * ph, cols * pw]
 
 
 @cache

@@ -252,7 +252,7 @@ def read_checkpoint(
         ckpt = Checkpoint(p, cfg, _paper_preprocess(cfg), sd)
         ckpt.provenance = npz_conv.npz_provenance(cfg, _PRE)
     elif fmt == "timm":
-        ckpt = _read_timm(p, num_heads, grid, named)
+        ckpt = _read_timm(p, num_heads, grid, named, image_size)
     else:
         ckpt = _read_hf(p)
     ckpt.format = fmt
@@ -316,7 +316,11 @@ def _paper_preprocess(cfg: ViTConfig) -> PreprocessConfig:
 
 
 def _read_timm(
-    p: Path, num_heads: int | None, grid: tuple[int, int] | None, named: dict[str, Any] | None
+    p: Path,
+    num_heads: int | None,
+    grid: tuple[int, int] | None,
+    named: dict[str, Any] | None,
+    image_size: Any = None,
 ) -> Checkpoint:
     """A timm state dict or folder; ``named``: the config a bare file's ``arch=`` states."""
     if p.is_dir():
@@ -345,7 +349,8 @@ def _read_timm(
     if p.is_dir() and not isinstance(hub, dict):
         raise VitkitError(f"{p / CONFIG}: not a JSON object")
     if named is not None and not p.is_dir():
-        return named_checkpoint(p, sd, named, num_heads, read_timm_eva, read_timm_vit)
+        reader = read_timm_eva, read_timm_vit
+        return named_checkpoint(p, sd, named, num_heads, *reader, grid, image_size)
     arch = str((hub or {}).get("architecture", ""))
     if timm_relpos.relpos_family(sd) or relpos_module(arch):  # BEiT, timm's relpos ViTs
         return read_timm_relpos(p, sd, hub, num_heads, grid)
