@@ -100,7 +100,8 @@ def test_finetuning_from_a_foreign_format(pretrained, tmp_path):
     trainer = Trainer(ft_config(tmp_path / "m.npz", tmp_path / "ft", max_steps=2))
     assert trainer.model_cfg.gelu == "tanh" and trainer.model_cfg.image_size == (16, 16)
     trainer.fit()
-    with pytest.raises(VitkitError, match="only attn_dropout, drop_path, dropout may be set"):
+    only = "only attn_dropout, drop_path, dropout, head_dropout may be set"
+    with pytest.raises(VitkitError, match=only):
         Trainer(ft_config(pretrained, tmp_path / "x", model_overrides={"depth": 3}))
 
 

@@ -20,7 +20,7 @@ _EXPORTS = {
     "VitkitError": "vitkit.errors",
     "AssumptionWarning": "vitkit.errors",
     "VisionTransformer": "vitkit.models.vit",
-    "create_model": "vitkit.models.vit",
+    "create_model": "vitkit.checkpoints.timm_create",
     "load": "vitkit.checkpoints",
     "load_model": "vitkit.checkpoints",
     "load_checkpoint": "vitkit.checkpoints",
@@ -45,8 +45,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from vitkit.checkpoints import load, load_checkpoint, load_model, save_checkpoint
+    from vitkit.checkpoints.timm_create import create_model
     from vitkit.errors import AssumptionWarning, VitkitError
-    from vitkit.models.vit import VisionTransformer, create_model
+    from vitkit.models.vit import VisionTransformer
     from vitkit.registry.model_config import (
         SIZES,
         STANDARD_MODELS,

@@ -153,6 +153,7 @@ _POOLING = {
     "max": "max over the patches",
     "map": "attention pooling (MAP head)",
     "token_gap": "class token and mean patch token, concatenated",
+    "none": "none (every token)",
 }
 
 

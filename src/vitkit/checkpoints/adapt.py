@@ -38,11 +38,14 @@ def adapt(
     pre_logits: bool | None = None,
     resample: Resample | None = None,
     source: str = "checkpoint",
+    head_init: str = "zero",
 ) -> tuple[ModelConfig, dict[str, Tensor]]:
     """Return ``(cfg, state_dict)`` for another image size and/or head.
 
     ``num_classes`` different from the checkpoint's (or ``pre_logits=False`` on a checkpoint with
-    a pre-logits layer) puts in a zero-initialised head. ``pre_logits=False`` drops the tanh
+    a pre-logits layer) puts in a zero-initialised head (the paper's fine-tuning rule;
+    ``head_init="timm"``: timm's, weights from ``trunc_normal_(std=0.02)``, cut at +-2, and a
+    zero bias). ``pre_logits=False`` drops the tanh
     pre-logits layer, as the paper does when fine-tuning. A loaded head that is all zeros and is
     kept gets a warning. A BiT ResNet has no position embeddings or pre-logits layer: a new
     image size only changes its config (convolutions run at any size). ``resample``: the
@@ -69,6 +72,8 @@ def adapt(
         sd.pop("pre_logits.0.weight", None)
         sd.pop("pre_logits.0.bias", None)
     k = cfg.num_classes if num_classes is None else num_classes
+    if head_init not in ("zero", "timm"):
+        raise VitkitError(f"head_init must be 'zero' (the paper's) or 'timm', got {head_init!r}")
     if k < 0:
         raise VitkitError(f"num_classes must be >= 0, got {k}")
     new_head = k != cfg.num_classes or drop_pre
@@ -81,6 +86,8 @@ def adapt(
             if k:
                 sd[f"{head}.weight"] = torch.zeros(k, new.feature_dim)
                 sd[f"{head}.bias"] = torch.zeros(k)
+                if head_init == "timm":  # (timm's init_weights_vit_timm: trunc_normal_, std .02)
+                    torch.nn.init.trunc_normal_(sd[f"{head}.weight"], std=0.02)
     elif is_zero_head(sd):
         warnings.warn(
             f"{source}: the classification head is all zeros (as in the released ImageNet-21k "

@@ -69,13 +69,19 @@ from vitkit.checkpoints.timm import eva as timm_eva
 from vitkit.checkpoints.timm import eva_bare as timm_eva_bare
 from vitkit.checkpoints.timm import vision_transformer as timm_conv
 from vitkit.checkpoints.timm.folder_reading import PRE as _PRE
-from vitkit.checkpoints.timm.folder_reading import read_timm_eva, read_timm_relpos, read_timm_vit
+from vitkit.checkpoints.timm.folder_reading import (
+    read_timm_eva,
+    read_timm_relpos,
+    read_timm_vit,
+    timm_pretrained_cfg,
+)
 from vitkit.checkpoints.timm.folder_reading import wrap as _wrap
 from vitkit.checkpoints.timm.names import EVA_NAMES, relpos_module
 from vitkit.checkpoints.writing import FORMATS, Format, write_checkpoint  # noqa: F401
 from vitkit.errors import VitkitError, why_unreadable
 from vitkit.models.posemb_resample import Resample
 from vitkit.registry.model_config import PreprocessConfig, ViTConfig
+from vitkit.registry.timm_keywords import from_timm
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 
@@ -193,6 +199,7 @@ def read_checkpoint(
     pre_logits: bool | None = None,
     resample: Resample | None = None,
     overrides: Mapping[str, Any] | None = None,
+    head_init: str = "zero",
 ) -> Checkpoint:
     """Read a checkpoint of any supported format as a vitkit :class:`Checkpoint`.
 
@@ -230,6 +237,7 @@ def read_checkpoint(
                 pre_logits=pre_logits,
                 resample=resample,
                 overrides=overrides,
+                head_init=head_init,
             )
         except VitkitError as e:  # (the snapshot's path alone would not say which model)
             raise VitkitError(f"{path}: {e}") from None
@@ -277,6 +285,7 @@ def read_checkpoint(
         num_classes=num_classes,
         pre_logits=pre_logits,
         resample=posemb_kernels.load_time_kernel(ckpt) if resample is None else resample,
+        head_init=head_init,
     )
 
 
@@ -287,6 +296,7 @@ def adapt_checkpoint(
     num_classes: int | None = None,
     pre_logits: bool | None = None,
     resample: Resample | None = None,
+    head_init: str = "zero",
 ) -> Checkpoint:
     """``ckpt`` at another resolution and/or head (see :func:`adapt`), its preprocessing at the
     new size; class names are kept only with the same head."""
@@ -298,6 +308,7 @@ def adapt_checkpoint(
         pre_logits=pre_logits,
         resample=resample,
         source=str(ckpt.path),
+        head_init=head_init,
     )
     pre = ckpt.preprocess.replace(image_size=cfg.image_size)
     names = ckpt.class_names if cfg.num_classes == ckpt.model_config.num_classes else ()
@@ -541,7 +552,14 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
         "num_classes",
         "pre_logits",
         "resample",
+        "head_init",
     )
+    overrides = from_timm(overrides)  # timm's keywords: vitkit's settings of the same meaning
+    if "checkpoint_path" in overrides:
+        raise VitkitError(
+            "checkpoint_path / pretrained_cfg_overlay's file: load's path is the "
+            "weights (create_model takes them)"
+        )
     read_kw = {k: overrides.pop(k) for k in read_keys if k in overrides}
     ckpt = read_checkpoint(path, **read_kw, overrides=overrides)
     model = build_model(ckpt.model_config)
@@ -549,6 +567,7 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     load_state_dict_strict(model, ckpt.state_dict, source=source)
     if hasattr(model, "preprocess_config"):  # timm's pretrained_cfg reads it
         cast(Any, model).preprocess_config = ckpt.preprocess
+    timm_pretrained_cfg(model, ckpt)  # (its architecture and types, as timm's)
     if backbone is not None:
         model = hf_backbone.backbone_model(model, ckpt.meta, backbone)
     elif options is not None:

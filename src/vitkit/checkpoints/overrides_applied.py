@@ -56,7 +56,7 @@ def apply_overrides(ckpt: Checkpoint, overrides: dict[str, Any], p: Path) -> Che
 
 
 # Settings that do not change a model's outputs in eval mode: a file's value may be replaced.
-_TRAINING_ONLY = frozenset({"dropout", "attn_dropout", "drop_path"})
+_TRAINING_ONLY = frozenset({"dropout", "attn_dropout", "drop_path", "head_dropout"})
 
 
 def _say_contradictions(

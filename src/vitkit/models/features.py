@@ -210,8 +210,9 @@ def prune_intermediate_layers(
 ) -> list[int]:
     """timm's ``prune_intermediate_layers``: keep the blocks up to the last of ``indices``
     (the config's depth follows), with ``prune_norm`` drop the final norm, with ``prune_head``
-    the head, its pooling (MAP) and ``fc_norm``. Returns the absolute indices kept, which
-    stay valid on the pruned model (negative ones would not)."""
+    the head, the pooling and ``fc_norm``: the forward then returns every token, as timm's.
+    Returns the absolute indices kept, which stay valid on the pruned model (negative ones
+    would not)."""
     taken, last = take_indices(len(model.blocks), indices)
     model.blocks = model.blocks[: last + 1]
     kv = model.cfg.kv_heads
@@ -225,6 +226,8 @@ def prune_intermediate_layers(
         model.fc_norm, model.pre_logits = nn.Identity(), nn.Identity()
         model.attn_pool = model.head = model.head_dist = None
         changes |= {"num_classes": 0, "representation_size": None, "fc_norm": False}
+        # timm's reset_classifier(0, ""): no pooling, so the forward returns every token
+        changes |= {"pool": "none", "class_token": cfg.has_class_token}
         if cfg.fc_norm:  # the only norm went with the head
             changes["final_norm"] = False
     # The config follows, so that the pruned model saves and loads as itself; a MAP head has

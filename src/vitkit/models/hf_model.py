@@ -291,7 +291,7 @@ def as_transformers(
 ) -> Any:
     """``model`` (a plain :class:`VisionTransformer`, loaded) answering transformers' call as
     the class of the folder whose ``config.json`` is ``hf``; any other model as it is."""
-    if type(model) is not VisionTransformer or model.cfg.naflex:
+    if type(model) is not VisionTransformer:
         return model
     model.__class__ = TransformersViT  # (the same module and weights; forward gains the rule)
     ours = cast(TransformersViT, model)

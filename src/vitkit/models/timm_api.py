@@ -7,7 +7,9 @@ training code written for timm reads, with timm's values (``timm/models/vision_t
   only), ``num_classes``, ``in_chans``, ``global_pool`` (timm's name of the pooling: ``"token"``,
   ``"avg"``, ``"map"``, ``"max"``, ``"avgmax"``), ``pool_include_prefix``; ``feature_info``
   (every block, set by the model) and ``pretrained_cfg`` / ``default_cfg`` (the input and its
-  preprocessing as timm's dict: the checkpoint's where the model was loaded).
+  preprocessing as timm's dict: the checkpoint's where the model was loaded; the timm entry's
+  name as ``architecture`` where it was read as one, and, as timm gives them, ``mean`` / ``std``
+  as lists for a timm folder, tuples otherwise).
 - Training: ``set_grad_checkpointing`` (each block under ``torch.utils.checkpoint`` while
   gradients flow), ``no_weight_decay`` and ``group_matcher`` (the names timm's optimizer
   factory and layer-wise decay read; vitkit's parameter names are timm's ``VisionTransformer``'s,
@@ -17,7 +19,8 @@ training code written for timm reads, with timm's values (``timm/models/vision_t
 - Dense: ``get_intermediate_layers`` (DINO's call, through ``forward_intermediates``), and on the
   patch embedding ``img_size``, ``num_patches``, ``feat_ratio()``, ``dynamic_feat_size()``.
 
-Where vitkit differs, it says so: any multiple of the patch size is a valid input
+Where vitkit differs, it says so: ``torch.jit.script`` is refused in one line (tracing,
+``torch.compile`` and ``torch.export`` work); any multiple of the patch size is a valid input
 (``dynamic_img_size`` is True, ``patch_embed.strict_img_size`` False), and a pooling vitkit has no
 head for (timm's ``""``: no pooling) is refused by ``reset_classifier``, another patch size
 by ``set_input_size``. A block's LayerScale parameters come after its MLP's in
@@ -35,6 +38,7 @@ from vitkit.models import features
 from vitkit.registry.preprocess_config import PreprocessConfig
 
 TIMM_POOL = {"token": "token", "gap": "avg", "map": "map", "max": "max", "avgmax": "avgmax"}
+TIMM_POOL["none"] = ""  # (no pooling: every token, the head on each)
 VITKIT_POOL = {timm: ours for ours, timm in TIMM_POOL.items()}
 
 
@@ -82,6 +86,8 @@ class TimmModel:
     training: bool
     grad_checkpointing = False
     preprocess_config: PreprocessConfig | None = None  # the checkpoint's (set by vitkit.load)
+    timm_architecture: str | None = None  # the timm entry it was read as (set by vitkit.load)
+    timm_folder = False  # read from a timm folder: its pretrained_cfg's JSON lists, as timm's
     dynamic_img_size = True  # any multiple of the patch size runs (E_pos resampled)
 
     @property
@@ -140,15 +146,16 @@ class TimmModel:
             std=(0.5,) * cfg.in_chans,
         )
         k = 255 * pre.rescale_factor  # timm has no rescale factor: folded into mean and std
+        seq: Any = list if self.timm_folder else tuple  # (timm: a folder's JSON lists)
         return {
-            "architecture": None,
+            "architecture": self.timm_architecture,
             "input_size": (cfg.in_chans, *pre.image_size),  # (set_input_size leaves it)
             "fixed_input_size": False,
             "interpolation": pre.interpolation,
             "crop_pct": pre.crop_pct,
             "crop_mode": "squash" if pre.resize == "squash" else "center",
-            "mean": tuple(m / k for m in pre.mean),
-            "std": tuple(s / k for s in pre.std),
+            "mean": seq(m / k for m in pre.mean),
+            "std": seq(s / k for s in pre.std),
             "num_classes": cfg.num_classes,
             "pool_size": None,
             "first_conv": "patch_embed.proj",
@@ -158,6 +165,14 @@ class TimmModel:
     @property
     def default_cfg(self) -> dict[str, Any]:
         return self.pretrained_cfg
+
+    def __prepare_scriptable__(self) -> Any:
+        """``torch.jit.script`` is refused in one line (the model's switches and NaFlex batches
+        are Python, not TorchScript); tracing, ``torch.compile`` and ``torch.export`` run it."""
+        raise VitkitError(
+            "torch.jit.script does not compile vitkit's models; use torch.jit.trace(model, x), "
+            "torch.compile(model) or torch.export.export(model, (x,)), which run them as they are"
+        )
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Run each block under ``torch.utils.checkpoint`` (non-reentrant) while gradients

@@ -82,6 +82,7 @@ from vitkit.models.sdpa_backend import sdpa_backend
 from vitkit.models.timm_api import TimmModel, TimmPatchEmbed
 from vitkit.models.weight_init import init_weights
 from vitkit.registry.model_config import ModelConfig, ResNetConfig, ViTConfig, model_config
+from vitkit.registry.timm_keywords import from_timm
 
 
 class PatchEmbed(TimmPatchEmbed, nn.Module):
@@ -343,6 +344,7 @@ class VisionTransformer(TimmModel, nn.Module):
             self.pre_logits = nn.Sequential(nn.Linear(d, cfg.representation_size), nn.Tanh())
         else:
             self.pre_logits = nn.Identity()
+        self.head_drop = nn.Dropout(cfg.head_dropout)  # (timm's drop_rate; not in the paper)
         self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes else None
         distilled = cfg.dist_token and cfg.num_classes
         self.head_dist = nn.Linear(d, cfg.num_classes) if distilled else None  # DeiT
@@ -442,8 +444,8 @@ class VisionTransformer(TimmModel, nn.Module):
         """Eq. 4's z_L^0 (the class token), or with ``pool="gap"`` the mean over the patch
         tokens (prefix tokens left out; "map": the MAP head over them), then ``fc_norm`` where
         the config has it."""
-        if self.cfg.pool == "token":
-            return self.fc_norm(tokens[:, 0])
+        if self.cfg.pool in ("token", "none"):  # ("none": every token, timm's global_pool="")
+            return self.fc_norm(tokens[:, 0] if self.cfg.pool == "token" else tokens)
         patches = tokens[:, self.cfg.num_prefix_tokens :]
         require_map_head(self.cfg, self.attn_pool)
         if self.attn_pool is not None:  # (map_prefix: over every token, as timm's Eva)
@@ -461,8 +463,8 @@ class VisionTransformer(TimmModel, nn.Module):
         return self._classify(self.pool(tokens), tokens, pre_logits)
 
     def _classify(self, pooled: Tensor, tokens: Tensor, pre_logits: bool) -> Tensor:
-        x = self.pre_logits(pooled)
-        if self.cfg.dist_token:  # DeiT: the distillation token's own head, the two averaged
+        x = self.head_drop(self.pre_logits(pooled))
+        if self.cfg.dist_token and self.cfg.pool != "none":  # DeiT: its own head, averaged
             if pre_logits or self.head is None or self.head_dist is None:
                 return (x + tokens[:, 1]) / 2
             return (self.head(x) + self.head_dist(tokens[:, 1])) / 2
@@ -565,6 +567,9 @@ def create_model(name: str | ModelConfig, **overrides: Any) -> nn.Module:
     ``feature_norm``) gives timm's features-only model
     (:class:`~vitkit.models.features.FeaturesModel`)."""
     options = features.pop_features_options(overrides)
+    overrides = from_timm(overrides)  # timm's keywords (img_size=, drop_path_rate=, ...)
+    if "checkpoint_path" in overrides:  # (vitkit.create_model loads them)
+        raise VitkitError("weights to load: vitkit.create_model(name, checkpoint_path=PATH)")
     if isinstance(name, (ViTConfig, ResNetConfig)):
         model = build_model(name.replace(**overrides))
     else:

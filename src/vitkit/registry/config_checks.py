@@ -98,7 +98,9 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         "width": integer("width", cfg.width, 1, MAX_WIDTH),
         "depth": integer("depth", cfg.depth, 1, MAX_DEPTH),
         "mlp_dim": integer("mlp_dim", cfg.mlp_dim, 1, MAX_MLP),
-        "pool": choice("pool", cfg.pool, ("token", "gap", "avgmax", "max", "map", "token_gap")),
+        "pool": choice(
+            "pool", cfg.pool, ("token", "gap", "avgmax", "max", "map", "token_gap", "none")
+        ),
         "gelu": choice("gelu", cfg.gelu, ("tanh", "none", "quick")),
         "fc_norm": choice("fc_norm", cfg.fc_norm, (True, False)),
         "num_reg_tokens": integer("num_reg_tokens", cfg.num_reg_tokens, 0, MAX_REG_TOKENS),
@@ -136,7 +138,7 @@ def check_vit(cfg: Any) -> dict[str, Any]:
         out["representation_size"] = integer(
             "representation_size", cfg.representation_size, 1, MAX_WIDTH
         )
-    for name in ("dropout", "attn_dropout", "drop_path"):
+    for name in ("dropout", "attn_dropout", "drop_path", "head_dropout"):
         out[name] = real(name, getattr(cfg, name), 0.0, 1.0)
         if out[name] == 1.0:
             raise VitkitError(f"{name} must lie in [0, 1), got {out[name]}")
@@ -155,7 +157,7 @@ def family_switches(cfg: Any) -> dict[str, Any]:
     out = {k: getattr(cfg, k) for k in (*names, "qk_norm", "dist_token", "mlp", "final_norm")}
     out.update(cfg.later_switches)  # AIMv2 / BEiT-3 / post-norm
     out = {k: v for k, v in out.items() if v != default[k]}
-    if cfg.pool in ("avgmax", "max", "map", "token_gap"):
+    if cfg.pool in ("avgmax", "max", "map", "token_gap", "none"):
         out["pool"] = cfg.pool
     out.update({k: getattr(cfg, k) for k in ("map_heads", "map_mlp_dim") if getattr(cfg, k)})
     out.update({"map_prefix": True} if cfg.map_prefix else {})

@@ -42,6 +42,7 @@ This module imports nothing from vitkit (``config`` imports it).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # width, depth, heads of the sizes the family uses (the paper's Table 1 plus DeiT-III's medium)
@@ -337,6 +338,18 @@ FAMILIES.update(
         "vit_5b_patch16_sapiens2": _sapiens2("5b", 2432, 56, 32),
     }
 )
+
+
+def timm_vit(name: str) -> dict[str, Any] | None:
+    """timm's plain ViT names (``vit_base_patch16_224``, ``vit_small_patch32_384``; a
+    ``.pretrained_tag`` ignored): the paper's ViT at that size, patch and input, with timm's
+    numerics and 1,000 classes; None for any other name."""
+    found = re.fullmatch(
+        r"vit_(tiny|small|medium|base|large|huge)_patch(\d+)_(\d+)", name.split(".")[0]
+    )
+    if found is None:
+        return None
+    return _vit(found[1], int(found[2]), int(found[3]), 1000)
 
 
 def family_of(name: str) -> str:

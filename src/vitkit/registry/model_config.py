@@ -27,10 +27,10 @@ from vitkit.registry.config_checks import (
     check_vit,
     family_switches,
 )
-from vitkit.registry.families import FAMILIES
+from vitkit.registry.families import FAMILIES, timm_vit
 from vitkit.registry.preprocess_config import PreprocessConfig as PreprocessConfig
 
-Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap"]
+Pool = Literal["token", "gap", "avgmax", "max", "map", "token_gap", "none"]
 GeluApprox = Literal["tanh", "none", "quick"]
 ResNetRoot = Literal["bit", "small"]
 ResNetEps = Literal["vit_jax", "timm"]
@@ -61,6 +61,7 @@ class ViTConfig:
     # "avgmax" / "max": (mean + max) / 2 or max over the patch tokens (timm's global_pool);
     # "map": a learned probe attends over the patch tokens (SigLIP's MAP head; models.map_head)
     # "token_gap": [class token; mean patch token], 2D wide (HF's Dinov2ForImageClassification)
+    # "none": no pooling, the head (if any) on every token (timm's global_pool="", pruned heads)
     map_heads: int | None = None  # the MAP head's heads (Perception Encoder: 8); None: num_heads
     map_mlp_dim: int | None = None  # the MAP head's MLP width (PE gigantic: 4 D); None: mlp_dim
     map_prefix: bool = False  # the MAP head attends over the prefix tokens too (PE, timm Eva)
@@ -68,6 +69,7 @@ class ViTConfig:
     dropout: float = 0.0  # dropout after the embedding, in the MLP and after attention projection
     attn_dropout: float = 0.0  # dropout on the attention weights
     drop_path: float = 0.0  # stochastic depth of the last block (linear in depth); not in paper
+    head_dropout: float = 0.0  # dropout on the head's input (timm's drop_rate); not in paper
     layer_norm_eps: float = 1e-6  # flax's default, used by the official code (PyTorch uses 1e-5)
     gelu: GeluApprox = (
         "tanh"  # flax's default; "none": exact (timm, HF); "quick": CLIP's x*sigmoid(1.702x)
@@ -451,6 +453,8 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
         base.update(patch_size=patch, resnet_layers=layers)
     elif name.strip() in FAMILIES:  # the family's named models (vitkit.registry.families)
         base = dict(FAMILIES[name.strip()])
+    elif (plain := timm_vit(name.strip())) is not None:  # timm's vit_base_patch16_224, ...
+        base = plain
     else:
         size, patch = parse_name(name)
         base = dataclasses.asdict(SIZES[size])

@@ -131,7 +131,7 @@ def finetune_model_config(cfg: TrainConfig, init: Checkpoint) -> ModelConfig:
         )
     allowed = set()
     if not isinstance(init.model_config, ResNetConfig):
-        allowed = {"dropout", "attn_dropout", "drop_path"}
+        allowed = {"dropout", "attn_dropout", "drop_path", "head_dropout"}
     have = init.model_config.to_dict()
     # A recipe's model sizes that equal the checkpoint's change nothing: not an error; nor do
     # the preprocessing settings (-o mean=...), stated when it was read (_read_init).

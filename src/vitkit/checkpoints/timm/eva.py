@@ -262,7 +262,7 @@ def eva_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "class_token": cfg.has_class_token,
         "num_reg_tokens": cfg.num_reg_tokens,
         "no_embed_class": not cfg.pos_embed_prefix,
-        "global_pool": {"gap": "avg"}.get(cfg.pool, cfg.pool),
+        "global_pool": {"gap": "avg", "none": ""}.get(cfg.pool, cfg.pool),
         "use_fc_norm": cfg.fc_norm,
         "use_post_transformer_norm": cfg.final_norm and not cfg.fc_norm,
         "use_post_norm": cfg.block == "post",

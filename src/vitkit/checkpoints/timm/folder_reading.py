@@ -4,6 +4,7 @@ state dict in vitkit's names (:mod:`vitkit.checkpoints.formats` decides which re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,19 @@ def read_timm_relpos(
     ckpt = Checkpoint(p, cfg, pre, state, names)
     ckpt.provenance = prov
     return ckpt
+
+
+def timm_pretrained_cfg(model: Any, ckpt: Any) -> None:
+    """What ``model.pretrained_cfg`` says as timm's does for a checkpoint read as a timm entry:
+    the entry's name, and a folder's JSON lists (a registered name's defaults are tuples)."""
+    if ckpt.format != "timm" or not hasattr(model, "timm_architecture"):
+        return
+    folder = Path(ckpt.path).is_dir()
+    name = ckpt.meta.get("timm_arch")
+    if folder:
+        try:
+            name = json.loads((Path(ckpt.path) / "config.json").read_text()).get("architecture")
+        except (OSError, ValueError, AttributeError):  # (read already by the format's reader)
+            name = None
+    model.timm_architecture = None if name is None else str(name).split(".")[0]
+    model.timm_folder = folder

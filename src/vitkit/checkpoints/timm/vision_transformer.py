@@ -455,7 +455,7 @@ def timm_model_args(cfg: ViTConfig) -> dict[str, Any]:
         "mlp_ratio": cfg.mlp_dim / cfg.width,
         "qkv_bias": cfg.qkv_bias,
         "class_token": cfg.has_class_token,
-        "global_pool": {"gap": "avg"}.get(cfg.pool, cfg.pool),
+        "global_pool": {"gap": "avg", "none": ""}.get(cfg.pool, cfg.pool),
         "fc_norm": cfg.fc_norm,
         "reg_tokens": cfg.num_reg_tokens,
         "no_embed_class": not cfg.pos_embed_prefix,
