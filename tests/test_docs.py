@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from references import import_reference
 
 import vitkit
 import vitkit.analysis
@@ -90,6 +91,9 @@ def test_python_example_runs(
         pytest.importorskip("onnxruntime")
     if 'data="digits"' in code:
         pytest.importorskip("sklearn")
+    for reference in ("timm", "transformers"):  # (switching.md runs against them)
+        if re.search(rf"^import {reference}$", code, re.M):
+            import_reference(reference)
     monkeypatch.chdir(tmp_path)
     with warnings.catch_warnings():
         exec(compile(code, f"docs/.../{page} (example {index})", "exec"), {})
