@@ -11,6 +11,7 @@ import torch
 from references import import_reference, perturbed
 
 import vitkit
+import vitkit.checkpoints
 from vitkit.errors import VitkitError
 
 NAME = "vit_tiny_patch16_224"
@@ -36,6 +37,17 @@ def test_prune_head_returns_every_token_as_timm(tmp_path):
     assert got.shape == want.shape == (2, 197, 192)
     assert (got - want).abs().max() <= 1e-5 * float(want.abs().max())
     assert ours.global_pool == ref.global_pool == ""
+    vitkit.save_checkpoint(tmp_path / "pruned", ours)  # as itself, and as a timm folder
+    ckpt = vitkit.checkpoints.read_checkpoint(tmp_path / "pruned")
+    vitkit.checkpoints.write_checkpoint(ckpt, tmp_path / "pruned-timm", "timm")
+    timm = import_reference("timm")
+    for again in (
+        vitkit.load(tmp_path / "pruned"),
+        vitkit.load(tmp_path / "pruned-timm"),
+        timm.create_model(f"local-dir:{tmp_path / 'pruned-timm'}", pretrained=True),
+    ):
+        with torch.no_grad():
+            assert (again.eval()(x) - want).abs().max() <= 1e-5 * float(want.abs().max())
     ours.reset_classifier(5, "token")  # (a head again: the class token's)
     assert ours(x).shape == (2, 5)
 
@@ -66,3 +78,17 @@ def test_jit_script_is_refused_in_one_line_and_trace_runs():
     with torch.no_grad():
         traced = torch.jit.trace(model, x)
         assert (traced(x) - model(x)).abs().max() == 0
+
+
+def test_reset_classifier_unpooled_as_timm():
+    timm = import_reference("timm")
+    ref = perturbed(timm.create_model(NAME, depth=1, num_classes=3))
+    ours = vitkit.create_model(NAME, depth=1, num_classes=3)
+    ours.load_state_dict(ref.state_dict())
+    ref.reset_classifier(0, "")
+    ours.reset_classifier(0, "")  # timm's unpooled head: every token
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        want, got = ref(x), ours.eval()(x)
+    assert got.shape == want.shape == (1, 197, 192)
+    assert (got - want).abs().max() <= 1e-5 * float(want.abs().max())

@@ -526,8 +526,10 @@ def load_model(path: str | Path, **overrides: Any) -> tuple[nn.Module, Checkpoin
     """Rebuild the model of a checkpoint in any supported format; ``(model, checkpoint)``.
 
     Overrides: ``image_size``, ``num_classes``, ``pre_logits``, ``resample`` (see
-    :func:`read_checkpoint`; they change the weights), ``format``, ``num_heads``, ``grid``
-    (reading hints), and any config field that does not change the weights (``dropout=0.1``).
+    :func:`read_checkpoint`; they change the weights; ``head_init="timm"``: a new head drawn
+    as timm's, not zero), ``format``, ``num_heads``, ``grid`` (reading hints), any config field
+    that does not change the weights (``dropout=0.1``), and timm's keywords for them
+    (``img_size``, ``drop_path_rate``, ...: :mod:`vitkit.registry.timm_keywords`).
     ``features_only=True`` (``out_indices``, ``output_fmt``, ``feature_norm``): timm's
     features-only model of it (:class:`vitkit.models.features.FeaturesModel`); ``backbone=True``
     (``out_indices`` / ``out_features`` in transformers' stages, ``apply_layernorm``,

@@ -182,6 +182,8 @@ def forward(model: Any, batch: dict[str, Tensor], pre_logits: bool = False) -> T
 def pool(model: Any, tokens: Tensor, valid: Tensor) -> Tensor:
     """The config's pooling over the valid patch tokens only (timm's ``global_pool_naflex``)."""
     cfg: ViTConfig = model.cfg
+    if cfg.pool == "none":  # (a pruned head: every token, the padding's included, as timm's)
+        return model.fc_norm(tokens)
     if cfg.pool == "token":
         return model.fc_norm(tokens[:, 0])
     patches = tokens[:, cfg.num_prefix_tokens :]

@@ -178,7 +178,9 @@ class ViTConfig:
             raise VitkitError('pool="token_gap" has no representation_size or fc_norm')
         if self.pool == "token_gap" and self.class_token is False:
             raise VitkitError('pool="token_gap" needs the class token')
-        if self.dist_token and (self.pool != "token" or self.representation_size or self.fc_norm):
+        if self.dist_token and (
+            self.pool not in ("token", "none") or self.representation_size or self.fc_norm
+        ):
             raise VitkitError('dist_token needs pool="token", no representation_size, no fc_norm')
         if self.pool != "map" and (self.map_heads or self.map_mlp_dim or self.map_prefix):
             raise VitkitError(

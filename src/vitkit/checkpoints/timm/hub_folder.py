@@ -138,7 +138,7 @@ def timm_hub_config_provenance(
         changes["layer_norm_eps"] = args["layer_norm_eps"]
     global_pool = args.get("global_pool", hub.get("global_pool"))
     pools: dict[Any, str] = {p: p for p in ("token", "avgmax", "max", "map")}
-    pool = {**pools, "avg": "gap", None: cfg.pool}.get(global_pool)
+    pool = {**pools, "avg": "gap", "": "none", None: cfg.pool}.get(global_pool)
     if pool is None:
         raise VitkitError(f"{source}: global_pool {global_pool!r} is not one vitkit has")
     if (pool == "map") != (cfg.pool == "map"):
