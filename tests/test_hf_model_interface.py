@@ -65,6 +65,8 @@ CASES = [  # config, class, settings, (input size, interpolate_pos_encoding give
      dict(image_size=224, patch_size=14, num_register_tokens=2), (518, False)),
     ("Dinov2WithRegistersConfig", "Dinov2WithRegistersForImageClassification",
      dict(image_size=56, patch_size=14, num_register_tokens=2, num_labels=3), (70, False)),
+    ("DeiTConfig", "DeiTForImageClassificationWithTeacher",
+     dict(image_size=32, patch_size=8, num_labels=3), (48, True)),
     ("DINOv3ViTConfig", "DINOv3ViTModel",
      dict(image_size=64, patch_size=16, num_register_tokens=2), (96, False)),
 ]  # fmt: skip
