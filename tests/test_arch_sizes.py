@@ -72,3 +72,23 @@ def test_a_patch_other_than_the_names_is_the_cause_said(tmp_path):
     _same(ours, ref, (32, 32))
     with pytest.raises(VitkitError, match=r"not a 3x3 grid; the weights' patch is 8x8, the name's"):
         vitkit.load(path, arch=NAME, grid=(3, 3))
+
+
+def test_a_folder_whose_size_the_rows_contradict_names_the_cause(tmp_path):
+    """A timm folder's config fixes its input size: rows that do not fit it are refused, saying
+    the rows, the grid and the real cause (another size, or another patch than the name's)."""
+    import json
+
+    for kw, cause in (
+        (dict(img_size=64), "trained at another input size"),
+        (dict(img_size=32, patch_size=8), "the weights' patch is 8x8, the name's 16x16"),
+    ):
+        _, path = _bare(tmp_path, **kw)
+        folder = tmp_path / f"folder{len(kw)}"
+        folder.mkdir()
+        path.rename(folder / "model.safetensors")
+        config = {"architecture": NAME, "num_classes": 5, "model_args": {"img_size": 224}}
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(VitkitError, match=r"pos_embed: 17 rows, not the entry's 1 prefix \+ "
+                           rf"\d+x\d+ patches of a 224x224 input .*{cause}"):  # fmt: skip
+            vitkit.load(folder)

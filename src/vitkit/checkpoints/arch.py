@@ -214,8 +214,28 @@ def name_contradictions(
     for fact, value in want.items():
         if fact in _SIZES or fact in given or seen.get(fact) == value or value is None:
             continue
+        if fact == "pos_prefix":  # the rows the input size leaves: say what decides them
+            out.append(_rows_said(shapes, model_args["img_size"], value, want["patch"]))
+            continue
         out.append(_said(fact, value, seen[fact]))
     return out
+
+
+def _rows_said(shapes: dict[str, tuple[int, ...]], size: Any, prefix: int, patch: Any) -> str:
+    """A table whose rows do not fit the input size: its rows, the grid the size makes with
+    the weights' patch, and the patch where it is not the name's (the real cause then)."""
+    rows, proj = shapes["pos_embed"][1], shapes["patch_embed.proj.weight"]
+    h, w = (size, size) if isinstance(size, int) else size
+    grid = (int(h) // proj[2], int(w) // proj[3])
+    said = (
+        f"pos_embed: {rows} rows, not the entry's {prefix} prefix + {grid[0]}x{grid[1]} patches "
+        f"of a {h}x{w} input with patch {proj[2]}x{proj[3]}"
+    )
+    if list(proj[2:]) != list(patch):
+        return (
+            f"{said}: the weights' patch is {proj[2]}x{proj[3]}, the name's {patch[0]}x{patch[1]}"
+        )
+    return f"{said}: the weights were trained at another input size (img_size in model_args)"
 
 
 def check_name_against_weights(
