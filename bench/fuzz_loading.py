@@ -255,8 +255,9 @@ def said_fields(lines: list[str]) -> set[str]:
 def vitkit_read(
     path: Path, x: torch.Tensor, tokens: bool, expected: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """vitkit's float64 output of ``path`` on ``x`` (``tokens``: the final-normalised tokens),
-    the warnings said, and the compared settings whose values differ from ``expected``."""
+    """vitkit's float64 output of ``path`` on ``x`` (``tokens``: the final-normalised tokens,
+    or, where the file says timm's ``global_pool=""``, the model's every token), the warnings
+    said, and the compared settings whose values differ from ``expected``."""
     out: dict[str, Any]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -265,7 +266,8 @@ def vitkit_read(
             model = build_model(ckpt.model_config).double().eval()
             load_state_dict_strict(model, ckpt.state_dict, source=str(path))
             with torch.no_grad():
-                y = model.forward_features(x) if tokens else model(x)
+                unpooled = getattr(ckpt.model_config, "pool", None) == "none"  # timm's ''
+                y = model.forward_features(x) if tokens and not unpooled else model(x)
             cfg = ckpt.model_config
             differs = {
                 k: [getattr(cfg, k, None), v]
