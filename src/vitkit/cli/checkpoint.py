@@ -7,22 +7,18 @@ import argparse
 import json
 from typing import Any
 
-from vitkit.cli.engines import add_int8_options, cmd_export_bf16, cmd_export_int8
+from vitkit.cli.export import add_export_command
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
-    add_overwrite,
     image_side,
     image_size,
-    loading,
     non_negative_int,
     output_directory,
-    output_file,
     path,
     positive_int,
     reading,
 )
-from vitkit.errors import VitkitError
 from vitkit.registry.config_checks import RESAMPLE_MODES
 
 
@@ -103,25 +99,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_inspect)
 
-    p = add_command(
-        sub, "export", "export a checkpoint (any format) to ONNX, checked against onnxruntime"
-    )
-    add_checkpoint(p, positional=True)
-    p.add_argument(
-        "out", metavar="OUT", type=path, help="the .onnx file to write (--int8: a directory)"
-    )
-    p.add_argument(
-        "--format", dest="out_format", default="onnx", choices=["onnx"], help="output format"
-    )
-    p.add_argument("--opset", type=positive_int, help="ONNX opset (default: the exporter's)")
-    p.add_argument(
-        "--no-check",
-        action="store_true",
-        help="skip comparing onnxruntime's outputs with PyTorch's (needs onnxruntime)",
-    )
-    add_int8_options(p)
-    add_overwrite(p, "replace an existing OUT (never a file of the checkpoint read)")
-    p.set_defaults(func=cmd_export)
+    add_export_command(sub)
 
     p = add_command(
         sub,
@@ -169,56 +147,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from vitkit.engines.exports import read_export
+
+    exported = read_export(args.ckpt)
+    if exported is not None:  # an ONNX file, a .pt2 package, an engine directory
+        from vitkit.engines.export_record import describe_export
+
+        print(json.dumps(exported, indent=1) if args.json else describe_export(exported, args.ckpt))
+        return 0
     from vitkit.checkpoints import describe, read_checkpoint
     from vitkit.checkpoints.description import format_description
 
     info = describe(read_checkpoint(args.ckpt, **reading(args)))
     print(json.dumps(info, indent=1) if args.json else format_description(info))
     return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints import load_model
-    from vitkit.engines.onnx_export import check_onnx, export_onnx
-    from vitkit.eval.checkpoint_eval import check_finite_weights
-    from vitkit.output_files import check_destination
-
-    if args.precision == "bf16":
-        if args.int8:
-            raise VitkitError("--int8 or --precision bf16: one precision per export")
-        _check_path(output_directory, args.out)
-        return cmd_export_bf16(args)
-    if args.int8 or args.engine or args.static or args.keep_fp32:
-        if not args.int8:
-            raise VitkitError(
-                "--engine, --static and --keep-fp32 choose how --int8 quantizes: add --int8 "
-                "(or --engine openvino --precision bf16)"
-            )
-        _check_path(output_directory, args.out)
-        return cmd_export_int8(args)
-    _check_path(output_file, args.out)
-    model, ckpt = load_model(args.ckpt, **loading(args))
-    check_destination(args.out, reads=[ckpt.path], overwrite=args.overwrite)
-    check_finite_weights(model, ckpt)
-    out = export_onnx(model, args.out, opset=args.opset)
-    cfg = ckpt.model_config
-    print(
-        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): input pixel_values "
-        f"[batch, {cfg.in_chans}, {cfg.image_size[0]}, {cfg.image_size[1]}], output logits"
-    )
-    if not args.no_check:
-        diff = check_onnx(model, out)
-        print(f"onnxruntime vs PyTorch: max abs difference {diff:.2e}")
-        if not diff <= 1e-4:  # (inf: a side returned NaN or inf)
-            raise VitkitError(f"{out}: onnxruntime differs from PyTorch by {diff:.2e} (> 1e-4)")
-    return 0
-
-
-def _check_path(check: Any, text: str) -> None:
-    try:
-        check(text)
-    except argparse.ArgumentTypeError as e:
-        raise VitkitError(str(e)) from None
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:

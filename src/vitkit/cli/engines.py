@@ -113,6 +113,7 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
     keep = tuple(m.strip() for m in (args.keep_fp32 or "").split(",") if m.strip())
     require(engine)
     model, ckpt = load_model(args.ckpt, **loading(args))
+    sizes = export_sizes(args, ckpt.model_config)  # refused before any calibration work
     from vitkit.output_files import check_destination
 
     names = int8_files(engine)  # refused before any calibration work
@@ -126,12 +127,24 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
         print(f"calibrating on {len(calib)} images of {data} (train split)")
     out = export_int8(
         model, ckpt, args.out, engine=engine, calib=calib, calibration=how, keep_fp32=keep,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, sizes=sizes,
     )  # fmt: skip
     size = directory_size(out, names) / 1e6
     print(f"wrote {out} ({engine}, int8, {size:.1f} MB): {', '.join(names)}")
     print(f"accuracy beside the fp32 source: vitkit eval --from {out}")
     return 0
+
+
+def export_sizes(args: argparse.Namespace, cfg: Any) -> Any:
+    """The size range ``--dynamic-size`` asks for (None without it; the bounds alone are
+    refused: they would change nothing)."""
+    from vitkit.engines.dynamic_size import size_range
+
+    if not getattr(args, "dynamic_size", False):
+        if getattr(args, "min_size", None) or getattr(args, "max_size", None):
+            raise VitkitError("--min-size and --max-size bound --dynamic-size: add it")
+        return None
+    return size_range(cfg, args.min_size, args.max_size)
 
 
 def fast_choice(
@@ -162,6 +175,8 @@ def load_for_inference(
     (None: fp32 for a checkpoint, an engine directory's own), its checkpoint, and the one line
     saying which engine and precision run it. ``long_lived`` (a server): ``--fast`` may pick an
     engine that takes longer to start and runs faster."""
+    if path.endswith(".pt2"):  # (before the engines' imports: vitkit's model code stays out)
+        return _pt2_for_inference(args, path, precision)
     from vitkit.engines.backends import available, engine_model, is_engine_dir, load_engine_dir
 
     threads = getattr(args, "threads", None)
@@ -213,6 +228,22 @@ def load_for_inference(
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
     return model, ckpt, f"engine: {engine}, {precision} ({why})"
+
+
+def _pt2_for_inference(
+    args: argparse.Namespace, path: str, precision: str | None
+) -> tuple[Any, Any, str]:
+    """A package of ``export --format pt2`` run by PyTorch alone (vitkit.engines.pt2_package):
+    the engine and precision it was compiled with, any other refused in one line."""
+    from vitkit.engines.pt2_package import load_pt2
+
+    if getattr(args, "engine", None) not in (None, "torch") or precision not in (None, "fp32"):
+        raise VitkitError(
+            f"{path}: a .pt2 package runs as compiled (fp32, AOTInductor); for another engine "
+            "or precision, give the checkpoint it was exported from"
+        )
+    model, src = load_pt2(path)
+    return model, src, "engine: pt2 (AOTInductor), fp32 (as compiled)"
 
 
 def check_fp8_options(args: argparse.Namespace) -> None:
@@ -385,6 +416,7 @@ def cmd_export_bf16(args: argparse.Namespace) -> int:
     require(engine)
     check_bf16_cpu()
     model, ckpt = load_model(args.ckpt, **loading(args))
+    sizes = export_sizes(args, ckpt.model_config)
     check_destination(args.out, reads=[ckpt.path], writes=BF16_FILES, overwrite=args.overwrite)
     data = args.calib_data or ckpt.meta.get("dataset")
     measure = None
@@ -404,8 +436,9 @@ def cmd_export_bf16(args: argparse.Namespace) -> int:
             "test split); engine.json records versus_fp32: null"
         )
     out = export_bf16(
-        model, ckpt, args.out, engine=engine, measure=measure, overwrite=args.overwrite
-    )
+        model, ckpt, args.out, engine=engine, measure=measure, overwrite=args.overwrite,
+        sizes=sizes,
+    )  # fmt: skip
     from vitkit.engines.backends import read_engine_dir
 
     info, _ = read_engine_dir(out)

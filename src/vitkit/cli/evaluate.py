@@ -336,7 +336,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     check_image_files(args.images)  # the cheapest mistake first, before loading any weights
     model, ckpt, engine_line = load_for_inference(args, args.ckpt, precision=args.precision)
-    if args.engine or args.fast or args.precision or ckpt.format == "vitkit-engine":
+    if args.engine or args.fast or args.precision or ckpt.format in ("vitkit-engine", "vitkit-pt2"):
         print(engine_line, file=sys.stderr if args.json else sys.stdout)
     max_seq_len = run_max_seq_len(args.max_seq_len, ckpt)
     for path, preds in zip(

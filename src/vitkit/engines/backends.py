@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
+from vitkit.engines.dynamic_size import SizeRange
 from vitkit.errors import VitkitError, why_unreadable
 from vitkit.registry.model_config import PreprocessConfig, config_from_dict
 
@@ -60,13 +61,24 @@ def available(engine: str) -> bool:
 class EngineModel(nn.Module):
     """An engine's loaded model as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32)."""
 
-    def __init__(self, run: Callable[[np.ndarray], np.ndarray], engine: str, precision: str):
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        engine: str,
+        precision: str,
+        sizes: SizeRange | None = None,
+        where: str = "the engine",
+    ):
         super().__init__()
         self._run = run
         self.engine = engine
         self.precision = precision
+        self.sizes = sizes  # an export of any size in a range: others refused in one line
+        self.where = where
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.sizes is not None:
+            self.sizes.check((x.shape[-2], x.shape[-1]), self.where)
         out = self._run(np.ascontiguousarray(x.detach().float().cpu().numpy()))
         return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
 
@@ -210,7 +222,8 @@ def load_engine_dir(
             f"{_engine_files(model_file, engine)}: {engine} cannot load it ({_first_line(e)}); "
             "the file is damaged or not one vitkit export wrote: export the model again"
         ) from None
-    return EngineModel(run, engine, precision), ckpt
+    sizes = SizeRange.from_dict(info["sizes"]) if info.get("sizes") else None
+    return EngineModel(run, engine, precision, sizes, str(path)), ckpt
 
 
 def _cannot_run(path: Path, engine: str, x: Any, e: Exception) -> VitkitError:

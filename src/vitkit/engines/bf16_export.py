@@ -11,6 +11,7 @@ from torch import nn
 
 from vitkit.engines.backends import ENGINE_FILE, EngineModel, openvino_runner, require
 from vitkit.engines.bf16 import check_bf16_cpu
+from vitkit.engines.dynamic_size import SizeRange
 from vitkit.engines.int8 import write_engine_dir
 from vitkit.errors import VitkitError
 
@@ -25,6 +26,7 @@ def export_bf16(
     engine: str = "openvino",
     measure: Callable[[nn.Module], dict[str, Any] | None] | None = None,
     overwrite: bool = False,
+    sizes: SizeRange | None = None,
 ) -> Path:
     """Write ``model`` (fp32, eval) into the engine directory ``out`` for ``engine`` at bf16:
     OpenVINO IR of the fp32 graph (``model.xml`` + ``model.bin``) that OpenVINO's CPU plugin
@@ -52,7 +54,7 @@ def export_bf16(
             "versus_fp32": versus,
         }
 
-    return write_engine_dir(model, ckpt, out, BF16_FILES, make, overwrite=overwrite)
+    return write_engine_dir(model, ckpt, out, BF16_FILES, make, overwrite=overwrite, sizes=sizes)
 
 
 __all__ = ["BF16_FILES", "export_bf16"]

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.engines.backends import ENGINE_FILE, FORMAT, require
+from vitkit.engines.dynamic_size import SizeRange
 from vitkit.errors import VitkitError
 from vitkit.output_files import check_destination, publish, writing
 
@@ -243,11 +244,13 @@ def export_int8(
     calibration: dict[str, Any] | None = None,
     keep_fp32: tuple[str, ...] = (),
     overwrite: bool = False,
+    sizes: SizeRange | None = None,
 ) -> Path:
     """Write ``model`` (fp32, eval) quantized to int8 for ``engine`` into the directory ``out``:
     the engine's file(s) and ``engine.json``. ``calib``: normalised calibration images (None:
     ONNX Runtime's dynamic quantization). Every file is written under a temporary name first;
-    nothing is written into the checkpoint read, nor over a file without ``overwrite``."""
+    nothing is written into the checkpoint read, nor over a file without ``overwrite``.
+    ``sizes``: a dynamic height and width (vitkit.engines.dynamic_size)."""
     from vitkit.eval.checkpoint_eval import check_finite_weights
 
     names = int8_files(engine)
@@ -273,7 +276,7 @@ def export_int8(
             "keep_fp32": list(keep_fp32),
         }
 
-    return write_engine_dir(model, ckpt, out, names, make, overwrite=overwrite)
+    return write_engine_dir(model, ckpt, out, names, make, overwrite=overwrite, sizes=sizes)
 
 
 def write_engine_dir(
@@ -284,12 +287,15 @@ def write_engine_dir(
     make: Callable[[Path, Path], dict[str, Any]],
     *,
     overwrite: bool = False,
+    sizes: SizeRange | None = None,
 ) -> Path:
     """The engine directory ``out`` of ``model`` (fp32, eval): ``make(fp32_onnx, tmp)`` writes
     the engine's files into ``tmp`` from the model's fp32 ONNX export and returns engine.json's
     own fields (engine, precision, files, ...); the source's config, preprocessing, classes and
     dataset are added here. Every file is written under a temporary name first, engine.json
-    last; nothing is written into the checkpoint read, nor over a file without ``overwrite``."""
+    last; nothing is written into the checkpoint read, nor over a file without ``overwrite``.
+    With ``sizes`` the graph takes any height and width in the range; its fp32 graph is checked
+    against PyTorch at several sizes (engine.json's ``sizes`` and ``check``)."""
     from vitkit.engines.onnx_export import export_onnx
     from vitkit.eval.checkpoint_eval import check_finite_weights
 
@@ -308,7 +314,10 @@ def write_engine_dir(
     with writing(out):  # no room: one line (the temporary directory goes below)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
-                fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx")
+                fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx", sizes=sizes)
+            extra: dict[str, Any] = {}
+            if sizes is not None:
+                sizes, extra = _checked_fp32(model, ckpt, fp32, sizes, out)
             own = make(fp32, tmp)
             info = {
                 "format": FORMAT,
@@ -319,6 +328,7 @@ def write_engine_dir(
                 "meta": {k: v for k, v in ckpt.meta.items() if k in ("dataset", "train_config")},
                 "source": str(ckpt.path),
                 **{k: v for k, v in own.items() if k not in ("engine", "precision", "files")},
+                **extra,
             }
             (tmp / ENGINE_FILE).write_text(json.dumps(info, indent=1))
             for name in names:  # engine.json last: a directory without it is not a model yet
@@ -330,6 +340,28 @@ def write_engine_dir(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _checked_fp32(
+    model: nn.Module, ckpt: Checkpoint, fp32: Path, sizes: SizeRange, out: Path
+) -> tuple[SizeRange, dict[str, Any]]:
+    """A dynamic-size graph's fp32 export checked against PyTorch at several sizes before it
+    is quantized or run at bf16: the range it takes and engine.json's ``sizes`` and ``check``."""
+    from vitkit.engines.export_record import checked
+    from vitkit.engines.onnx_export import check_at_sizes, onnx_session
+
+    session = onnx_session(fp32)
+    cfg = ckpt.model_config
+    own = (int(cfg.image_size[0]), int(cfg.image_size[1]))
+
+    def measure(points: Any) -> dict[str, float]:
+        return check_at_sizes(model, lambda x: session.run(None, {"pixel_values": x}), points)
+
+    kernel = getattr(cfg, "pos_resample", None)
+    taken, check = checked(measure, own, sizes, where=str(out), kernel=kernel)
+    check["what"] = "the fp32 graph before the engine's precision"
+    assert taken is not None
+    return taken, {"sizes": taken.to_dict(), "check": check}
 
 
 def _running(pid: int) -> bool:

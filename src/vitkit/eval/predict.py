@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from vitkit.checkpoints import Checkpoint
 from vitkit.data.images import load_images, load_images_native
 from vitkit.data.transforms import normalize
 from vitkit.errors import VitkitError
-from vitkit.eval.checkpoint_eval import check_finite_weights
-from vitkit.models.naflex_packing import pack
+
+if TYPE_CHECKING:  # (a .pt2 package is predicted with, vitkit's model code not imported)
+    from vitkit.checkpoints import Checkpoint
 
 Prediction = list[dict[str, Any]]  # [{"label", "index", "prob"}, ...], most probable first
 
@@ -52,7 +52,10 @@ def predict_files(
     cfg = ckpt.model_config
     if not cfg.num_classes:
         raise VitkitError(f"{ckpt.path}: the model has no classification head to predict with")
-    check_finite_weights(model, ckpt)
+    if any(True for _ in model.parameters()):  # (a compiled package's weights were checked)
+        from vitkit.eval.checkpoint_eval import check_finite_weights
+
+        check_finite_weights(model, ckpt)
     pre = ckpt.preprocess
     batch: Any
     if max_seq_len is not None:
@@ -63,6 +66,8 @@ def predict_files(
         images = [
             normalize(x.float()[None], pre.mean, pre.std, pre.rescale_factor)[0] for x in images
         ]
+        from vitkit.models.naflex_packing import pack
+
         batch = pack(images, patch, max_seq_len)
     else:
         batch = normalize(load_images(paths, pre).float(), pre.mean, pre.std, pre.rescale_factor)

@@ -26,6 +26,8 @@ function, so running at a new size equals converting first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,6 +35,11 @@ from torch import Tensor
 from vitkit.errors import VitkitError
 from vitkit.registry.config_checks import RESAMPLE_MODES as RESAMPLE_MODES
 from vitkit.registry.model_config import Resample as Resample
+
+
+def symbolic(sizes: tuple[Any, ...]) -> bool:
+    """Whether ``sizes`` are traced symbols (torch.export with a dynamic height and width)."""
+    return any(isinstance(n, torch.SymInt) for n in sizes)
 
 
 def resample_pos_embed(
@@ -44,7 +51,9 @@ def resample_pos_embed(
 ) -> Tensor:
     """``[1, prefix + old_h * old_w, D]`` → ``[1, prefix + new_h * new_w, D]``.
 
-    The same grid returns the input unchanged (bit for bit). Differentiable.
+    The same grid returns the input unchanged (bit for bit); a symbolic grid (an export with
+    a dynamic height and width) is always interpolated, which at the same grid is the identity
+    for every mode. Differentiable.
     """
     if mode not in RESAMPLE_MODES:
         raise VitkitError(f"unknown resampling mode {mode!r} (choose from {RESAMPLE_MODES})")
@@ -54,13 +63,14 @@ def resample_pos_embed(
             f"position embeddings of shape {tuple(pos_embed.shape)} do not hold "
             f"{num_prefix_tokens} prefix token(s) + a {old_grid[0]}x{old_grid[1]} grid"
         )
-    if tuple(old_grid) == tuple(new_grid):
+    if not symbolic(new_grid) and tuple(old_grid) == tuple(new_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     d, dtype = grid.shape[-1], grid.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2)
-    if mode == "zoom":
-        grid = F.interpolate(grid.double(), size=new_grid, mode="bilinear", align_corners=True)
+    if mode == "zoom":  # (float32 in an export: ONNX Runtime has no float64 Resize; the export
+        wide = grid.float() if symbolic(new_grid) else grid.double()  # is checked against this)
+        grid = F.interpolate(wide, size=new_grid, mode="bilinear", align_corners=True)
     else:
         kind, _, antialias = mode.partition("-")
         grid = F.interpolate(

@@ -44,7 +44,8 @@ def _grid(shape: tuple[int, int], kind: str, xy: bool, offset: float, ref: tuple
     dims = [shape[1], shape[0]] if xy else list(shape)
     refs = None if ref is None else ([ref[1], ref[0]] if xy else list(ref))
     if kind == "dinov3":
-        t = [(torch.arange(0.5, s, dtype=F32) + offset) / float(s) for s in dims]
+        # (a traced side stays a symbol: float() would fix the grid at the traced size)
+        t = [(torch.arange(0.5, s, dtype=F32) + offset) / _side(s) for s in dims]
     else:
         t = [torch.arange(s, dtype=torch.int64).to(F32) + offset for s in dims]
     if refs is not None:
@@ -53,6 +54,10 @@ def _grid(shape: tuple[int, int], kind: str, xy: bool, offset: float, ref: tuple
     if kind == "dinov3":
         grid = 2.0 * grid - 1.0
     return grid.flatten(0, 1)
+
+
+def _side(s: int) -> float | int:
+    return s if isinstance(s, torch.SymInt) else float(s)
 
 
 def _layout(x: Tensor, half: bool) -> Tensor:

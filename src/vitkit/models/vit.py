@@ -75,7 +75,7 @@ from vitkit.models.cpu_attention import plain_cpu_attention
 from vitkit.models.hybrid_stem import ResNetStem
 from vitkit.models.map_head import MAPHead, require_map_head
 from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, ParallelThingsBlock
-from vitkit.models.posemb_resample import Resample, resample_pos_embed
+from vitkit.models.posemb_resample import Resample, resample_pos_embed, symbolic
 from vitkit.models.relpos import attention_biases, make_rel_pos
 from vitkit.models.rope import RotaryEmbedding, rotate
 from vitkit.models.sdpa_backend import sdpa_backend
@@ -111,8 +111,10 @@ class PatchEmbed(TimmPatchEmbed, nn.Module):
 
     def grid_for(self, size: tuple[int, int]) -> tuple[int, int]:
         """The patch grid (rows, columns) of images of ``size`` (H, W): any positive multiple
-        of the patch size (times the hybrid's ResNet stride) on each side."""
-        if size == self.image_size:
+        of the patch size (times the hybrid's ResNet stride) on each side. A symbolic size (an
+        export with a dynamic height and width) takes the general path, so that no guard on the
+        model's own size enters the graph."""
+        if not symbolic(size) and size == self.image_size:
             return self.grid_size
         s = self.stem_stride
         for side, n, p in zip(("height", "width"), size, self.patch_size):
@@ -386,8 +388,8 @@ class VisionTransformer(TimmModel, nn.Module):
         if self.cfg.naflex and self.pos_embed is not None:  # timm's NaFlexVit: from its own
             return naflex.pos_embed_for_grid(self.pos_embed, self.cfg, grid)  # grid, as timm
         own = self.patch_embed.grid_size
-        if grid == own or self.pos_embed is None:
-            return self.pos_embed
+        if self.pos_embed is None or (not symbolic(grid) and grid == own):
+            return self.pos_embed  # (a symbolic grid resamples: the identity at its own grid)
         return resample_pos_embed(self.pos_embed, own, grid, self.cfg.num_pos_prefix, self.resample)
 
     @property
