@@ -77,12 +77,12 @@ def export_file(
             return [g.numpy() for g in got]
 
     else:
-        from vitkit.engines.onnx_export import export_onnx, onnx_session
+        from vitkit.engines.onnx_export import export_onnx, ort_model
 
         tmp = out.with_name(f".{out.name}.tmp-{__import__('os').getpid()}.onnx")
         with contextlib.redirect_stdout(io.StringIO()):
             export_onnx(module, tmp, opset=opset, sizes=sizes, outputs=names)
-        run = _onnx_runner(onnx_session, tmp) if check else _unchecked
+        run = _onnx_runner(ort_model, tmp) if check else _unchecked
     try:
         if check or fmt == "pt2":
             measure = _measure(module, run)
@@ -128,11 +128,11 @@ def read_export(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def _onnx_runner(session_of: Any, path: Path) -> Any:
-    session = session_of(path)
+def _onnx_runner(load: Any, path: Path) -> Any:
+    model = load(path)
 
     def run(x: np.ndarray) -> list[np.ndarray]:
-        return list(session.run(None, {"pixel_values": x}))
+        return list(model.run(None, {"pixel_values": x}))
 
     return run
 

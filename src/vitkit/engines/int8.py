@@ -348,14 +348,14 @@ def _checked_fp32(
     """A dynamic-size graph's fp32 export checked against PyTorch at several sizes before it
     is quantized or run at bf16: the range it takes and engine.json's ``sizes`` and ``check``."""
     from vitkit.engines.export_record import checked
-    from vitkit.engines.onnx_export import check_at_sizes, onnx_session
+    from vitkit.engines.onnx_export import check_at_sizes, ort_model
 
-    session = onnx_session(fp32)
+    graph = ort_model(fp32)
     cfg = ckpt.model_config
     own = (int(cfg.image_size[0]), int(cfg.image_size[1]))
 
     def measure(points: Any) -> dict[str, float]:
-        return check_at_sizes(model, lambda x: session.run(None, {"pixel_values": x}), points)
+        return check_at_sizes(model, lambda x: graph.run(None, {"pixel_values": x}), points)
 
     kernel = getattr(cfg, "pos_resample", None)
     taken, check = checked(measure, own, sizes, where=str(out), kernel=kernel)

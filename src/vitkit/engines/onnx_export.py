@@ -132,7 +132,7 @@ def read_metadata(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def onnx_session(path: str | Path) -> Any:
+def ort_model(path: str | Path) -> Any:
     try:
         import onnxruntime as ort
     except ImportError:
