@@ -50,7 +50,7 @@ print(json.dumps({"refused": refused, "preds": preds, "loaded": loaded}))
 def package(tmp_path_factory):
     d = tmp_path_factory.mktemp("pt2")
     model = vitkit.create_model(
-        "Ti/4", image_size=(16, 24), width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5,
+        "Ti/4", image_size=(16, 24), width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=6,
         pos_resample="bicubic-antialias",
     )  # fmt: skip
     perturbed(model).eval()
@@ -106,3 +106,16 @@ def test_pt2_records_source_sizes_precision_and_check_and_predict_runs_it(packag
     assert "engine: pt2 (AOTInductor), fp32" in capsys.readouterr().out
     assert main(["predict", "--from", str(out), str(d / "b.png"), "--engine", "onnxruntime"]) != 0
     assert "a .pt2 package runs as compiled" in capsys.readouterr().err
+
+
+def test_eval_runs_a_pt2_package_as_it_runs_its_checkpoint(package, capsys):
+    """eval --from OUT.pt2 on the shapes test split (6 classes, resized to the checkpoint's
+    16x24): the same top-1 as the checkpoint it was exported from."""
+    _, d, out = package
+    top1 = []
+    for src, where in ((out, "e_pt2"), (d / "ck", "e_ck")):
+        assert main(["eval", "--from", str(src), "--data", "shapes", "--out", str(d / where)]) == 0
+        found = json.loads((d / where / "eval.json").read_text())
+        top1.append(found["metrics"]["top1"] if "metrics" in found else found["top1"])
+    capsys.readouterr()
+    assert abs(top1[0] - top1[1]) <= 0.2, top1  # (a near-tie may turn at 1e-6)

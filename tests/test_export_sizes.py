@@ -203,3 +203,19 @@ def test_a_fixed_size_export_still_refuses_nothing_new(tmp_path):
     x = torch.randn(2, 3, 16, 24)
     with torch.no_grad():
         assert relative(session.run(None, {"pixel_values": x.numpy()})[0], model2(x).numpy()) < 1e-4
+
+
+def test_an_inexact_kernel_narrows_the_range_and_says_so_in_one_line(capsys):
+    """checked(): an export whose error grows past 1e-4 away from the own size takes only the
+    sizes where it stays below, said in one line; over 1e-4 at the own size it is refused."""
+    from vitkit.engines.export_record import checked
+
+    def measure(points):
+        return {f"{h}x{w}": 1e-6 * 10 ** (abs(max(h, w) - 24) / 8) for h, w in points}
+
+    taken, check = checked(measure, (24, 24), SizeRange(4, 8, 64), where="m.onnx", kernel="k")
+    assert taken == SizeRange(4, 8, 40) and check["narrowed_from"]["max"] == 64
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not exact" in err[0] and "sides of 8 to 40 px" in err[0]
+    with pytest.raises(VitkitError, match="differs from vitkit PyTorch"):
+        checked(lambda p: {f"{h}x{w}": 1.0 for h, w in p}, (24, 24), None, where="m", kernel="k")
