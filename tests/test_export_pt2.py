@@ -20,6 +20,8 @@ import vitkit
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
 
+pytestmark = pytest.mark.slow  # (AOTInductor compiles C++ for the one package)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 RUN = """
