@@ -80,6 +80,8 @@ def size_range(cfg: Any, min_size: int | None = None, max_size: int | None = Non
     """The range of a model of config ``cfg`` (default: 2 patches to twice its own size),
     refused in one line where a bound is not a multiple of the patch or the bounds are out of
     order. The low end is at least 2 patches (torch.export specialises a side of 1)."""
+    if not hasattr(cfg, "patch_size"):
+        raise VitkitError("--dynamic-size: a ViT's export (a BiT ResNet has no patch grid)")
     step = cfg.patch_size[0] * getattr(cfg, "stem_stride", 1)
     if cfg.patch_size[0] != cfg.patch_size[1]:
         raise VitkitError(f"--dynamic-size needs square patches, not {cfg.patch_size}")
