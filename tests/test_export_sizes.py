@@ -231,3 +231,20 @@ def test_dynamic_size_of_a_model_without_patches_is_one_line(tmp_path, capsys):
     assert "a BiT ResNet has no patch grid" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(VitkitError, match="NaFlex"):
         size_range(vitkit.create_model("Ti/4", image_size=16, naflex=True, **TINY).cfg)
+
+
+def test_an_export_that_does_not_run_at_a_size_is_one_line():
+    """The check's runtime failing at a size (here a fake graph refusing it) is one line
+    naming the size, not the runtime's traceback."""
+    from vitkit.engines.onnx_export import check_at_sizes
+
+    model = vitkit.create_model("Ti/4", image_size=(16, 24), **TINY).eval()
+
+    def run(x):
+        if x.shape[-1] != 24:
+            raise RuntimeError("Attempting to broadcast an axis\n  at node_add_17")
+        return [model(torch.from_numpy(x)).detach().numpy()]
+
+    assert check_at_sizes(model, run, [(16, 24)])["16x24"] <= 1e-6
+    with pytest.raises(VitkitError, match=r"does not run at 8x8: Attempting to broadcast an axis$"):
+        check_at_sizes(model, run, [(16, 24), (8, 8)])

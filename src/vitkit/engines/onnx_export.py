@@ -158,7 +158,11 @@ def check_at_sizes(
         with torch.inference_mode():
             ref = model.eval().float()(x)
         refs = [ref] if isinstance(ref, Tensor) else list(ref)
-        outs = run(x.numpy())
+        try:
+            outs = run(x.numpy())
+        except Exception as e:  # (the runtime's own error: one line, naming the size)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise VitkitError(f"the export does not run at {h}x{w}: {first[:300]}") from None
         errs = [relative_error(o, r.numpy()) for o, r in zip(outs, refs)]
         found[f"{h}x{w}"] = max(errs) if len(outs) == len(refs) else float("inf")
     return found
