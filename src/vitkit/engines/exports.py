@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from torch import nn
 from vitkit.engines.dynamic_size import SizeRange
 from vitkit.engines.export_record import checked, record
 from vitkit.errors import VitkitError
-from vitkit.output_files import check_destination, publish
+from vitkit.output_files import check_destination, publish, writing
 
 FORMATS = ("onnx", "pt2")
 
@@ -68,7 +69,8 @@ def export_file(
     if fmt == "pt2":
         from vitkit.engines.pt2_package import add_record, export_pt2
 
-        tmp, runner = export_pt2(module, out, info, sizes)
+        with writing(out):  # no room: one line naming OUT
+            tmp, runner = export_pt2(module, out, info, sizes)
 
         def run(x: np.ndarray) -> list[np.ndarray]:
             with torch.inference_mode():
@@ -79,11 +81,11 @@ def export_file(
     else:
         from vitkit.engines.onnx_export import export_onnx, ort_model
 
-        tmp = out.with_name(f".{out.name}.tmp-{__import__('os').getpid()}.onnx")
-        with contextlib.redirect_stdout(io.StringIO()):
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.onnx")
+        with writing(out, tmp), contextlib.redirect_stdout(io.StringIO()):
             export_onnx(module, tmp, opset=opset, sizes=sizes, outputs=names)
         run = _onnx_runner(ort_model, tmp) if check else _unchecked
-    try:
+    with writing(out, tmp):  # any failure: the temporary file goes; no room: one line
         if check or fmt == "pt2":
             measure = _measure(module, run)
             kernel = getattr(cfg, "pos_resample", None)
@@ -98,9 +100,6 @@ def export_file(
 
             write_metadata(tmp, info)
         return publish(tmp, out), info
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def read_export(path: str | Path) -> dict[str, Any] | None:
