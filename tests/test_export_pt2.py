@@ -121,3 +121,39 @@ def test_eval_runs_a_pt2_package_as_it_runs_its_checkpoint(package, capsys):
         top1.append(found["metrics"]["top1"] if "metrics" in found else found["top1"])
     capsys.readouterr()
     assert abs(top1[0] - top1[1]) <= 0.2, top1  # (a near-tie may turn at 1e-6)
+
+
+def test_serve_runs_a_pt2_package_batched_and_answers_what_predict_answers(package, capsys):
+    """serve --from OUT.pt2 (precision auto: the package's own fp32): three images in one
+    forward give predict's answers; /v1/info names the package and its size range; explain is
+    refused in one line naming the checkpoint."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from test_serve import Server, call, multipart, same_answers
+
+    _, d, out = package
+    rng = np.random.default_rng(3)
+    images = []
+    for i in range(3):
+        images.append(d / f"s{i}.png")
+        Image.fromarray(rng.integers(0, 255, (20 + 6 * i, 30, 3), np.uint8)).save(images[-1])
+    capsys.readouterr()
+    assert main(["predict", *map(str, images), "--from", str(out), "--json", "--top-k", "6"]) == 0
+    want = [json.loads(line)["top_k"] for line in capsys.readouterr().out.splitlines()]
+    s = Server([str(out), "--precision", "auto", "--max-wait-ms", "200"])
+    try:
+        body, headers = multipart([p.read_bytes() for p in images])
+        status, raw = call(s.port, "/v1/classify?top_k=6", body, headers)
+        assert status == 200, raw
+        answer = json.loads(raw)
+        assert answer["engine"] == "pt2" and answer["precision"] == "fp32"
+        same_answers([r["top_k"] for r in answer["results"]], want)
+        status, raw = call(s.port, "/v1/info")
+        info = json.loads(raw)
+        assert info["model"]["format"] == "pt2 package (torch.export + AOTInductor)"
+        assert info["model"]["sizes"] == {"min": 8, "max": 48, "step": 4}, info["model"]
+        assert "exported engine runs at the precision" in info["precision_why"]
+        status, raw = call(s.port, "/v1/explain", images[0].read_bytes())
+        assert status == 409 and b"serve the fp32 checkpoint it was exported from" in raw
+    finally:
+        s.stop()
+

@@ -63,14 +63,14 @@ def add_commands(sub: Any) -> None:
         sub,
         "serve",
         "serve a model over HTTP: top-k labels, attention maps, a page to try it",
-        "Serves SOURCE (a run, a checkpoint in any format, or an engine directory of 'vitkit "
-        "export --int8') with the answers of 'vitkit predict': POST /v1/classify (top-k of one "
-        "or several images, batched across clients), POST /v1/explain (attention rollout and "
-        "per-layer maps), GET /v1/info, GET /health (liveness), GET /ready (readiness), GET "
-        "/metrics (Prometheus), GET /openapi.json and a page "
-        "at GET /. Listens on 127.0.0.1 unless --host says otherwise, once the model is loaded "
-        "and warmed up; SIGTERM or Ctrl-C drains the requests in flight and exits 0. Needs "
-        "pip install 'vitkit[serve]'.",
+        "Serves SOURCE (a run, a checkpoint in any format, an engine directory of 'vitkit "
+        "export --int8', or a .pt2 package of 'vitkit export --format pt2') with the answers "
+        "of 'vitkit predict': POST /v1/classify (top-k of one or several images, batched "
+        "across clients), POST /v1/explain (attention rollout and per-layer maps), GET "
+        "/v1/info, GET /health (liveness), GET /ready (readiness), GET /metrics (Prometheus), "
+        "GET /openapi.json and a page at GET /. Listens on 127.0.0.1 unless --host says "
+        "otherwise, once the model is loaded and warmed up; SIGTERM or Ctrl-C drains the "
+        "requests in flight and exits 0. Needs pip install 'vitkit[serve]'.",
     )
     add_checkpoint(p, positional=True)
     g = p.add_argument_group("server")
@@ -174,13 +174,14 @@ def served_model(args: argparse.Namespace) -> Any:
     :mod:`vitkit.serve.precision_choice`), explanations by the PyTorch model where there is
     one."""
     from vitkit.engines.backends import is_engine_dir
+    from vitkit.engines.pt2_package import is_pt2
     from vitkit.serve.precision_choice import MAX_DISAGREEMENTS, auto_choice, top1_agreement
     from vitkit.serve.served_model import ServedModel
 
     asked = args.precision
     precision, why = asked, f"--precision {asked}"
-    if asked == "auto":
-        precision, why = auto_choice(is_engine_dir(args.ckpt))
+    if asked == "auto":  # (an engine directory or a .pt2 package: the precision it was written at)
+        precision, why = auto_choice(is_engine_dir(args.ckpt) or is_pt2(args.ckpt))
     model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, precision)
     if asked == "auto" and precision == "bf16" and fp32 is not None:
         served = ServedModel(model, ckpt, engine=engine, precision=precision)
@@ -215,6 +216,7 @@ def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
     from vitkit.engines.backends import EngineModel
     from vitkit.engines.bf16 import BF16Model
     from vitkit.engines.float8_inference import GPUModel
+    from vitkit.engines.pt2_package import Pt2Model
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.models.vit import VisionTransformer
 
@@ -223,6 +225,12 @@ def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
     )
     print(engine_line)
     attention, why = None, ""
+    if isinstance(model, Pt2Model):  # (compiled: no weights to check, no attention to give)
+        why = (
+            "a .pt2 package (AOTInductor) gives no attention maps: serve the fp32 checkpoint "
+            "it was exported from for /v1/explain"
+        )
+        return model, ckpt, model.engine, model.precision, None, None, why
     if isinstance(model, (EngineModel, BF16Model, GPUModel)):
         engine, precision = model.engine, model.precision
         if ckpt.format == "vitkit-engine":

@@ -112,6 +112,7 @@ class Pt2Source:
     preprocess: Any
     class_names: tuple[str, ...]
     meta: dict[str, Any]
+    record: dict[str, Any] = field(default_factory=dict)  # (the package's extra/vitkit.json)
     format: str = PT2_FORMAT
     state_dict: dict[str, Any] = field(default_factory=dict)
     provenance: Any = None
@@ -168,6 +169,7 @@ def load_pt2(path: str | Path) -> tuple[Pt2Model, Pt2Source]:
         preprocess=pre,
         class_names=tuple(str(c) for c in info.get("class_names", ())),
         meta=dict(info.get("meta", {})),
+        record=info,
     )
     return Pt2Model(runner, Path(path), sizes, own), src
 

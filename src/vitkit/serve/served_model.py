@@ -233,12 +233,17 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """The model, engine and preprocessing, as every answer names them."""
         cfg, pre = self.ckpt.model_config, self.ckpt.preprocess
+        model: dict[str, Any] = {
+            "name": cfg.short_name,
+            "source": self.ckpt.path.name,
+            "classes": self.num_classes,
+        }
+        if self.ckpt.format == "vitkit-pt2":  # (vitkit.engines.pt2_package)
+            record: Any = getattr(self.ckpt, "record", {})
+            model["format"] = "pt2 package (torch.export + AOTInductor)"
+            model["sizes"] = record.get("sizes") or {"fixed": record.get("image_size")}
         return {
-            "model": {
-                "name": cfg.short_name,
-                "source": self.ckpt.path.name,
-                "classes": self.num_classes,
-            },
+            "model": model,
             "engine": self.engine,
             "precision": self.precision,
             "preprocess": pre.to_dict(),
