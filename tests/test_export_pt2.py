@@ -157,3 +157,21 @@ def test_serve_runs_a_pt2_package_batched_and_answers_what_predict_answers(packa
     finally:
         s.stop()
 
+
+def test_predict_from_pt2_in_a_fresh_process_imports_neither_models_nor_checkpoints(package):
+    """The command itself (parser and all), not only the loader: ``vitkit predict --from
+    OUT.pt2`` answers without vitkit.models or vitkit.checkpoints in sys.modules."""
+    _, d, out = package
+    Image.fromarray(np.full((20, 28, 3), 90, np.uint8)).save(d / "c.png")
+    code = (
+        "import sys\nfrom vitkit.cli import main\n"
+        "assert main(['predict', '--from', sys.argv[1], sys.argv[2], '--json']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('vitkit.models', "
+        "'vitkit.checkpoints'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", code, str(out), str(d / "c.png")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert "top_k" in json.loads(lines[-2]) and lines[-1] == "[]", done.stdout[-2000:]

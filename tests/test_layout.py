@@ -154,3 +154,24 @@ def test_the_package_root_holds_packages_not_modules() -> None:
     """The root keeps the public face and a few utilities; everything else is in a package."""
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 8, f"{len(top)} modules at the package root: {top}"
+
+
+def test_the_command_line_is_built_without_the_models_or_the_checkpoints():
+    """``vitkit --help`` (every command's parser) imports neither vitkit.models nor
+    vitkit.checkpoints: a .pt2 package is run without them (tests/test_export_pt2.py)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom vitkit.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('vitkit.models', "
+        "'vitkit.checkpoints'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]

@@ -98,7 +98,7 @@ def study_out_dir(args: argparse.Namespace, name: str, base: Any) -> Path:
 
 
 def add_data_scale(studies: Any) -> None:
-    from vitkit.studies.data_scale import DEFAULT_MODELS, FULL_COMMANDS
+    from vitkit.studies.study_defaults import DATA_SCALE_COMMANDS, DATA_SCALE_MODELS
 
     q = add_command(
         studies,
@@ -113,10 +113,10 @@ def add_data_scale(studies: Any) -> None:
         "the mnist recipe's). To convergence: --early-stop PATIENCE stops each run when its "
         "validation loss stops improving and reports its best weights (the paper's Fig. 4 "
         "protocol), --min-steps gives small subsets enough steps to get there. Full size "
-        "(GPU): " + " and ".join(f"'{c}'" for c in FULL_COMMANDS) + ".",
+        "(GPU): " + " and ".join(f"'{c}'" for c in DATA_SCALE_COMMANDS) + ".",
     )
 
-    g = add_study_options(q, models_default=DEFAULT_MODELS)
+    g = add_study_options(q, models_default=DATA_SCALE_MODELS)
     g.add_argument(
         "--sizes",
         type=positive_int_list,
@@ -159,7 +159,7 @@ def cmd_study_data_scale(args: argparse.Namespace) -> int:
 
 
 def add_compute(studies: Any) -> None:
-    from vitkit.studies.compute import DEFAULT_MODELS, FULL_COMMAND
+    from vitkit.studies.study_defaults import COMPUTE_COMMAND, COMPUTE_MODELS
 
     q = add_command(
         studies,
@@ -170,10 +170,10 @@ def add_compute(studies: Any) -> None:
         "budget, with --seeds seeds each; count each run's training compute analytically (3 x "
         "forward FLOPs x images seen) and write OUT/compute.png (test top-1 against total "
         "training exaFLOPs, log x, one line per family), OUT/table.md and OUT/results.json. "
-        f"Runs in OUT/runs/MODEL/nSIZE/seedK are reused. Full size (GPU): '{FULL_COMMAND}'.",
+        f"Runs in OUT/runs/MODEL/nSIZE/seedK are reused. Full size (GPU): '{COMPUTE_COMMAND}'.",
     )
 
-    add_study_options(q, models_default=DEFAULT_MODELS)
+    add_study_options(q, models_default=COMPUTE_MODELS)
     q.set_defaults(func=cmd_study_compute)
 
 

@@ -41,28 +41,10 @@ from vitkit.studies.common import (
     write_summary,
 )
 from vitkit.studies.measures import interpolate_log, json_ready
+from vitkit.studies.study_defaults import COMPUTE_COMMAND, COMPUTE_MODELS
 from vitkit.train.train_config import TrainConfig
 
-# Four sizes per family at 28-32 px, each family spanning ~10x in forward FLOPs; the same
-# token count (64 at 32 px) for the ViTs and the hybrids.
-DEFAULT_MODELS = (
-    "Ti/4[width=32,depth=2,num_heads=2,mlp_dim=64,label=ViT-w32d2],"
-    "Ti/4[width=64,depth=4,num_heads=4,mlp_dim=128,label=ViT-w64d4],"
-    "Ti/4[width=96,depth=6,num_heads=4,mlp_dim=192,label=ViT-w96d6],"
-    "Ti/4[width=128,depth=8,num_heads=4,mlp_dim=256,label=ViT-w128d8],"
-    "bit_r26x1[layers=1,1,1,width_factor=0.125,root=small,label=BiT-R111x0.125],"
-    "bit_r26x1[layers=1,1,1,width_factor=0.25,root=small,label=BiT-R111x0.25],"
-    "bit_r26x1[layers=2,2,2,width_factor=0.25,root=small,label=BiT-R222x0.25],"
-    "bit_r26x1[layers=2,2,2,width_factor=0.5,root=small,label=BiT-R222x0.5],"
-    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=32,depth=2,"
-    "num_heads=2,mlp_dim=64,label=Hybrid-w32d2],"
-    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.25,width=64,depth=4,"
-    "num_heads=4,mlp_dim=128,label=Hybrid-w64d4],"
-    "r_vit_ti16[patch_size=1,resnet_layers=2,resnet_width_factor=0.25,width=96,depth=6,"
-    "num_heads=4,mlp_dim=192,label=Hybrid-w96d6],"
-    "r_vit_ti16[patch_size=1,resnet_layers=2,resnet_width_factor=0.5,width=128,depth=8,"
-    "num_heads=4,mlp_dim=256,label=Hybrid-w128d8]"
-)
+DEFAULT_MODELS = COMPUTE_MODELS  # (vitkit.studies.study_defaults)
 # --smoke: seconds on the 8x8 digits, two sizes of ViT so that a family has a line.
 SMOKE_MODELS = (
     "Ti/2[width=16,depth=1,num_heads=2,mlp_dim=32,label=vit-s],"
@@ -71,10 +53,7 @@ SMOKE_MODELS = (
     "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.125,width=16,depth=1,"
     "num_heads=2,mlp_dim=32,label=hybrid]"
 )
-FULL_COMMAND = (
-    "vitkit study compute --data shapes-hard --train-size 100000 --seeds 3 --epochs 10 "
-    "--warmup-steps 200 --device cuda --out-dir runs/compute-shapes-hard"
-)
+FULL_COMMAND = COMPUTE_COMMAND
 FULL_TRAIN_SIZE = {"mnist": 59_000, "shapes-hard": 100_000}
 BACKWARD_FACTOR = 3  # forward + backward ~ 3 forwards (the usual count; the paper's too)
 

@@ -54,25 +54,11 @@ from vitkit.studies.common import (
     write_summary,
 )
 from vitkit.studies.measures import json_ready, paired_gaps, spearman
+from vitkit.studies.study_defaults import DATA_SCALE_COMMANDS, DATA_SCALE_MODELS
 from vitkit.train.train_config import TrainConfig
 
-FULL_COMMANDS = (
-    "vitkit study data-scale --data mnist --val-size 1000 --seeds 3 --epochs 30 --min-steps 4000 "
-    "--warmup-steps 200 --early-stop 10 --device cuda --out-dir runs/data-scale-mnist",
-    "vitkit study data-scale --data shapes-hard --val-size 5000 --seeds 3 --epochs 10 "
-    "--min-steps 4000 --warmup-steps 200 --early-stop 5 --device cuda "
-    "--out-dir runs/data-scale-shapes-hard",
-)
-
-# Three models of similar size and cost at 28-32 px (49-64 tokens): a ViT with 4x4 patches, a
-# BiT ResNet-v2 with stages (1, 1, 1) at width x0.25 and the small 3x3 root, and a hybrid whose
-# one-stage ResNet (4x downsampling) feeds 1x1 patches to the same ViT.
-DEFAULT_MODELS = (
-    "Ti/4[width=64,depth=6,num_heads=4,mlp_dim=128,label=ViT],"
-    "bit_r26x1[layers=1,1,1,width_factor=0.25,root=small,label=BiT-ResNet],"
-    "r_vit_ti16[patch_size=1,resnet_layers=1,resnet_width_factor=0.25,width=64,depth=6,"
-    "num_heads=4,mlp_dim=128,label=Hybrid]"
-)
+FULL_COMMANDS = DATA_SCALE_COMMANDS  # (vitkit.studies.study_defaults)
+DEFAULT_MODELS = DATA_SCALE_MODELS
 # The full-size study's subset sizes per dataset (MNIST: 59,000 + the 1,000 held out for
 # early stopping = all 60,000 training images).
 FULL_SIZES = {
