@@ -327,7 +327,7 @@ def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uv
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)
     limits = settings.limits
-    app = build_app(served, settings)
+    app = build_app(served, settings, getattr(args, "metrics_dir", None) if worker else None)
     what = (
         f"{served.describe()['model']['name']} from {args.ckpt}: batches of up to "
         f"{args.max_batch} images (waiting up to {args.max_wait_ms:g} ms), bodies up to "

@@ -10,6 +10,7 @@ path or URL is ever read from a request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator
@@ -314,8 +315,12 @@ async def _request_images(request: Request, limits: Limits) -> list[bytes]:
     return datas
 
 
-def build_app(served: ServedModel, settings: Settings) -> FastAPI:
-    """The application serving ``served`` (the batcher starts and stops with it)."""
+def build_app(
+    served: ServedModel, settings: Settings, shared_metrics: str | None = None
+) -> FastAPI:
+    """The application serving ``served`` (the batcher starts and stops with it);
+    ``shared_metrics``: the directory where the workers of ``--workers`` publish their counters
+    (/metrics answers their sum)."""
     limits = settings.limits
     admission = settings.admission
     metrics: Metrics
@@ -336,9 +341,13 @@ def build_app(served: ServedModel, settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         batcher.start()
+        if shared_metrics is not None:
+            metrics.share(shared_metrics)
         yield
         app.state.forward_ended = await batcher.stop()
         decoder.close()
+        with contextlib.suppress(OSError):  # (the last counts, for the scrapes still to come)
+            metrics.publish()
 
     app = FastAPI(
         title="vitkit serve",

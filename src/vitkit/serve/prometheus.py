@@ -1,12 +1,25 @@
 """The server's counters as Prometheus text (exposition format 0.0.4): requests by route and
-status, latency histograms, images per forward, queue depth and requests in flight."""
+status, latency histograms, images per forward, queue depth and requests in flight.
+
+Under ``vitkit serve --workers N`` each worker publishes its counters as a small JSON file
+(written atomically, at most every :data:`PUBLISH_S` seconds and at each scrape it answers) in a
+directory its supervisor made; a scrape, whichever worker answers it, sums every file: counters
+and histograms over every worker that ever ran (a dead worker's last file is kept, renamed
+``dead-PID.json``, so no counter goes backwards when a worker is replaced), gauges over the
+living ones. A request costs nothing more: the files are written by a thread, not per request.
+"""
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from vitkit.serve.admission import REASONS
 
@@ -15,6 +28,17 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The reasons for which a refused request means the server is shedding load (/ready: 503).
 SHEDDING = ("queue_full", "deadline", "body_memory", "decode_time")
+PUBLISH_S = 0.1  # a worker's counters reach the other workers' scrapes within this
+
+
+def live_file(directory: str | Path, pid: int) -> Path:
+    return Path(directory) / f"worker-{pid}.json"
+
+
+def retire(directory: str | Path, pid: int) -> None:
+    """A dead worker's counters, kept for every later scrape (its gauges no longer count)."""
+    with contextlib.suppress(FileNotFoundError):  # (it died before it published anything)
+        os.replace(live_file(directory, pid), Path(directory) / f"dead-{pid}.json")
 
 
 class Histogram:
@@ -55,6 +79,91 @@ class Metrics:
         self.abandoned = 0  # images computed for a request already gone
         self.decodes_stopped = {"time": 0, "memory": 0}  # decode processes killed, by limit
         self.last_shed = -float("inf")  # time.monotonic() a request was last refused for load
+        self.queue = 0  # (a sum's queue depth: see _summed)
+        self.shared: Path | None = None  # --workers: the directory every worker publishes to
+        self.published = ""
+
+    def share(self, directory: str | Path) -> None:
+        """Publish to ``directory`` (a thread, every :data:`PUBLISH_S` s) and render the sum
+        of every worker's file there."""
+        self.shared = Path(directory)
+        self.publish()
+        threading.Thread(target=self._publishing, name="vitkit-metrics", daemon=True).start()
+
+    def _publishing(self) -> None:
+        while True:
+            time.sleep(PUBLISH_S)
+            try:
+                self.publish()
+            except OSError:  # (the supervisor removed the directory: the server stops)
+                return
+
+    def publish(self) -> None:
+        """This worker's counters to its file, atomically, where they changed."""
+        if self.shared is None:
+            return
+        text = json.dumps(self.state())
+        if text == self.published:
+            return
+        path = live_file(self.shared, os.getpid())
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        self.published = text
+
+    def state(self) -> dict[str, Any]:
+        """Every counter, histogram and gauge, as JSON-able values."""
+        with self.lock:
+            return {
+                "requests": [[r, s, n] for (r, s), n in self.requests.items()],
+                "latency": {r: [list(h.counts), h.total] for r, h in self.latency.items()},
+                "batch": [list(self.batch_size.counts), self.batch_size.total],
+                "forward": [list(self.forward_seconds.counts), self.forward_seconds.total],
+                "dropped": dict(self.dropped),
+                "abandoned": self.abandoned,
+                "decodes_stopped": dict(self.decodes_stopped),
+                "in_flight": self.in_flight,
+                "queue": self.queue_depth(),
+            }
+
+    def _add(self, state: dict[str, Any], gauges: bool) -> None:
+        for route, status, n in state["requests"]:
+            self.requests[(route, status)] = self.requests.get((route, status), 0) + n
+        for route, (counts, total) in state["latency"].items():
+            _add_histogram(self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)),
+                           counts, total)  # fmt: skip
+        _add_histogram(self.batch_size, *state["batch"])
+        _add_histogram(self.forward_seconds, *state["forward"])
+        for k, n in state["dropped"].items():
+            self.dropped[k] = self.dropped.get(k, 0) + n
+        self.abandoned += state["abandoned"]
+        for k, n in state["decodes_stopped"].items():
+            self.decodes_stopped[k] = self.decodes_stopped.get(k, 0) + n
+        if gauges:
+            self.in_flight += state["in_flight"]
+            self.queue += state["queue"]
+
+    def _summed(self) -> Metrics:
+        """Every worker's published counters added up (this one's published first)."""
+        assert self.shared is not None
+        self.publish()
+        total = Metrics(self.info, lambda: total.queue)
+        total.dropped = dict.fromkeys(self.dropped, 0)
+        total.decodes_stopped = dict.fromkeys(self.decodes_stopped, 0)
+        for name in sorted(os.listdir(self.shared)):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = self.shared / name
+            try:
+                text = path.read_text()
+            except FileNotFoundError:  # retired meanwhile: read under its new name
+                name = name.replace("worker-", "dead-")
+                try:
+                    text = (self.shared / name).read_text()
+                except FileNotFoundError:
+                    continue
+            total._add(json.loads(text), gauges=name.startswith("worker-"))
+        return total
 
     def request_done(self, route: str, status: int | str, seconds: float) -> None:
         with self.lock:
@@ -82,6 +191,14 @@ class Metrics:
             self.forward_seconds.observe(seconds)
 
     def render(self) -> str:
+        if self.shared is not None:
+            try:
+                return self._summed()._render()
+            except OSError:  # (the supervisor removed the directory: the server is stopping)
+                pass
+        return self._render()
+
+    def _render(self) -> str:
         with self.lock:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in self.info.items())
             lines = [
@@ -131,6 +248,11 @@ class Metrics:
                   for k, n in self.decodes_stopped.items()),
             ]  # fmt: skip
         return "\n".join(lines) + "\n"
+
+
+def _add_histogram(h: Histogram, counts: list[int], total: float) -> None:
+    h.counts = [a + b for a, b in zip(h.counts, counts)]
+    h.total += total
 
 
 def _escape(value: str) -> str:

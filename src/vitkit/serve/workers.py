@@ -17,14 +17,17 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from vitkit.errors import VitkitError
+from vitkit.serve.prometheus import retire
 
 STALL_S = 30.0  # a worker whose event loop sends no heartbeat for this long is restarted
 HEARTBEAT_S = 1.0
@@ -101,6 +104,8 @@ def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], in
         s: signal.signal(s, lambda sig, _: stopping.append(sig))
         for s in (signal.SIGTERM, signal.SIGINT)
     }
+    # where each worker publishes its counters: /metrics answers their sum, whichever answers
+    args.metrics_dir = tempfile.mkdtemp(prefix="vitkit-metrics-")
     workers = [Worker(i + 1, args, sock, serve) for i in range(args.workers)]
     announced = False
     try:
@@ -123,18 +128,22 @@ def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], in
                       flush=True)  # fmt: skip
                 w.process.kill()
                 w.process.join()
+                if w.process.pid is not None:  # its counters stay in the sum; gauges go
+                    retire(args.metrics_dir, w.process.pid)
                 workers[i] = Worker(w.index, args, sock, serve)
             if not announced and all(w.ready for w in workers):
                 announced = True
                 print(f"ready: {http_url(host, port)}/", flush=True)
     except BaseException:
         _stop(workers, args.drain_timeout)
+        shutil.rmtree(args.metrics_dir, ignore_errors=True)
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         sock.close()
     codes = _stop(workers, args.drain_timeout)
+    shutil.rmtree(args.metrics_dir, ignore_errors=True)
     print(f"stopped: {len(workers)} workers, exit codes {codes}", flush=True)
     return 0 if all(c == 0 for c in codes) else 1
 
