@@ -334,7 +334,7 @@ def two_images(png: bytes) -> tuple[bytes, dict[str, str]]:
 
 def test_a_full_queue_answers_503_with_retry_after_and_counts_it(work):
     # a forward waits 1.5 s for company: 2 images fill a queue of 2
-    s = Server([str(work / "ck"), "--max-queue", "2", "--max-wait-ms", "1500"])
+    s = Server([str(work / "ck"), "--max-queue", "2", "--max-images", "2", "--max-wait-ms", "1500"])
     try:
         png = (work / "img.png").read_bytes()
         with on_its_way(s.port), ThreadPoolExecutor(1) as pool:

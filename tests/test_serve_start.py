@@ -46,6 +46,38 @@ def test_a_batch_past_the_machines_memory_is_refused_before_the_warm_up(work: Pa
     assert "images a forward" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--workers", "100000"], "--workers 100,000: this machine gives the process {cpus} CPUs"),
+        (["--decode-workers", "5000"], "--decode-workers 5,000: this machine gives the process"),
+        (["--timeout", "1e300"], "--timeout 1e+300: at most 86,400 s (a day); 0: none"),
+        (["--drain-timeout", "1e9"], "--drain-timeout 1e+09: at most 86,400 s (a day)"),
+        (["--read-timeout", "1e9"], "--read-timeout 1e+09: at most 86,400 s (a day)"),
+        (["--max-images", "9", "--max-queue", "8"], "--max-images 9 is above --max-queue 8"),
+        (["--max-decode-memory", "10000000000000000"], "GB that requests may hold; this machine"),
+        (["--max-body-memory", "10000000000000000", "--max-body", "20000000"], "may hold; this"),
+        (["--max-queue", "100000000000"], "--max-queue 100,000,000,000: that many waiting"),
+    ],
+)
+def test_numeric_options_past_what_the_machine_holds_are_refused_in_one_line(
+    work: Path, capsys, argv: list[str], says: str
+) -> None:
+    code = main(["serve", str(work / "ck"), *argv, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert says.format(cpus=len(os.sched_getaffinity(0))) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_options_at_the_edge_of_their_range_are_taken(work: Path, capsys) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    argv = ["--workers", str(4 * cpus), "--decode-workers", str(4 * cpus), "--timeout", "86400"]
+    argv += ["--drain-timeout", "86400", "--max-images", "8", "--max-queue", "8"]
+    assert main(["serve", str(work / "ck"), *argv, "--dry-run"]) == 0
+    assert "would serve" in capsys.readouterr().out
+
+
 def test_a_busy_port_is_said_with_its_reason_before_the_model_loads(work: Path, capsys) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

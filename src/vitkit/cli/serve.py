@@ -19,6 +19,7 @@ from vitkit.cli.options import (
 )
 from vitkit.cli.serve_bounds import (
     add_bound_options,
+    check_ranges,
     request_limits,
     server_options,
     show_access_log,
@@ -276,6 +277,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if key is not None and key != key.strip():  # HTTP strips them from headers: never matched
         raise VitkitError(f"the API key starts or ends with a space (--api-key or {KEY_VARIABLE})")
     request_limits(args)  # (bounds that contradict each other refused before any weights)
+    check_ranges(args)  # (and those the machine cannot hold)
     worker = getattr(args, "worker", None)  # (index, socket, pipe) in a worker of --workers
     if key is None and worker is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
@@ -299,9 +301,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             sock.close()
 
 
-def check_batch_memory(served: Any, max_batch: int) -> None:
+def check_batch_memory(served: Any, max_batch: int, max_queue: int | None = None) -> None:
     """--max-batch refused where one forward of that many images would need more than half
-    the machine's memory (one line, before the warm-up tries it)."""
+    the machine's memory (one line, before the warm-up tries it); --max-queue where that many
+    waiting images (each the model's float input) would."""
     from vitkit.serve.served_model import forward_bytes
 
     cfg = served.ckpt.model_config
@@ -317,13 +320,20 @@ def check_batch_memory(served: Any, max_batch: int) -> None:
             f"{need / 1e9:,.1f} GB; this machine has {memory / 1e9:,.1f} GB (at most {most:,} "
             "images a forward)"
         )
+    (h, w), image = cfg.image_size, 4 * cfg.in_chans * cfg.image_size[0] * cfg.image_size[1]
+    if max_queue is not None and max_queue * image > memory / 2:
+        raise VitkitError(
+            f"--max-queue {max_queue:,}: that many waiting {h}x{w} images of {cfg.short_name} "
+            f"would hold about {max_queue * image / 1e9:,.1f} GB; this machine has "
+            f"{memory / 1e9:,.1f} GB (at most {int(memory / 2 // image):,} images waiting)"
+        )
 
 
 def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uvicorn: Any) -> int:
     from vitkit.serve.http_app import build_app
 
     served = served_model(args)
-    check_batch_memory(served, args.max_batch)
+    check_batch_memory(served, args.max_batch, args.max_queue)
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)
     limits = settings.limits

@@ -97,3 +97,54 @@ def show_access_log(args: argparse.Namespace) -> None:
     log level, "warning", which leaves those INFO lines out: call this after it)."""
     if args.access_log:
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+
+
+# Seconds beyond which a timeout is a mistake, not a setting (0 says none where it may)
+MAX_TIMEOUT_S = 86_400.0
+
+
+def machine_memory() -> int | None:
+    """The machine's memory in bytes (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # (not on Linux)
+        return None
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """The numeric options a machine cannot hold, refused in one line before anything loads:
+    --workers and --decode-workers at most 4 per CPU, timeouts at most a day, --max-images
+    within --max-queue, and the budgets every worker may fill within the machine's memory."""
+    from vitkit.cli.options import THREADS_PER_CPU
+    from vitkit.errors import VitkitError
+    from vitkit.serve.workers import cpus
+
+    n = cpus()
+    for name, value in (("--workers", args.workers), ("--decode-workers", args.decode_workers)):
+        if value > THREADS_PER_CPU * n:
+            raise VitkitError(
+                f"{name} {value:,}: this machine gives the process {n} CPUs; at most "
+                f"{THREADS_PER_CPU * n} processes ({THREADS_PER_CPU} per CPU)"
+            )
+    for name in ("timeout", "drain_timeout", "read_timeout"):
+        value = getattr(args, name)
+        if value > MAX_TIMEOUT_S:
+            raise VitkitError(
+                f"--{name.replace('_', '-')} {value:g}: at most {MAX_TIMEOUT_S:,.0f} s (a day)"
+                + ("; 0: none" if name != "drain_timeout" else "")
+            )
+    if args.max_images > args.max_queue:
+        raise VitkitError(
+            f"--max-images {args.max_images:,} is above --max-queue {args.max_queue:,}: a "
+            "request of that many images could never be queued"
+        )
+    memory = machine_memory()
+    budgets = (args.max_decode_memory + args.max_body_memory) * args.workers
+    if memory is not None and budgets > memory:
+        raise VitkitError(
+            f"--max-decode-memory {args.max_decode_memory:,} + --max-body-memory "
+            f"{args.max_body_memory:,} bytes x {args.workers} workers = {budgets / 1e9:,.1f} GB "
+            f"that requests may hold; this machine has {memory / 1e9:,.1f} GB"
+        )
