@@ -111,3 +111,18 @@ def test_every_scrape_of_two_workers_sums_both_and_never_goes_back_even_past_a_k
     finally:
         proc.kill()
     assert not list(Path("/tmp").glob(f"vitkit-metrics-*/worker-{pids[2]}.json"))
+
+
+def test_workers_without_a_writable_temporary_directory_are_refused_in_one_line(
+    work, tmp_path, monkeypatch, capsys
+):
+    import tempfile
+
+    from vitkit.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
+    code = main(["serve", str(work / "ck"), "--workers", "2", "--port", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert "could not make the directory where the workers sum their /metrics" in err, err
+    assert len(err.strip().splitlines()) == 1

@@ -97,6 +97,15 @@ def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], in
     shared socket: ``args.worker``), until SIGTERM or Ctrl-C."""
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
+    # where each worker publishes its counters: /metrics answers their sum, whichever answers
+    try:
+        args.metrics_dir = tempfile.mkdtemp(prefix="vitkit-metrics-")
+    except OSError as e:
+        sock.close()
+        raise VitkitError(
+            f"--workers: could not make the directory where the workers sum their /metrics "
+            f"under {tempfile.gettempdir()}: {e.strerror or e} (TMPDIR names another)"
+        ) from None
     threads = args.threads or max(1, cpus() // args.workers)
     print(f"starting {args.workers} workers, {threads} threads each", flush=True)
     stopping: list[int] = []
@@ -104,8 +113,6 @@ def supervise(args: argparse.Namespace, serve: Callable[[argparse.Namespace], in
         s: signal.signal(s, lambda sig, _: stopping.append(sig))
         for s in (signal.SIGTERM, signal.SIGINT)
     }
-    # where each worker publishes its counters: /metrics answers their sum, whichever answers
-    args.metrics_dir = tempfile.mkdtemp(prefix="vitkit-metrics-")
     workers = [Worker(i + 1, args, sock, serve) for i in range(args.workers)]
     announced = False
     try:
