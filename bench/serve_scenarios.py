@@ -240,7 +240,8 @@ def overload(ckpt: Path, name: str, baseline_src: Path | None, seconds: float, i
     batch = 8
     args = [*SERVE, str(ckpt), "--fast", "--port", "0", "--max-batch", str(batch),
             "--max-wait-ms", "5"]  # fmt: skip
-    admission = ["--timeout", f"{deadline:g}", "--max-queue", str(batch)]
+    admission = ["--timeout", f"{deadline:g}", "--max-queue", str(batch),
+                 "--max-images", str(batch)]  # fmt: skip
     out: dict[str, Any] = {"model": name, "deadline_s": deadline, "max_batch": batch}
     proc, port = start_server([*args, *admission])
     try:
