@@ -67,12 +67,12 @@ class Server:
         import uvicorn
 
         from vitkit.cli.serve import served_model
+        from vitkit.cli.serve_bounds import request_limits
         from vitkit.serve.http_app import Settings, build_app
-        from vitkit.serve.served_model import Limits
 
         args = build_parser().parse_args(["serve", *fp32_unless_asked(argv)])
         served = served_model(args)
-        limits = Limits(args.max_body, args.max_pixels, args.max_images)
+        limits = request_limits(args)
         settings = Settings(limits, args.max_batch, args.max_wait_ms, args.api_key)
         config = uvicorn.Config(build_app(served, settings), port=0, log_level="warning")
         self.server = uvicorn.Server(config)

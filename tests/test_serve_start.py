@@ -78,6 +78,15 @@ def test_options_at_the_edge_of_their_range_are_taken(work: Path, capsys) -> Non
     assert "would serve" in capsys.readouterr().out
 
 
+def test_a_short_queue_alone_bounds_the_images_per_request(work: Path, capsys) -> None:
+    """--max-queue 8 alone was refused ("--max-images 16 is above --max-queue 8"): the default
+    --max-images follows a shorter queue; only one given above it is refused."""
+    assert main(["serve", str(work / "ck"), "--max-queue", "8", "--dry-run"]) == 0
+    assert ", 8 images of up to " in capsys.readouterr().out
+    assert main(["serve", str(work / "ck"), "--dry-run"]) == 0
+    assert ", 16 images of up to " in capsys.readouterr().out
+
+
 def test_a_busy_port_is_said_with_its_reason_before_the_model_loads(work: Path, capsys) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -18,6 +18,7 @@ from vitkit.cli.options import (
     set_threads,
 )
 from vitkit.cli.serve_bounds import (
+    DEFAULT_MAX_IMAGES,
     add_bound_options,
     check_ranges,
     request_limits,
@@ -149,7 +150,10 @@ def add_commands(sub: Any) -> None:
         help="pixels of one image, checked before it is decoded (default 25,000,000)",
     )
     g.add_argument(
-        "--max-images", type=positive_int, default=16, help="images per request (default 16)"
+        "--max-images",
+        type=positive_int,
+        default=None,
+        help=f"images per request (default {DEFAULT_MAX_IMAGES}, or --max-queue where smaller)",
     )
     add_bound_options(g)
     add_engine_options(p, fast=True, precision=True)

@@ -64,10 +64,15 @@ def add_bound_options(g: Any) -> None:
     )
 
 
+DEFAULT_MAX_IMAGES = 16  # images per request unless --max-images or --max-queue says less
+
+
 def request_limits(args: argparse.Namespace) -> Any:
     from vitkit.errors import VitkitError
     from vitkit.serve.served_model import Limits
 
+    if args.max_images is None:  # (a queue shorter than the default bounds it)
+        args.max_images = min(DEFAULT_MAX_IMAGES, args.max_queue)
     if args.max_body_memory < args.max_body:
         raise VitkitError(
             f"--max-body-memory {args.max_body_memory:,} is below --max-body "
