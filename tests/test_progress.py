@@ -74,3 +74,19 @@ def test_writing_shards_to_a_log_is_one_line_per_split(
     err = capsys.readouterr().err
     assert "\r" not in err and err.startswith("test shards: 359/359 (")
     assert err.count("\n") == 1
+
+
+def test_a_run_cut_by_max_steps_counts_the_epochs_it_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The banner said "1 epoch" and the progress line "epoch 1/9: 2/5" for a 9-epoch recipe
+    cut at 2 steps: both count the epochs and steps the run does."""
+    tiny = [x for k, v in TINY.items() for x in ("-o", f"{k}={v}")]
+    argv = ["train", "--data", "digits", "--model", "Ti/4", *tiny, "--batch-size", "256"]
+    argv += ["--epochs", "9", "--max-steps", "2", "--out-dir", str(tmp_path / "run")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("training ") and ", 1 epoch, 2 steps," in line for line in lines)
+    assert [line.split(", loss=")[0] for line in lines if line.startswith("epoch ")] == [
+        "epoch 1/1: 2/2"
+    ]

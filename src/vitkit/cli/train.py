@@ -209,7 +209,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters) with {cfg.objective} "
         f"({n_obj:,} objective parameters) on {trainer.info.name}: "
         f"{count(len(trainer.train_set), 'image')} (labels unused), "
-        f"{count(cfg.epochs, 'epoch')}, {count(trainer.total_steps, 'step')}, "
+        f"{epochs_run(trainer)}, {count(trainer.total_steps, 'step')}, "
         f"{trainer.cfg.precision}, "
         f"{threads()} threads -> {cfg.out_dir}",
         file=sys.stderr,
@@ -361,10 +361,7 @@ def banner(trainer: Any, env: Any) -> str:
 def epochs_run(trainer: Any) -> str:
     """The epochs the run will do: the recipe's, or fewer where --max-steps ends it first (the
     fine-tuning recipes set epochs=10,000 and bound the run by steps)."""
-    epochs, per_epoch = trainer.cfg.epochs, getattr(trainer, "steps_per_epoch", 0)
-    if per_epoch:
-        epochs = min(epochs, -(-trainer.total_steps // per_epoch))  # the last one may be partial
-    return count(epochs, "epoch")
+    return count(getattr(trainer, "epochs_planned", trainer.cfg.epochs), "epoch")
 
 
 def print_summary(report: dict[str, Any], out_dir: str) -> None:

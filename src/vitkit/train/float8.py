@@ -39,7 +39,7 @@ def torchao_float8() -> Any:
         import torchao.float8 as float8
     except ImportError:
         raise VitkitError(
-            "--precision fp8 uses torchao's float8 training: pip install 'vitkit[fp8]'"
+            "--precision fp8 uses torchao's float8 training: pip install '.[fp8]' in vitkit's clone"
         ) from None
     return float8
 

@@ -182,6 +182,9 @@ class TrainingRun:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         if cfg.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.max_steps)
+        # the epochs the run does: the config's, or fewer where max_steps ends it first (the
+        # last one may be partial); what the banner and the progress lines count to
+        self.epochs_planned = min(cfg.epochs, -(-self.total_steps // self.steps_per_epoch))
         warmup = cfg.warmup_steps
         if warmup is None:
             warmup = round(cfg.warmup_epochs * self.steps_per_epoch)

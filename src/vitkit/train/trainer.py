@@ -290,10 +290,11 @@ class Trainer(TrainingRun):
             if self.batch_in_epoch == 0:
                 self.aug_generator.manual_seed(_epoch_seed(cfg.seed, self.epoch, 1))
             self.model.train()
+            done = self.batch_in_epoch // cfg.accum_steps
             bar = progress(
-                total=self.steps_per_epoch,
-                initial=self.batch_in_epoch // cfg.accum_steps,
-                desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                total=min(self.steps_per_epoch, done + self.total_steps - self.step),
+                initial=done,
+                desc=f"epoch {self.epoch + 1}/{self.epochs_planned}",
                 enabled=cfg.progress and main,
             )
             pending: list[tuple[Tensor, Tensor]] = []
