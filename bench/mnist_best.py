@@ -6,7 +6,7 @@ other on this machine, timing the whole command. A job whose run directory alrea
 finished run of this bench (``bench_wall.json`` beside its ``report.json``) is read, not run
 again, so a long bench that was stopped goes on where it was. Writes JSON and a markdown table
 (the CPU, the exact commands, test top-1 and wall time per run, each seed's wall time as a
-fraction of mnist-long's, whether each check holds) and a plot of validation accuracy
+fraction of mnist-long's) and a plot of validation accuracy
 against training wall time (``elapsed_s`` of the epoch records).
 
     python bench/mnist_best.py          # ~1.5 h on 2 AVX512-BF16 cores, ~4.5 h on 2 AVX2 ones
@@ -32,9 +32,6 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from vitkit.hardware import cpu_name  # noqa: E402
 from vitkit.plotting.canvas import new_figure, save_png  # noqa: E402
-
-TARGET_TOP1 = 0.9965  # mean over the seeds
-TARGET_RATIO = 0.8  # each seed's wall time / mnist-long's
 
 
 def command(recipe: str, seed: int | None, out: Path, smoke: bool) -> list[str]:
@@ -109,7 +106,6 @@ def plot(runs: list[dict], path: Path) -> None:
     ax.set_xlabel("training wall time (min)")
     ax.set_ylabel("validation top-1 (%)")
     ax.set_ylim(98.0, 100.0)
-    ax.axhline(100 * TARGET_TOP1, color="grey", linestyle=":", linewidth=1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("MNIST: validation accuracy against wall time")
@@ -144,16 +140,6 @@ def main() -> None:
         same = long is not None and r["cpu"] == long["cpu"]
         r["wall_ratio_to_mnist_long"] = r["wall_s"] / long_wall if long_wall and same else None
     mean = statistics.mean(r["test_top1"] for r in best) if best else None
-    passed = {
-        "mean_test_top1>=0.9965": mean is not None and mean >= TARGET_TOP1 and len(best) >= 3,
-        "every_seed<=0.8x_mnist_long": len(best) >= 3
-        and bool(long_wall)
-        and all(
-            r["wall_ratio_to_mnist_long"] is not None
-            and r["wall_ratio_to_mnist_long"] <= TARGET_RATIO
-            for r in best
-        ),
-    }
     result = {
         "cpu": cpu_name(),
         "torch": torch.__version__,
@@ -162,7 +148,6 @@ def main() -> None:
         "runs": runs,
         "mnist_long_wall_s": long_wall,
         "mnist_best_mean_test_top1": mean,
-        "checks": passed,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -197,10 +182,6 @@ def main() -> None:
         lines += ["", f"mnist-best mean test top-1 over {len(best)} seed(s): {100 * mean:.3f} %"]
         if len(best) < 3:
             lines += [f"({len(best)} of the 3 seeds run: a mean over fewer seeds than 3)"]
-    lines += [
-        "",
-        "Checks: " + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in passed.items()),
-    ]
     lines += ["", "Commands:", "", *(f"    {r['command']}" for r in runs)]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(runs, Path(args.plot) if not args.smoke else out.with_suffix(".png"))

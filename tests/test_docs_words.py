@@ -27,8 +27,14 @@ SUFFIXES = {".md", ".py", ".sh", ".txt", ".json", ".toml", ".cfg", ".yml", ".yam
 JUDGING = re.compile(
     r"\(bar\b|\bbar:|\bbar [0-9]|[Tt]arget met|\bTargets?:|\b[Nn]ot met\b|NOT met|\*\*met\*\*"
     r"|met / not met|minutes of device time|a call of its own|the card's image|\(carried\)"
+    # a result's reference level and whether it was reached (results JSON included), a check
+    # verdict line, and what has or has not run since
+    r"|\bgoals?\b|\"met\"|reference levels?\b|^Checks: |\bcarried\b|\bTARGET_\w+"
+    r"|not (?:been )?run on a card since",
+    re.M,
 )
-MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(tmp|work|root|home|Users)/")
+# (an interpreter line, #!/usr/bin/env, is no machine's own path)
+MACHINE_PATH = re.compile(r"(?<![\w.~/!-])/(tmp|work|root|home|Users|opt|usr|var|mnt|srv)/")
 
 
 def hits(paths: list[Path], judged: bool = False) -> list[str]:
@@ -77,8 +83,10 @@ def test_the_check_flags_process_words_and_passes_the_products(tmp_path: Path) -
     assert [h.split(": ", 1)[1] for h in found] == bad
 
 
-@pytest.mark.parametrize("where", ["docs", "bench"])
+@pytest.mark.parametrize("where", ["README.md", "docs", "bench"])
 def test_no_judging_words_or_machine_paths(where: str) -> None:
+    """docs/, the README and everything under bench/: the results (Markdown, JSON, text logs)
+    and the scripts that write them (gpu_report.py, mnist_best.py, ...)."""
     found = hits([ROOT / where], judged=True)
     assert not found, "\n".join(found[:40])
 
@@ -93,12 +101,22 @@ def test_the_check_flags_judging_words_and_machine_paths(tmp_path: Path) -> None
         "torch 2.11.0 (the card's image), torchao 0.17.0 (carried)",
         "Command: `bench/int8_accuracy.py /work/runs34/int8/shapes-vit`",
         "written to /tmp/pytest-of-root/pytest-3/x",
+        ' "goals": {',
+        '   "met": false',
+        "B/16 bf16 (compiled, batch 256) beside reference levels:",
+        "Checks: mean_test_top1>=0.9965: no, every_seed<=0.8x_mnist_long: yes",
+        "  lost the carried torchao: the run refused in its one line",
+        "  has not run on a card since.",
+        "popenargs = (['/opt/torch/.venv/bin/python3', '-m', 'vitkit'],)",
+        "/usr/lib/python3.12/subprocess.py:571: CalledProcessError",
     ]
     good = [
         "Command: `bench/int8_accuracy.py runs/int8/shapes-vit --work runs/int8/work`",
         "the MPP target is the 3-bit mean colour; -p target=pixels",
         "a progress bar; 1.56x ONNX Runtime's dynamic int8",
         "see docs/guide/serving.md and src/vitkit/serve/app.py",
+        "#!/usr/bin/env bash",
+        "a metric of the serve page; the checks of config_checks.py",
     ]
     (tmp_path / "page.md").write_text("\n".join(bad + good) + "\n")
     found = hits([tmp_path], judged=True)
