@@ -6,6 +6,10 @@
   ``benchmarks/results/...``: every file under ``bench/results/`` (Markdown as pages, the JSON
   and text files beside them as downloads). The nav's ``Benchmarks`` entry is expanded into
   the index and every result page.
+- A docs page links to repository files, so that its links also work where the Markdown is read
+  on a forge: ``../bench/results/X`` (-> ``benchmarks/results/X``), ``../bench/README.md`` or a
+  results folder (-> ``benchmarks/index.md``) and ``../src/vitkit/cli/`` (-> ``cli.md``, the
+  command-line reference built from that package) are pointed at the site's pages.
 - Docstrings written with reST roles (``:func:`load```) render as code linked to the API page
   that documents the name, where one does.
 
@@ -177,6 +181,44 @@ def _bench_link(target: str, page: str) -> str:
     return new + (f"#{fragment}" if fragment else "")
 
 
+CLI_SOURCE = "src/vitkit/cli"  # what a docs page links to for the command-line reference
+
+
+def _docs_link(target: str, page: str) -> str | None:
+    """A docs page's link to a repository file outside docs/, as the site holds it (None: a
+    link left as written)."""
+    file, _, fragment = target.partition("#")
+    if not file:
+        return None
+    page_dir = os.path.dirname(page)
+    resolved = os.path.normpath(os.path.join("docs", page_dir, file))
+    if resolved.startswith("docs/"):
+        return None
+    if resolved.startswith("bench/results/") and (ROOT / resolved).is_file():
+        site = f"{BENCH_DIR}/results/" + resolved.removeprefix("bench/results/")
+    elif resolved in ("bench", "bench/README.md", "bench/results") or (
+        resolved.startswith("bench/results/") and (ROOT / resolved).is_dir()
+    ):
+        site = f"{BENCH_DIR}/index.md"
+    elif resolved == CLI_SOURCE:
+        site = CLI_PAGE
+    else:
+        return None
+    new = os.path.relpath(site, page_dir or ".")
+    return new + (f"#{fragment}" if fragment else "")
+
+
+def rewrite_docs_links(markdown: str, page: str) -> str:
+    """A docs page's links to repository files outside docs/ pointed at the site's pages."""
+
+    def fix(match: re.Match[str]) -> str:
+        bang, text, target = match.groups()
+        new = _docs_link(target, page)
+        return match.group(0) if new is None else f"{bang}[{text}]({new})"
+
+    return _LINK.sub(fix, markdown)
+
+
 def rewrite_bench_links(markdown: str, page: str) -> str:
     """The links of a bench/ page pointed at where the site holds their targets."""
 
@@ -255,7 +297,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     if page.file.src_uri.startswith(f"{BENCH_DIR}/"):
         return rewrite_bench_links(markdown, page.file.src_uri)
-    return markdown
+    return rewrite_docs_links(markdown, page.file.src_uri)
 
 
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
