@@ -4,7 +4,8 @@
 #   docker build -t vitkit-serve:0.1.0 .
 #   docker run --rm -p 8000:8000 -v "$PWD/runs/mnist:/model:ro" -e VITKIT_API_KEY=KEY vitkit-serve:0.1.0
 #
-# Extra arguments go after the image name (they replace CMD), e.g. `... vitkit-serve --workers 2`.
+# Extra arguments go after the image name and replace CMD, so repeat its drain timeout with them,
+# e.g. `... vitkit-serve --workers 2 --drain-timeout 8` (without it: 30 s, past docker stop's 10).
 # EXTRAS=serve,onnx adds ONNX Runtime (for --fast / --engine onnxruntime).
 #
 # The base image: pin it by digest for a reproducible build. This file cannot know a digest it

@@ -230,7 +230,10 @@ def _run(command: str) -> tuple[str, str]:
 
     for flag, (package, extra) in NEEDS.items():
         if flag in command and importlib.util.find_spec(package) is None:
-            return "skip", f"{package} is not installed (pip install 'vitkit[{extra}]')"
+            return (
+                "skip",
+                f"{package} is not installed (pip install '.[{extra}]' in vitkit's clone)",
+            )
     if needs_mnist(command) and importlib.util.find_spec("mnist") is None:
         return "skip", NO_MNIST
     args = shlex.split(command)[1:] + shlex.split(SUBSTITUTES.get(command, ""))

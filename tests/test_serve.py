@@ -391,7 +391,10 @@ def test_without_the_extra_one_line_names_it(work, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi raises ImportError
     assert main(["serve", str(work / "ck")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["vitkit: error: vitkit serve needs the serve extra: pip install 'vitkit[serve]'"]
+    assert err == [
+        "vitkit: error: vitkit serve needs the serve extra: "
+        "pip install '.[serve]' in vitkit's clone"
+    ]
 
 
 def test_an_empty_api_key_is_refused(work, capsys):

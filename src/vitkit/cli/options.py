@@ -427,8 +427,10 @@ def add_runtime(
         help = "bf16: autocast (default: the checkpoint's, else fp32)"
         if fp8:
             help = (
-                f"bf16: autocast; {FP8_INFERENCE_HELP}, on --device (default: the checkpoint's, "
-                "else fp32)"
+                "bf16: on the CPU the weights converted to bf16 once, measured beside fp32 "
+                "(native bf16 only, refused elsewhere; autocast with --tta-*), on a GPU "
+                f"autocast; {FP8_INFERENCE_HELP}, on --device (default: the checkpoint's "
+                "precision as autocast, else fp32)"
             )
         add_precision(g, default=None, help=help, fp8=fp8)
     add_threads_device(g, device="cpu")

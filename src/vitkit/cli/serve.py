@@ -1,4 +1,4 @@
-"""``vitkit serve``: a model behind HTTP (vitkit.serve; the ``vitkit[serve]`` extra)."""
+"""``vitkit serve``: a model behind HTTP (vitkit.serve; the ``serve`` extra)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def add_commands(sub: Any) -> None:
         "/v1/info, GET /health (liveness), GET /ready (readiness), GET /metrics (Prometheus), "
         "GET /openapi.json and a page at GET /. Listens on 127.0.0.1 unless --host says "
         "otherwise, once the model is loaded and warmed up; SIGTERM or Ctrl-C drains the "
-        "requests in flight and exits 0. Needs pip install 'vitkit[serve]'.",
+        "requests in flight and exits 0. Needs pip install '.[serve]' in vitkit's clone.",
     )
     add_checkpoint(p, positional=True)
     g = p.add_argument_group("server")

@@ -32,7 +32,7 @@ from vitkit.registry.model_config import PreprocessConfig, config_from_dict
 ENGINES = ("torch", "onnxruntime", "openvino")
 ENGINE_FILE = "engine.json"
 FORMAT = "vitkit-engine"
-EXTRA = {"onnxruntime": "onnx", "openvino": "openvino"}  # pip install 'vitkit[EXTRA]'
+EXTRA = {"onnxruntime": "onnx", "openvino": "openvino"}  # pip install '.[EXTRA]'
 MODULE = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
 
 
@@ -46,7 +46,8 @@ def require(engine: str) -> Any:
         return __import__(MODULE[engine])
     except ImportError:
         raise VitkitError(
-            f"the {engine} engine is not installed: pip install 'vitkit[{EXTRA[engine]}]'"
+            f"the {engine} engine is not installed: pip install '.[{EXTRA[engine]}]' "
+            "in vitkit's clone"
         ) from None
 
 

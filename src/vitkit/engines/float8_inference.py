@@ -39,7 +39,8 @@ def torchao_quantization() -> Any:
         import torchao.quantization as quantization
     except ImportError:
         raise VitkitError(
-            "--precision fp8 uses torchao's float8 inference: pip install 'vitkit[fp8]'"
+            "--precision fp8 uses torchao's float8 inference: pip install '.[fp8]' "
+            "in vitkit's clone"
         ) from None
     return quantization
 

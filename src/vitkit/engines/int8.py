@@ -212,7 +212,7 @@ def quantize_openvino(
         import nncf
     except ImportError:
         raise VitkitError(
-            "int8 quantization for OpenVINO needs NNCF: pip install 'vitkit[openvino]'"
+            "int8 quantization for OpenVINO needs NNCF: pip install '.[openvino]' in vitkit's clone"
         ) from None
     keep = nodes_of_modules(fp32, keep_fp32) if keep_fp32 else []
     model = ov.Core().read_model(str(fp32))

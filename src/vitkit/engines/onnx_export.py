@@ -1,7 +1,7 @@
 """Export a ViT to ONNX (for onnxruntime, TensorRT, OpenVINO, ...).
 
 ``export_onnx`` traces the model with ``torch.onnx.export(..., dynamo=True)`` (needs the
-``onnx`` and ``onnxscript`` packages: ``pip install 'vitkit[onnx]'``). The batch dimension is
+``onnx`` and ``onnxscript`` packages: the ``onnx`` extra). The batch dimension is
 dynamic; the image size is the model's, or with ``sizes`` (:mod:`vitkit.engines.dynamic_size`)
 any multiple of the patch in a range, the position embeddings resampled inside the graph with
 the checkpoint's kernel. Input ``pixel_values`` [B, C, H, W] (normalised as the checkpoint's
@@ -52,7 +52,8 @@ def export_onnx(
         import onnxscript  # noqa: F401
     except ImportError:
         raise VitkitError(
-            "ONNX export needs the onnx and onnxscript packages: pip install 'vitkit[onnx]'"
+            "ONNX export needs the onnx and onnxscript packages: pip install '.[onnx]' "
+            "in vitkit's clone"
         ) from None
     path = Path(path)
     cfg = cast(ModelConfig, model.cfg)  # a vitkit model (ViT or BiT ResNet) carries its config

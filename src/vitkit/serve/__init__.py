@@ -1,4 +1,4 @@
-"""A model behind HTTP: ``vitkit serve`` (the optional ``vitkit[serve]`` extra: FastAPI, uvicorn).
+"""A model behind HTTP: ``vitkit serve`` (the optional ``serve`` extra: FastAPI, uvicorn).
 
 - :mod:`vitkit.serve.served_model`: the loaded model as the server runs it: request images
   decoded under limits (pixels checked before a byte is decoded), batched forwards with the
@@ -17,7 +17,7 @@ from typing import Any
 
 from vitkit.errors import VitkitError
 
-EXTRA_LINE = "vitkit serve needs the serve extra: pip install 'vitkit[serve]'"
+EXTRA_LINE = "vitkit serve needs the serve extra: pip install '.[serve]' in vitkit's clone"
 
 
 def require_serve() -> tuple[Any, Any]:

@@ -54,7 +54,8 @@ def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # (httptools is part of the serve extra)
         raise VitkitError(
-            "vitkit serve needs httptools (its bounded HTTP parser): pip install 'vitkit[serve]'"
+            "vitkit serve needs httptools (its bounded HTTP parser): "
+            "pip install '.[serve]' in vitkit's clone"
         ) from None
 
     class BoundedHttp(HttpToolsProtocol):
