@@ -8,7 +8,7 @@ no_embed_class, a non-square input, the patch, pre_norm, qkv_bias, qk_norm, laye
 mlp_ratio, the activation, the LayerNorm eps), or of timm's ``Eva`` (the EVA-02 layout vitkit
 reads bare), or of a Hugging Face config (ViT, DINOv2, CLIP vision, SigLIP vision). The model is
 built tiny with random weights (every parameter moved, nothing left zero), in float64, and
-written every way people hand it on:
+written every way people hand it on (a timm draw the first three, a Hugging Face draw the last):
 
 - ``bare-safetensors`` / ``bare-pth``: the state dict alone (``safetensors`` / ``torch.save``);
 - ``timm-folder``: ``timm.models._hub.save_for_hf`` (``config.json`` with the ``model_args``);
