@@ -121,3 +121,10 @@ def test_the_check_flags_judging_words_and_machine_paths(tmp_path: Path) -> None
     (tmp_path / "page.md").write_text("\n".join(bad + good) + "\n")
     found = hits([tmp_path], judged=True)
     assert [h.split(": ", 1)[1] for h in found] == bad
+
+
+def test_every_results_file_is_searched() -> None:
+    """The searches above read every text file under bench/results: a results file of a kind
+    they skip (a .log, a .csv) would hide its lines."""
+    kinds = {p.suffix for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()}
+    assert kinds - {".png"} <= SUFFIXES, kinds - {".png"} - SUFFIXES
