@@ -4,6 +4,7 @@ carriage-return redraws; and a run directory keeps one report.html."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,16 @@ def test_a_logged_run_writes_a_line_per_epoch_and_keeps_one_report(
     lines = err.splitlines()
     for epoch in (1, 2):
         assert sum(line.startswith(f"epoch {epoch}/2: 5/5, loss=") for line in lines) == 1, err
+    # Each epoch's record is one line for people (the JSON stays in metrics.jsonl): it used to
+    # print the raw {"step": ...} record.
+    assert not [line for line in lines if line.startswith("{")], err
+    ends = [line for line in lines if line.startswith("after epoch ")]
+    assert [line.split(":")[0] for line in ends] == ["after epoch 1/2", "after epoch 2/2"], err
+    top1 = (
+        100
+        * [json.loads(r) for r in (run / "metrics.jsonl").open() if "val_top1" in r][-1]["val_top1"]
+    )
+    assert f"val_top1 {top1:.2f} %" in ends[-1], err
     # One report.html per run; 'vitkit analyze' on the run never replaces what train wrote
     # (RUN/analysis, RUN/report.html) without --overwrite: it moves on to RUN/analysis-2.
     assert [p.relative_to(run) for p in run.rglob("report.html")] == [Path("report.html")]

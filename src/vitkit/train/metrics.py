@@ -79,3 +79,19 @@ class RunningMeans:
 
     def images_per_s(self, batch_size: int) -> float:
         return self.steps * batch_size / (time.perf_counter() - self.since)
+
+
+def epoch_line(record: dict[str, Any], epochs: int) -> str:
+    """An epoch's record as people read it (metrics.jsonl keeps the record itself): the
+    accuracies as percentages, the other numbers to four significant digits."""
+    shown = []
+    for key, value in record.items():
+        if key in ("step", "epoch"):
+            continue
+        if isinstance(value, float) and key.endswith(("top1", "top5", "acc")):
+            shown.append(f"{key} {100 * value:.2f} %")
+        elif isinstance(value, float):
+            shown.append(f"{key} {value:.4g}")
+        else:
+            shown.append(f"{key} {value}")
+    return f"after epoch {record['epoch']}/{epochs}: step {record['step']}, " + ", ".join(shown)

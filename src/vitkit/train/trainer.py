@@ -46,7 +46,7 @@ from vitkit.train import distributed as D
 from vitkit.train import run_report
 from vitkit.train.augment import mix
 from vitkit.train.convergence import EARLY_STOP_METRIC, EarlyStopping, train_loss_convergence
-from vitkit.train.metrics import RunningMeans
+from vitkit.train.metrics import RunningMeans, epoch_line
 from vitkit.train.run import TrainingRun, _epoch_seed, _step_seed
 from vitkit.train.train_config import RESUMABLE_CHANGES, TrainConfig
 
@@ -358,8 +358,7 @@ class Trainer(TrainingRun):
             self.metrics.write(record)
             self.save()
             if cfg.progress and main:
-                rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
-                print(json.dumps(rounded), file=sys.stderr)
+                print(epoch_line(record, self.epochs_planned), file=sys.stderr)
             if on_epoch_end is not None:
                 on_epoch_end(self, record)
         return self.finish(time.perf_counter() - start, images_seen, train_time)
