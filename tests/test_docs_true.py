@@ -99,7 +99,9 @@ def test_the_classify_answer_names_the_checkpoint_it_serves(tmp_path: Path) -> N
 def docker_extra_args() -> list[list[str]]:
     """The arguments after the image name in the Dockerfile's and the guide's examples."""
     found = re.findall(r"vitkit-serve((?: --[\w-]+(?: [^\s`-][^\s`]*)?)+)", read("Dockerfile"))
-    found += re.findall(r"^docker run .* vitkit-serve (.+)$", read("docs/guide/serving.md"), re.M)
+    found += re.findall(
+        r"^docker run .* vitkit-serve(?::[\w.]+)? (.+)$", read("docs/guide/serving.md"), re.M
+    )
     return [shlex.split(x) for x in found]
 
 

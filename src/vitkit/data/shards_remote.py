@@ -45,7 +45,7 @@ def _filesystem(url: str) -> Any:
     try:
         import fsspec
     except ImportError:
-        need = "pip install 'vitkit[cloud]'"
+        need = "the cloud extra: pip install '.[cloud]' in vitkit's clone"
         raise VitkitError(f"{url}: object storage needs fsspec ({need})") from None
     protocol = url.split("://", 1)[0]
     try:
