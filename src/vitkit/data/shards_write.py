@@ -9,6 +9,7 @@ zero-padded keys, ``000000042.png`` + ``000000042.cls``, and shards are written 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -96,32 +97,17 @@ def write_shards(
     """
     if shard_size < 1:
         raise VitkitError(f"shard size must be at least 1, got {shard_size}")
-    if remote.is_remote(out_dir):
-        with tempfile.TemporaryDirectory(prefix="vitkit-shards-") as staging:
-            return _write_shards(
-                dataset,
-                Path(staging),
-                split,
-                shard_size,
-                max_shard_bytes,
-                shuffle,
-                seed,
-                on_bad_image,
-                progress,
-                str(out_dir),
-            )
-    return _write_shards(
-        dataset,
-        Path(out_dir),
-        split,
-        shard_size,
-        max_shard_bytes,
-        shuffle,
-        seed,
-        on_bad_image,
-        progress,
-        None,
-    )
+    upload_to = str(out_dir) if remote.is_remote(out_dir) else None
+    with contextlib.ExitStack() as stack:  # an upload is staged in a temporary directory
+        local = (
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vitkit-shards-")))
+            if upload_to is not None
+            else Path(out_dir)
+        )
+        return _write_shards(
+            dataset, local, split, shard_size, max_shard_bytes, shuffle, seed, on_bad_image,
+            progress, upload_to,
+        )  # fmt: skip
 
 
 def _write_shards(

@@ -32,16 +32,17 @@ DINOV3_CLASSES = ("DINOv3ViTBackbone",)
 _FIELDS = ("feature_maps", "hidden_states", "attentions", "cls_tokens")
 
 
-class BackboneOutput(OrderedDict[str, Any]):
-    """transformers' ``BackboneOutput``: fields as attributes, the set ones as dict entries
-    (in field order), ``out[0]`` the first set field, ``to_tuple()`` all of them."""
+class ModelOutput(OrderedDict[str, Any]):
+    """transformers' ``ModelOutput``: fields as attributes (None when not set), the set ones as
+    dict entries in field order, ``out[0]`` the first set field, ``to_tuple()`` all of them."""
+
+    FIELDS: tuple[str, ...] = ()
 
     def __init__(self, **fields: Any) -> None:
-        super().__init__((k, fields[k]) for k in _FIELDS if fields.get(k) is not None)
-        self.__dict__["last_hidden_state"] = fields.get("last_hidden_state")
+        super().__init__((k, fields[k]) for k in self.FIELDS if fields.get(k) is not None)
 
     def __getattr__(self, name: str) -> Any:
-        if name in _FIELDS:
+        if name in self.FIELDS:
             return self.get(name)
         raise AttributeError(name)
 
@@ -52,6 +53,16 @@ class BackboneOutput(OrderedDict[str, Any]):
 
     def to_tuple(self) -> tuple[Any, ...]:
         return tuple(self.values())
+
+
+class BackboneOutput(ModelOutput):
+    """transformers' ``BackboneOutput``."""
+
+    FIELDS = _FIELDS
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.__dict__["last_hidden_state"] = fields.get("last_hidden_state")
 
 
 def stage_choice(

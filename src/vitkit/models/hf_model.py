@@ -35,7 +35,6 @@ refuse transformers' keywords in one line: their outputs are not these.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, cast
 
 import torch
@@ -44,6 +43,7 @@ from torch import Tensor
 
 from vitkit.errors import VitkitError
 from vitkit.models import features
+from vitkit.models.hf_backbone import HFBackbone, ModelOutput
 from vitkit.models.vit import VisionTransformer
 
 KEYWORDS = (
@@ -72,29 +72,6 @@ CLASSES = {
 }
 _STRICT_SIZE = ("ViT", "DeiT")  # classes refusing another size without interpolate_pos_encoding
 _BACKBONE_ATTRIBUTES = ("channels", "out_features", "out_indices", "stage_names")
-
-
-class ModelOutput(OrderedDict[str, Any]):
-    """transformers' ``ModelOutput``: fields as attributes (None when not set), the set ones as
-    dict entries in field order, ``out[0]`` the first set field, ``to_tuple()`` all of them."""
-
-    FIELDS: tuple[str, ...] = ()
-
-    def __init__(self, **fields: Any) -> None:
-        super().__init__((k, fields[k]) for k in self.FIELDS if fields.get(k) is not None)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self.FIELDS:
-            return self.get(name)
-        raise AttributeError(name)
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, (int, slice)):
-            return self.to_tuple()[key]
-        return super().__getitem__(key)
-
-    def to_tuple(self) -> tuple[Any, ...]:
-        return tuple(self.values())
 
 
 class BaseModelOutputWithPooling(ModelOutput):
@@ -273,8 +250,6 @@ class TransformersViT(VisionTransformer):
 
     def as_backbone(self) -> Any:
         """The folder's backbone class over this model (shares its weights)."""
-        from vitkit.models.hf_backbone import HFBackbone
-
         if CLASSES.get(self.hf_class) != "backbone":
             raise VitkitError(f"{self.hf_class} is not a backbone class")
         return HFBackbone(self, self.hf_class, **self.backbone_settings)
