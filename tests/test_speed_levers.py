@@ -127,7 +127,7 @@ def test_fp8_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torchao)
-    with pytest.raises(VitkitError, match=r"pip install 'vitkit\[fp8\]'"):
+    with pytest.raises(VitkitError, match=r"pip install '\.\[fp8\]' in vitkit's clone"):
         convert_to_fp8(torch.nn.Sequential(torch.nn.Linear(16, 16)))
 
 
