@@ -85,7 +85,7 @@ def test_a_full_queue_refuses_at_once_with_a_retry_time_and_runs_only_what_it_to
 
     refused, (answers, took) = asyncio.run(go())
     assert refused.reason == "queue_full" and "--max-queue" in refused.message
-    assert took < 0.5  # refused without waiting (for the 1 s forward before it)
+    assert took < 0.9  # refused without waiting for the 1 s forward before it
     assert int(refused.retry_after_header) >= 1
     assert answers == [[10, 20], [30, 40, 50]]
     assert sorted(seen) == [1, 2, 3, 4, 5]  # the refused image never reached a forward
