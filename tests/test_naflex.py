@@ -233,3 +233,26 @@ def test_padded_batch_under_bf16_autocast_stays_finite(device):
         with torch.autocast(device, torch.bfloat16):
             got = ours(batch).float()
     assert (got - want).abs().max() < 0.1 * want.abs().max()  # bf16, close to fp32
+
+
+@pytest.mark.parametrize("num_classes", [0, 5])
+def test_a_naflex_model_without_pooling_reads_and_writes_as_timm(tmp_path, num_classes):
+    """timm's NaFlexVit with global_pool="" (every token out, as a pruned head leaves it): read
+    from a timm folder, written back (it was a KeyError traceback), equal to timm both ways."""
+    from safetensors.torch import load_file
+
+    from vitkit.checkpoints.writing import write_checkpoint
+
+    timm = import_reference("timm")
+    ref = _timm_model("naflexvit_base_patch16_gap", global_pool="", num_classes=num_classes)
+    ours, ckpt = _read(ref, tmp_path)
+    assert ckpt.model_config.pool == "none"
+    write_checkpoint(ckpt, tmp_path / "folder", "timm")
+    again = timm.create_model(f"local-dir:{tmp_path / 'folder'}").double().eval()
+    again.load_state_dict(load_file(str(tmp_path / "folder" / "model.safetensors")))
+    batch = pack(_images(), (16, 16))
+    with torch.no_grad():
+        want = ref(batch)
+        assert want.dim() == 3 and want.shape[0] == 3 and want.shape[-1] == (num_classes or 32)
+        assert _rel(ours(batch), want) <= 1e-12
+        assert _rel(again(batch), want) <= 1e-12

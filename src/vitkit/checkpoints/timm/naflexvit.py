@@ -138,7 +138,7 @@ _TRAINING = set(
     "weight_init fix_init use_key_only_attn_mask img_size device dtype".split()
 )
 _GELU = {None: "none", "gelu": "none", "gelu_tanh": "tanh", "quick_gelu": "quick"}
-_POOL = {"avg": "gap", "token": "token", "map": "map", "avgmax": "avgmax", "max": "max"}
+_POOL = {"avg": "gap", "token": "token", "map": "map", "avgmax": "avgmax", "max": "max", "": "none"}
 
 
 def is_naflex_state_dict(sd: dict[str, Tensor]) -> bool:
