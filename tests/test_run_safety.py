@@ -151,15 +151,16 @@ def test_rerun_without_out_dir_goes_to_a_fresh_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert run_cli(["train", *SHORT], capsys)[0] == 0  # the recipe's runs/mnist
-    first = listing(tmp_path / "runs" / "mnist")
+    assert run_cli(["train", *SHORT], capsys)[0] == 0  # named after the data: runs/digits
+    assert not (tmp_path / "runs" / "mnist").exists()  # (not the recipe's runs/mnist)
+    first = listing(tmp_path / "runs" / "digits")
     code, out, err = run_cli(["train", *SHORT, "--epochs", "1"], capsys)
-    assert code == 0 and "runs/mnist already holds a run; this run goes to runs/mnist-2" in err
-    assert "runs/mnist-2/report.json" in out
-    assert (tmp_path / "runs" / "mnist-2" / "report.json").is_file()
-    assert listing(tmp_path / "runs" / "mnist") == first  # the first run is untouched
+    assert code == 0 and "runs/digits already holds a run; this run goes to runs/digits-2" in err
+    assert "runs/digits-2/report.json" in out
+    assert (tmp_path / "runs" / "digits-2" / "report.json").is_file()
+    assert listing(tmp_path / "runs" / "digits") == first  # the first run is untouched
     # An explicit --out-dir that holds a run is still refused without --resume.
-    code, _, err = run_cli(["train", *SHORT, "--out-dir", "runs/mnist"], capsys)
+    code, _, err = run_cli(["train", *SHORT, "--out-dir", "runs/digits"], capsys)
     assert code == 2 and "already holds a run" in err
 
 
@@ -226,3 +227,13 @@ def test_resuming_in_memory_data_with_workers_does_not_warn(tmp_path: Path) -> N
     assert not [w for w in caught if "bitwise" in str(w.message)]
     a, b = load_checkpoint(full).state_dict, load_checkpoint(run).state_dict
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [("digits", "digits"), ("/data/flowers/", "flowers"), ("s3://b/x y/", "x_y"), ("/", "data")],
+)
+def test_a_run_directory_is_named_after_the_data(data: str, name: str) -> None:
+    from vitkit.cli.train_options import data_run_name
+
+    assert data_run_name(data) == name

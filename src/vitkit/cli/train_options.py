@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -236,7 +237,10 @@ def _add_optimisation(g: Any) -> None:
 
 def _add_run(g: Any) -> None:
     g.add_argument(
-        "--out-dir", type=output_directory, help="run directory (checkpoints, metrics, plots)"
+        "--out-dir",
+        type=output_directory,
+        help="run directory (checkpoints, metrics, plots); defaults to the recipe's (runs/mnist), "
+        "or runs/DATA for a --data other than the recipe's (then -2, -3, ... if it holds a run)",
     )
     g.add_argument("--seed", type=seed, help="seeds initialisation, data order and augmentation")
     g.add_argument(
@@ -303,6 +307,14 @@ _TRAIN_FIELDS = (
 _TRAIN_SWITCHES = ("pin_memory", "persistent_workers", "activation_checkpointing")
 
 
+def data_run_name(data: str) -> str:
+    """A run directory's name for a data spec: ``digits``, ``s3://b/shards/`` -> ``shards``,
+    ``/data/flowers`` -> ``flowers`` (characters other than letters, digits, ``._-`` become
+    ``_``)."""
+    name = Path(str(data).rstrip("/")).name or "data"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "data"
+
+
 def train_config_from_args(args: argparse.Namespace) -> Any:
     """The recipe's :class:`TrainConfig` (or, with ``--resume``, the run's own), with every
     option the user gave applied."""
@@ -312,6 +324,11 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
     cfg = get_recipe(args.recipe).config
     if args.smoke:
         cfg = smoke(cfg, finetune=bool(getattr(args, "init_from", None)))
+    data = getattr(args, "data", None)
+    if args.out_dir is None and data is not None and str(data) != str(cfg.data):
+        # another dataset than the recipe's: its run directory is named after the data, not
+        # after the recipe's (``--data digits`` went to runs/mnist)
+        cfg = dataclasses.replace(cfg, out_dir=f"runs/{data_run_name(data)}")
     resume = bool(args.resume)
     if args.resume == "auto":
         resume = _resume_auto(Path(args.out_dir or cfg.out_dir))
