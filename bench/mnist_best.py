@@ -123,7 +123,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "mnist_best"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "images" / "mnist_best_curve.png"))
     ap.add_argument("--smoke", action="store_true", help="each job's --smoke (plumbing only)")
+    ap.add_argument(
+        "--replot", action="store_true", help="only redraw --plot from the results in --out.json"
+    )
     args = ap.parse_args()
+    if args.replot:  # the figure from the measured curves, without training again
+        plot(json.loads(Path(args.out).with_suffix(".json").read_text())["runs"], Path(args.plot))
+        return
     work = Path(args.work)
     if args.smoke and args.work == ap.get_default("work"):
         work = Path(args.out).parent / "mnist_best_smoke_runs"
