@@ -23,7 +23,7 @@ def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
     if rate == 0.0 or not training:
         return x
     keep = 1.0 - rate
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    mask = x.new_empty([x.shape[0]] + [1] * (x.dim() - 1)).bernoulli_(keep)  # (TorchScript)
     return x * mask / keep
 
 

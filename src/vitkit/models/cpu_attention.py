@@ -32,19 +32,40 @@ def plain_cpu_attention(
     matmuls: training (``grad``) in bf16 or on short sequences over many rows; inference in
     bf16 over many rows, or in fp32 as training does where the CPU lacks AVX-512 (``avx512``:
     this machine's, where not given)."""
-    many = rows >= EXPLICIT_CPU_MIN_ROWS
-    short = tokens <= EXPLICIT_CPU_MAX_TOKENS and many
+    avx512 = avx512_kernels() if avx512 is None else avx512
+    return plain_attention_rule(rows, tokens, bf16, grad, avx512)
+
+
+def plain_attention_rule(
+    rows: int,
+    tokens: int,
+    bf16: bool,
+    grad: bool,
+    avx512: bool,
+    min_rows: int = EXPLICIT_CPU_MIN_ROWS,  # (arguments: TorchScript reads no global)
+    max_tokens: int = EXPLICIT_CPU_MAX_TOKENS,
+) -> bool:
+    """:func:`plain_cpu_attention` with every input given; TorchScript compiles it, so that a
+    scripted model (:mod:`vitkit.models.scriptable`) picks the kernel the eager one picks."""
+    many = rows >= min_rows
+    short = tokens <= max_tokens and many
     if grad:
         return bf16 or short
     if bf16:
         return many
-    return short and not (_avx512() if avx512 is None else avx512)
+    return short and not avx512
 
 
 @functools.cache
-def _avx512() -> bool:
+def avx512_kernels() -> bool:
     """Whether PyTorch's CPU kernels run at AVX-512 here (asked once: every layer asks)."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-__all__ = ["EXPLICIT_CPU_MAX_TOKENS", "EXPLICIT_CPU_MIN_ROWS", "plain_cpu_attention"]
+__all__ = [
+    "EXPLICIT_CPU_MAX_TOKENS",
+    "EXPLICIT_CPU_MIN_ROWS",
+    "avx512_kernels",
+    "plain_attention_rule",
+    "plain_cpu_attention",
+]

@@ -65,16 +65,33 @@ def resample_pos_embed(
         )
     if not symbolic(new_grid) and tuple(old_grid) == tuple(new_grid):
         return pos_embed
+    old, new = [old_grid[0], old_grid[1]], [new_grid[0], new_grid[1]]
+    return resample_grid(pos_embed, old, new, num_prefix_tokens, mode, symbolic(new_grid))
+
+
+def resample_grid(
+    pos_embed: Tensor,
+    old_grid: list[int],
+    new_grid: list[int],
+    num_prefix_tokens: int,
+    mode: str,
+    exporting: bool = False,
+) -> Tensor:
+    """:func:`resample_pos_embed`'s interpolation, unchecked, on any grid (its own included);
+    TorchScript compiles it, so that a scripted model (:mod:`vitkit.models.scriptable`) runs
+    the eager model's numbers. ``exporting``: zoom in float32 (ONNX Runtime has no float64
+    Resize; the export is checked against the float64 result)."""
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     d, dtype = grid.shape[-1], grid.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], d).permute(0, 3, 1, 2)
-    if mode == "zoom":  # (float32 in an export: ONNX Runtime has no float64 Resize; the export
-        wide = grid.float() if symbolic(new_grid) else grid.double()  # is checked against this)
+    if mode == "zoom":
+        wide = grid.float() if exporting else grid.double()
         grid = F.interpolate(wide, size=new_grid, mode="bilinear", align_corners=True)
-    else:
-        kind, _, antialias = mode.partition("-")
+    else:  # "bicubic", "bicubic-antialias", "bilinear"
+        kind = "bicubic" if mode.startswith("bicubic") else mode
+        antialias = mode.endswith("-antialias")
         grid = F.interpolate(
-            grid.float(), size=new_grid, mode=kind, align_corners=False, antialias=bool(antialias)
+            grid.float(), size=new_grid, mode=kind, align_corners=False, antialias=antialias
         )
     grid = grid.to(dtype).permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], d)
     return torch.cat([prefix, grid], dim=1)
