@@ -1,18 +1,16 @@
 """A timm user's calls on a model vitkit loads, equal to timm's: prune_intermediate_layers with
 prune_head (every token out, as timm's reset_classifier(0, "")), the pretrained_cfg's types and
-architecture for a timm folder and a registered name; torch.jit.script refused in one line."""
+architecture for a timm folder and a registered name (torch.jit.script: test_jit_script.py)."""
 
 from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 from references import import_reference, perturbed
 
 import vitkit
 import vitkit.checkpoints
-from vitkit.errors import VitkitError
 
 NAME = "vit_tiny_patch16_224"
 
@@ -68,16 +66,6 @@ def test_pretrained_cfg_types_as_timm(tmp_path):
     registered = timm.create_model(NAME).pretrained_cfg
     for key in ("architecture", "input_size", "mean", "std"):
         assert named[key] == registered[key] and type(named[key]) is type(registered[key]), key
-
-
-def test_jit_script_is_refused_in_one_line_and_trace_runs():
-    model = vitkit.create_model(NAME, depth=1, num_classes=3).eval()
-    with pytest.raises(VitkitError, match=r"torch.jit.script does not compile .* torch.jit.trace"):
-        torch.jit.script(model)
-    x = torch.randn(1, 3, 224, 224)
-    with torch.no_grad():
-        traced = torch.jit.trace(model, x)
-        assert (traced(x) - model(x)).abs().max() == 0
 
 
 def test_reset_classifier_unpooled_as_timm():

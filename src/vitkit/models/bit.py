@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.errors import VitkitError
+from vitkit.models.scriptable import refuse_script
 from vitkit.registry.model_config import ResNetConfig
 
 
@@ -123,6 +124,9 @@ class ResNetV2(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        refuse_script("BiT's ResNet (vitkit scripts its Vision Transformers)")
 
 
 @torch.no_grad()

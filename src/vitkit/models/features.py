@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitkit.errors import VitkitError
 from vitkit.models import naflex_packing as naflex
+from vitkit.models.scriptable import refuse_script
 
 Indices = int | Sequence[int] | None
 FEATURES_KEYS = ("features_only", "out_indices", "output_fmt", "feature_norm", "norm_last")
@@ -377,6 +378,9 @@ class FeaturesModel(nn.Module):
     @property
     def default_cfg(self) -> dict[str, Any]:
         return self.pretrained_cfg
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        refuse_script("a features-only model (forward_intermediates)")
 
     def forward(self, x: Tensor) -> list[Tensor]:
         out: list[Tensor] = forward_intermediates(

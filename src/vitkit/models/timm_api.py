@@ -19,12 +19,13 @@ training code written for timm reads, with timm's values (``timm/models/vision_t
 - Dense: ``get_intermediate_layers`` (DINO's call, through ``forward_intermediates``), and on the
   patch embedding ``img_size``, ``num_patches``, ``feat_ratio()``, ``dynamic_feat_size()``.
 
-Where vitkit differs, it says so: ``torch.jit.script`` is refused in one line (tracing,
-``torch.compile`` and ``torch.export`` work); any multiple of the patch size is a valid input
-(``dynamic_img_size`` is True, ``patch_embed.strict_img_size`` False), and a pooling vitkit has no
-head for (timm's ``""``: no pooling) is refused by ``reset_classifier``, another patch size
-by ``set_input_size``. A block's LayerScale parameters come after its MLP's in
-``named_parameters()`` (timm's: after each branch; a saved run's optimizer state is positional).
+``torch.jit.script`` compiles the model as timm's does (:mod:`vitkit.models.scriptable`; the
+families it does not cover are refused in one line). Where vitkit differs, it says so: any multiple
+of the patch size is a valid input (``dynamic_img_size`` is True, ``patch_embed.strict_img_size``
+False), and a pooling vitkit has no head for (timm's ``""``: no pooling) is refused by
+``reset_classifier``, another patch size by ``set_input_size``. A block's LayerScale parameters come
+after its MLP's in ``named_parameters()`` (timm's: after each branch; a saved run's optimizer state
+is positional).
 """
 
 from __future__ import annotations
@@ -165,14 +166,6 @@ class TimmModel:
     @property
     def default_cfg(self) -> dict[str, Any]:
         return self.pretrained_cfg
-
-    def __prepare_scriptable__(self) -> Any:
-        """``torch.jit.script`` is refused in one line (the model's switches and NaFlex batches
-        are Python, not TorchScript); tracing, ``torch.compile`` and ``torch.export`` run it."""
-        raise VitkitError(
-            "torch.jit.script does not compile vitkit's models; use torch.jit.trace(model, x), "
-            "torch.compile(model) or torch.export.export(model, (x,)), which run them as they are"
-        )
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Run each block under ``torch.utils.checkpoint`` (non-reentrant) while gradients

@@ -78,6 +78,7 @@ from vitkit.models.parallel_blocks import DiffAttention, ParallelScalingBlock, P
 from vitkit.models.posemb_resample import Resample, resample_pos_embed, symbolic
 from vitkit.models.relpos import attention_biases, make_rel_pos
 from vitkit.models.rope import RotaryEmbedding, rotate
+from vitkit.models.scriptable import scriptable
 from vitkit.models.sdpa_backend import sdpa_backend
 from vitkit.models.timm_api import TimmModel, TimmPatchEmbed
 from vitkit.models.weight_init import init_weights
@@ -521,6 +522,11 @@ class VisionTransformer(TimmModel, nn.Module):
     ) -> list[int]:
         """timm's: drop the blocks after ``indices`` (:mod:`vitkit.models.features`)."""
         return features.prune_intermediate_layers(self, indices, prune_norm, prune_head)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script(model)`` compiles: this model's forward over its own
+        parameters (:mod:`vitkit.models.scriptable`; other families refused in one line)."""
+        return scriptable(self)
 
     def forward_with_attentions(self, x: Tensor) -> WithAttentions:
         """Every hidden state and attention map, through the explicit-softmax attention."""
