@@ -145,7 +145,7 @@ def test_serve_dry_run_at_bf16_serves_bf16(ckpt, capsys):
 def test_fast_bf16_picks_openvino_for_a_server_and_torch_for_a_command_over_images():
     """OpenVINO's bf16 runs B/16 1.32x PyTorch's but starts 11 s later: ``serve --fast
     --precision bf16`` takes it where installed, ``predict`` / ``eval`` keep PyTorch."""
-    from vitkit.cli.engines import fast_choice
+    from vitkit.engines.checkpoint_runner import fast_choice
 
     everything = lambda engine: True  # noqa: E731
     assert fast_choice("bf16", True, everything)[0] == "openvino"

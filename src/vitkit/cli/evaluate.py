@@ -10,14 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.engines import (
-    add_engine_options,
-    bf16_weights,
-    fp8_reference,
-    load_for_inference,
-    source_comparison,
-    versus_fp32,
-)
+from vitkit.cli.engines import add_engine_options, load_for_inference, source_comparison
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -177,6 +170,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     from vitkit.checkpoints import atomic_write_text
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
     from vitkit.engines.backends import EngineModel, engine_model
+    from vitkit.engines.checkpoint_runner import bf16_weights, fp8_reference
     from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval import format_result
     from vitkit.eval.checkpoint_eval import (
@@ -186,7 +180,7 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
         eval_output_dir,
         evaluate_checkpoint,
     )
-    from vitkit.eval.compare import Recorder, format_comparison
+    from vitkit.eval.compare import Recorder, format_comparison, versus_fp32
     from vitkit.eval.tta import JitterTTA, check_jitter
     from vitkit.output_files import all_or_none
     from vitkit.plotting import plot_confusion_matrix
@@ -229,12 +223,12 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
     names = dataset.info.class_names
     fp32_model = None
-    if bf16_weights(args, model, any(jitter)):  # bf16 weights, measured beside fp32
+    if bf16_weights(args.precision, args.device, model, any(jitter)):  # measured beside fp32
         fp32_model, model = model, Recorder(engine_model(copy.deepcopy(model), "torch", "bf16"))
         why += "; bf16 weights"
     reference = None
     if gpu is not None:  # the same model with bf16 weights on the same GPU, measured beside it
-        reference = fp8_reference(args, path, gpu)
+        reference = fp8_reference(path, gpu, **loading(args))
         if any(jitter):
             reference = JitterTTA(reference, *jitter)
         model = Recorder(model)

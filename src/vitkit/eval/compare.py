@@ -53,4 +53,59 @@ def format_comparison(c: dict[str, Any], precision: str, reference: str = "fp32 
     )
 
 
-__all__ = ["Recorder", "agreement", "comparison", "format_comparison"]
+def versus_fp32(
+    recorded: Any,
+    fp32: Any,
+    ckpt: Any,
+    dataset: Any,
+    batch_size: int,
+    result: Any = None,
+    *,
+    device: str = "cpu",
+    max_seq_len: int | None = None,
+) -> dict[str, Any]:
+    """A lower-precision model (a Recorder, or a module) beside the reference ``fp32`` (fp32;
+    bf16 for fp8) on the same images, prepared on ``device``: top-1 of each, the difference and
+    the agreement. ``max_seq_len``: a NaFlex model's packed batches. (The reference is what
+    :mod:`vitkit.engines.checkpoint_runner` says a precision is measured against.)"""
+    from vitkit.eval.checkpoint_eval import evaluate_checkpoint
+
+    kw: dict[str, Any] = {"batch_size": batch_size, "progress": False, "device": device}
+    kw["max_seq_len"] = max_seq_len
+    if not isinstance(recorded, Recorder):
+        recorded = Recorder(recorded)
+    if result is None:
+        result = evaluate_checkpoint(recorded, ckpt, dataset, **kw)
+    ref = Recorder(fp32)
+    base = evaluate_checkpoint(ref, ckpt, dataset, **kw)
+    agree = agreement(recorded.predictions(), ref.predictions())
+    return comparison(result.metrics()["top1"], base.metrics()["top1"], agree, str(ckpt.path))
+
+
+def versus_source(
+    recorded: Recorder,
+    fp32: nn.Module,
+    src: Any,
+    source: str,
+    dataset: Any,
+    batch_size: int,
+    result: Any,
+) -> dict[str, Any]:
+    """An engine directory's model (``recorded``, evaluated into ``result``) beside its fp32
+    source ``fp32`` (checkpoint ``src``, at path ``source``) on the same images."""
+    from vitkit.eval.checkpoint_eval import evaluate_checkpoint
+
+    rec = Recorder(fp32)
+    ref = evaluate_checkpoint(rec, src, dataset, batch_size=batch_size, progress=False)
+    agree = agreement(recorded.predictions(), rec.predictions())
+    return comparison(result.metrics()["top1"], ref.metrics()["top1"], agree, source)
+
+
+__all__ = [
+    "Recorder",
+    "agreement",
+    "comparison",
+    "format_comparison",
+    "versus_fp32",
+    "versus_source",
+]
