@@ -160,9 +160,11 @@ def load_for_inference(
     precision run it. The fp8 options are checked as typed first (one line naming them)."""
     from vitkit.engines.checkpoint_runner import runner
 
+    if path.endswith(".pt2"):  # (runs as compiled: no loading options, no fp8 settings read)
+        run = runner(path, engine=getattr(args, "engine", None), precision=precision)
+        return run.model, run.checkpoint, run.line
+    check_fp8_options(args)
     options = runner_options(args)
-    if not path.endswith(".pt2"):
-        check_fp8_options(args)
     if precision != "fp8":  # (refused above as typed; they set nothing at another precision)
         options.update(fp8_recipe=None, fp8_min_params=None)
     run = runner(path, precision=precision, long_lived=long_lived, **options)
