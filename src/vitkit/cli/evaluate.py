@@ -4,7 +4,6 @@ predictions."""
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -169,7 +168,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
     from vitkit.checkpoints import atomic_write_text
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
-    from vitkit.engines.backends import EngineModel, engine_model
+    from vitkit.engines.backends import EngineModel
     from vitkit.engines.checkpoint_runner import bf16_weights, fp8_reference
     from vitkit.engines.float8_inference import GPUModel
     from vitkit.eval import format_result
@@ -223,8 +222,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     dataset = checkpoint_dataset(ckpt, data, args.split, args.data_root, args.on_bad_image)
     names = dataset.info.class_names
     fp32_model = None
-    if bf16_weights(args.precision, args.device, model, any(jitter)):  # measured beside fp32
-        fp32_model, model = model, Recorder(engine_model(copy.deepcopy(model), "torch", "bf16"))
+    bf16 = bf16_weights(args.precision, args.device, model, any(jitter))
+    if bf16 is not None:  # bf16 weights, measured beside the fp32 model
+        fp32_model, model = model, Recorder(bf16)
         why += "; bf16 weights"
     reference = None
     if gpu is not None:  # the same model with bf16 weights on the same GPU, measured beside it

@@ -22,8 +22,8 @@ The rules:
   installed); a .pt2 package (``export --format pt2``) as compiled, with PyTorch alone.
 - What the numbers are measured against: an engine directory's fp32 source
   (:func:`source_reference`), the same checkpoint with bf16 weights for fp8
-  (:func:`fp8_reference`), the fp32 model for bf16 weights (:func:`bf16_weights` says when
-  ``eval`` converts).
+  (:func:`fp8_reference`), the fp32 model for bf16 weights (:func:`bf16_weights`: the copy
+  ``eval`` runs beside it).
 
 Every refusal is one line, said before any weights are read where it can be.
 """
@@ -221,20 +221,23 @@ def _fp8_runner(
     return Runner(gpu, ckpt, line)
 
 
-def bf16_weights(precision: str | None, device: str | None, model: Any, tta: bool) -> bool:
-    """Whether ``eval`` runs ``model`` with bf16 weights: ``precision="bf16"`` asked on the
-    CPU for a PyTorch model (without test-time augmentation, which keeps autocast). Refused
-    on a CPU without native bf16."""
-    from vitkit.engines.backends import EngineModel
+def bf16_weights(precision: str | None, device: str | None, model: Any, tta: bool) -> Any:
+    """The copy of ``model`` with bf16 weights that ``eval`` runs beside it (``model`` stays
+    the fp32 reference): for ``precision="bf16"`` asked on the CPU for a PyTorch model without
+    test-time augmentation; None otherwise (a GPU and test-time augmentation keep autocast; an
+    engine runs at its own precision). Refused on a CPU without native bf16."""
+    import copy
+
+    from vitkit.engines.backends import EngineModel, engine_model
 
     if precision != "bf16" or tta or isinstance(model, EngineModel):
-        return False
+        return None
     if str(device or "cpu") != "cpu":
-        return False
+        return None
     from vitkit.engines.bf16 import check_bf16_cpu
 
     check_bf16_cpu()
-    return True
+    return engine_model(copy.deepcopy(model), "torch", "bf16")
 
 
 def source_reference(ckpt: Any, **overrides: Any) -> tuple[Any, Any, str]:
