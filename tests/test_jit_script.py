@@ -7,6 +7,9 @@ line."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -179,3 +182,22 @@ def test_an_uncovered_family_is_refused_in_one_line(name, kw, family):
         traced, eager = torch.jit.trace(model, x)(x), model(x)
     for got, want in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (traced, eager))):
         assert _max_diff(got, want) == 0
+
+
+def test_a_saved_scripted_model_runs_without_vitkit(tmp_path):
+    """What the switching page says: torch.jit.load runs the file with PyTorch alone."""
+    model = perturbed(vitkit.create_model("vit_s16", **SMALL, num_classes=3))
+    torch.jit.script(model).save(str(tmp_path / "vit.pt"))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.save({"x": x, "y": model(x)}, tmp_path / "io.pt")
+    code = (
+        "import sys, torch; m = torch.jit.load(sys.argv[1]); io = torch.load(sys.argv[2]); "
+        "assert (m(io['x']) - io['y']).abs().max() <= 1e-6; "
+        "assert not [n for n in sys.modules if n.startswith('vitkit')], 'vitkit imported'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (no vitkit on the path)
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "vit.pt"), str(tmp_path / "io.pt")],
+        check=True, cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
