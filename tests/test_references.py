@@ -26,6 +26,8 @@ raise RuntimeError("operator torchvision::nms does not exist")  # a build for an
 """
 CHECK = """
 import sys, torch
+# (without the start-up hook make installs where torchvision cannot load: this is the shim's test)
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "DefineBeforeTorchvision"]
 from references import _define_torchvision_ops
 _define_torchvision_ops()
 print("shim" if __import__("references")._SHIM is not None else "no shim")
