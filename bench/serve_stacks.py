@@ -38,7 +38,7 @@ LITSERVE_SERVER = """
 import sys, litserve as ls
 from vitkit.cli import build_parser
 from vitkit.cli.serve import served_model
-from vitkit.serve.served_model import Limits
+from vitkit.serve.request_images import Limits
 import base64
 
 class VitAPI(ls.LitAPI):

@@ -32,7 +32,7 @@ import vitkit  # noqa: E402
 from vitkit.checkpoints import read_checkpoint  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
 from vitkit.data.images import eval_transform  # noqa: E402
-from vitkit.data.resize_plan import resize_pixels  # noqa: E402
+from vitkit.pil_images import resize_pixels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -194,7 +194,7 @@ def test_a_side_too_long_is_refused_where_the_resize_plan_would_pass(work):
     every column it shrinks (a 25,000,000 x 1 PNG of 24 KB made one decode allocate 0.5 to
     1.2 GB). Over 65,535 px along a side: 413 from the header, at once."""
     from vitkit.data.transforms import PilEvalTransform
-    from vitkit.serve.served_model import RequestError, decode_image
+    from vitkit.serve.request_images import RequestError, decode_image
 
     squash = PilEvalTransform(224, 3, crop_pct=1.0, resize="squash")
     assert resize_pixels(squash, 100_000, 1) == 224 * 1 + 224 * 224  # the plan lets it in

@@ -28,7 +28,7 @@ from vitkit.cli import build_parser  # noqa: E402
 from vitkit.data.transforms import PilEvalTransform  # noqa: E402
 from vitkit.serve.decode import webp_header  # noqa: E402
 from vitkit.serve.decode_process import DecodeFailed, DecodeProcesses, granted  # noqa: E402
-from vitkit.serve.served_model import Limits, RequestError, open_checked  # noqa: E402
+from vitkit.serve.request_images import Limits, RequestError, open_checked  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from serve_hostile import deflate_tiff, scan_bomb, webp_image  # noqa: E402
@@ -197,3 +197,28 @@ def test_a_webp_over_the_decode_memory_is_refused_from_its_header(work: Path) ->
         assert "--max-decode-memory" in json.loads(body)["error"]
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
+def test_the_decode_processes_never_load_pytorch() -> None:
+    """The fork server and each decode process forked from it decode with Pillow and NumPy:
+    after a decode, neither has PyTorch's library mapped (it held 200 MB of memory of its own
+    in each)."""
+    transform, limits = PilEvalTransform(16, 3), Limits()
+    data = png(300)
+    _, need = open_checked(data, transform, 3, limits, "the image", pillow=False)
+    pool = DecodeProcesses(1)
+    try:
+        job = (transform, 3, limits, "the image", granted(need, 10**9))
+        got = pool.decode(job, data, time.monotonic() + 60, "the image")
+        img = Image.open(io.BytesIO(data))
+        assert np.array_equal(got, transform.array(img))
+        child = pool._idle[0].process.pid
+        stat = Path(f"/proc/{child}/stat").read_text()
+        fork_server = int(stat.rsplit(")", 1)[1].split()[1])  # (its parent)
+        for pid in (child, fork_server):
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert "libpython" in maps or "python" in maps  # (its maps were read)
+            assert "libtorch" not in maps, f"process {pid} has PyTorch's library mapped"
+    finally:
+        pool.close()

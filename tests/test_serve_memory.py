@@ -26,9 +26,9 @@ from test_serve_bounds import work as work  # noqa: E402,F401  (the module's fix
 from vitkit import PreprocessConfig  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.data.images import eval_transform  # noqa: E402
-from vitkit.data.resize_plan import resize_pixels  # noqa: E402
+from vitkit.pil_images import resize_pixels  # noqa: E402
 from vitkit.serve.decode import DecodeBudget, decode_bytes, jpeg_coefficient_bytes  # noqa: E402
-from vitkit.serve.served_model import load_image, open_image  # noqa: E402
+from vitkit.serve.request_images import load_image, open_image  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -178,7 +178,7 @@ def test_a_503_for_body_memory_says_retry_after() -> None:
 
     from vitkit.serve.http_app import Guard, Settings
     from vitkit.serve.prometheus import Metrics
-    from vitkit.serve.served_model import Limits
+    from vitkit.serve.request_images import Limits
 
     sent: list[dict[str, Any]] = []
 

@@ -69,7 +69,7 @@ DEFAULT_MAX_IMAGES = 16  # images per request unless --max-images or --max-queue
 
 def request_limits(args: argparse.Namespace) -> Any:
     from vitkit.errors import VitkitError
-    from vitkit.serve.served_model import Limits
+    from vitkit.serve.request_images import Limits
 
     if args.max_images is None:  # (a queue shorter than the default bounds it)
         args.max_images = min(DEFAULT_MAX_IMAGES, args.max_queue)

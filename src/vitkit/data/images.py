@@ -11,20 +11,14 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from PIL.Image import DecompressionBombError
 
-from vitkit.data.resize_plan import resize_refusal
 from vitkit.data.transforms import PilEvalTransform, convert_image
 from vitkit.errors import VitkitError
+from vitkit.pil_images import FORMATS, resize_refusal
 
 if TYPE_CHECKING:
     from vitkit.registry.model_config import PreprocessConfig
 
 RESIZE_BUDGET = 200_000_000  # pixels the eval transform's resize may allocate (about 1 GB)
-
-
-# The image formats vitkit opens, from a file or a request (serve): PIL knows more (EPS runs
-# Ghostscript on the file; others are rarely images a person has), and those are refused before
-# PIL parses them further.
-FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
 def open_image(fp: Any) -> Image.Image:

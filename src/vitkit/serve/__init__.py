@@ -1,9 +1,11 @@
 """A model behind HTTP: ``vitkit serve`` (the optional ``serve`` extra: FastAPI, uvicorn).
 
-- :mod:`vitkit.serve.served_model`: the loaded model as the server runs it: request images
-  decoded under limits (pixels checked before a byte is decoded), batched forwards with the
-  checkpoint's own preprocessing (the answers of ``vitkit predict``), explanations (attention
-  rollout and per-layer maps, :mod:`vitkit.analysis.attention`).
+- :mod:`vitkit.serve.served_model`: the loaded model as the server runs it: batched forwards
+  with the checkpoint's own preprocessing (the answers of ``vitkit predict``), explanations
+  (attention rollout and per-layer maps, :mod:`vitkit.analysis.attention`).
+- :mod:`vitkit.serve.request_images`: request images opened under limits (pixels checked
+  before a byte is decoded) and decoded, with Pillow and NumPy only;
+  :mod:`vitkit.serve.decode_process` runs the decodes in processes without PyTorch.
 - :mod:`vitkit.serve.batcher`: requests of many clients coalesced into one forward
   (``--max-batch`` images, waiting at most ``--max-wait-ms`` for more).
 - :mod:`vitkit.serve.prometheus`: the counters ``GET /metrics`` publishes.

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from vitkit.data.transforms import BAND_PIXELS
+from vitkit.pil_images import BAND_PIXELS
 
 # Bytes per pixel PIL holds for an image of each mode ("RGB" is stored as 4 bytes a pixel).
 _ONE_BYTE = ("1", "L", "P")
@@ -38,7 +38,7 @@ def decode_bytes(
     """The most memory decoding one ``width`` x ``height`` image of PIL ``mode`` into a
     ``channels``-channel model's input takes: the decoded image, what its conversion to "L" or
     "RGB" holds beside it (a 16-bit or float image: a numpy copy, then the 8-bit image), the
-    resize's intermediates (``resize_pixels``, :func:`vitkit.data.resize_plan.resize_pixels`),
+    resize's intermediates (``resize_pixels``, :func:`vitkit.pil_images.resize_pixels`),
     a progressive JPEG's ``coefficients`` (:func:`jpeg_coefficient_bytes`) and the decoder's
     own state."""
     pixels = width * height

@@ -43,6 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.serve.request_images import (
+    INLINE_BYTES,
+    INLINE_PIXELS,
+    RequestError,
+    load_image,
+    open_checked,
+)
+
 MAX_DECODE_S = 60.0  # a decode's wall-clock limit where the request has no deadline
 SLACK = 16_000_000  # bytes granted beside the estimate (the decoder's tables, Python's own)
 SURGE = 4  # at most this many times --decode-workers processes decode at once
@@ -69,8 +77,6 @@ def granted(need: int, memory: int) -> int:
 
 
 def _decode(job: tuple[Any, ...], data: bytes) -> tuple[Any, ...]:
-    from vitkit.serve.served_model import RequestError, load_image, open_checked
-
     transform, channels, limits, what, grant = job
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
     soft = private_bytes() + grant
@@ -98,12 +104,6 @@ def _decode(job: tuple[Any, ...], data: bytes) -> tuple[Any, ...]:
 def _child(conn: Any) -> None:
     """A decode process: a job and its bytes in, the transformed array (or why not) out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C stops the server, which stops us)
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:  # pragma: no cover
-        pass
     from vitkit.engines.allocator import release_freed_memory
 
     start = private_bytes()
@@ -130,10 +130,11 @@ def _child(conn: Any) -> None:
 
 
 def _context() -> Any:
-    """The fork server's context: a clean interpreter with the decode modules imported once,
-    each decode process forked from it (milliseconds; its pages shared)."""
+    """The fork server's context: a clean interpreter with the decode modules imported once
+    (Pillow and NumPy: never PyTorch, :mod:`vitkit.serve.request_images`), each decode
+    process forked from it (milliseconds; its pages shared)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["vitkit.serve.decode_process", "vitkit.serve.served_model"])
+    ctx.set_forkserver_preload(["vitkit.serve.decode_process"])
     return ctx
 
 
@@ -218,9 +219,7 @@ class DecodeProcesses:
         """``data`` decoded by a decode process (blocking: call it on :attr:`threads`):
         ``job`` = (transform, channels, limits, what, grant); ``until``: the time.monotonic()
         it must end by. Raises :class:`DecodeFailed` at a limit,
-        :class:`vitkit.serve.served_model.RequestError` where the image is refused."""
-        from vitkit.serve.served_model import RequestError
-
+        :class:`vitkit.serve.request_images.RequestError` where the image is refused."""
         proc = self._take(until)
         seconds = max(until - time.monotonic(), 0.0)
         if proc is not None and not seconds:  # (its time passed while it waited: none left)
@@ -283,11 +282,10 @@ def _close(idle: list[_Process], threads: ThreadPoolExecutor) -> None:
 
 def inline(img: Any, data: bytes) -> bool:
     """Whether the event loop decodes this image itself: a PNG or baseline JPEG of at most
-    :data:`~vitkit.serve.served_model.INLINE_BYTES` bytes and
-    :data:`~vitkit.serve.served_model.INLINE_PIXELS` pixels, whose decode is bounded by its
+    :data:`~vitkit.serve.request_images.INLINE_BYTES` bytes and
+    :data:`~vitkit.serve.request_images.INLINE_PIXELS` pixels, whose decode is bounded by its
     pixels (well under a millisecond: less than the hop to a process)."""
     from vitkit.serve.decode import jpeg_coefficient_bytes
-    from vitkit.serve.served_model import INLINE_BYTES, INLINE_PIXELS
 
     small = len(data) <= INLINE_BYTES and img.width * img.height <= INLINE_PIXELS
     return small and img.format in ("PNG", "JPEG") and not jpeg_coefficient_bytes(img)
@@ -312,8 +310,6 @@ class ImageDecoder:
         """``data`` decoded and transformed by ``until`` (time.monotonic(); None: within
         :data:`MAX_DECODE_S`). Raises RequestError (refused, or 413 at its memory grant) or
         :class:`vitkit.serve.admission.Dropped` (503: past its deadline)."""
-        from vitkit.serve.served_model import INLINE_BYTES
-
         if until is None:
             until = time.monotonic() + MAX_DECODE_S
         need = None
@@ -329,7 +325,6 @@ class ImageDecoder:
         import torch
 
         from vitkit.serve.admission import Dropped
-        from vitkit.serve.served_model import RequestError
 
         served = self.served
         if need is None:  # its header, every limit checked (413) before the decode

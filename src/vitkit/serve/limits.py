@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vitkit.errors import VitkitError
-from vitkit.serve.served_model import RequestError
+from vitkit.serve.request_images import RequestError
 
 PART_HEAD_BYTES = 16_384  # one multipart part's headers
 PART_HEADERS = 16  # header lines of one part
