@@ -303,6 +303,22 @@ def test_every_bad_request_gets_a_4xx_line_and_the_server_goes_on(work, torch_se
     assert status == 200 and json.loads(raw)["results"][0]["top_k"]
 
 
+def test_a_raw_image_is_answered_as_the_router_answers_it(work, torch_server):
+    """A raw image with no query or only top_k is answered past FastAPI's router; the same
+    request with another query parameter (which the route ignores) goes through the router:
+    the same status and the same answer or one-line error, for good and bad bodies alike."""
+    png = (work / "img1.png").read_bytes()
+    bodies = {"png": png, "empty": b"", "not an image": b"hello", "truncated": png[:60],
+              "20000x20000": png_header(20000, 20000)}  # fmt: skip
+    for name, body in bodies.items():
+        direct = call(torch_server.port, "/v1/classify?top_k=2", body, method="POST")
+        routed = call(torch_server.port, "/v1/classify?top_k=2&via=router", body, method="POST")
+        assert direct[0] == routed[0], (name, direct, routed)
+        assert json.loads(direct[1]) == json.loads(routed[1]), name
+    status, raw = call(torch_server.port, "/v1/classify", png)  # (the default top_k: 5)
+    assert status == 200 and len(json.loads(raw)["results"][0]["top_k"]) == 5
+
+
 def test_no_path_or_url_is_read_from_a_request(work, torch_server):
     for body in (str(work / "img0.png").encode(), b"file://" + str(work / "img0.png").encode(),
                  b"http://127.0.0.1/img.png"):  # fmt: skip
