@@ -1,13 +1,13 @@
-"""Which server stack `vitkit serve` is built on: LitServe (batching built in, inference in a
-worker process) against FastAPI + uvicorn with vitkit's request-coalescing queue
-(vitkit.serve.batcher, inference on a thread of the server process), serving the same model
-(the default MNIST ViT and B/16 at 224 px, random weights, PyTorch fp32) with the same batching
-(up to 32 images, 5 ms wait), the same concurrent clients on localhost: the bench's own asyncio
-client, then wrk (an outside load generator, where installed) at the same connection count.
-Stacks are started one at a time, in alternating order, over several rounds; figures are each
-stack's over all its rounds, and ratios.
+"""`vitkit serve` against LitServe (batching built in, inference in a worker process), and
+against the code before (--baseline-src), serving the same model (the default MNIST ViT and
+B/16 at 224 px, random weights, PyTorch fp32) with the same batching (up to 32 images, 5 ms
+wait), the same concurrent clients on localhost: the bench's own asyncio client, then wrk (an
+outside load generator, where installed) at the same connection count. vitkit runs with its
+defaults otherwise (every bound on). Stacks are started one at a time, in alternating order,
+over several rounds; figures are each stack's over all its rounds, the server's CPU time a
+request, and ratios to LitServe.
 
-    python bench/serve_stacks.py --rounds 2 --seconds 6 --clients 1,8,64 --models mnist,B/16
+    python bench/serve_stacks.py --rounds 3 --seconds 6 --baseline-src ../baseline/src
 """
 
 from __future__ import annotations
@@ -114,9 +114,34 @@ def image_png(model: str) -> bytes:
     return buf.getvalue()
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` and its descendants have used, the
+    exited ones that were waited for included (/proc/PID/stat)."""
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # (it exited meanwhile)
+            continue
+    return total
+
+
+def vitkit_server(ckpt: Path, src: Path) -> Any:
+    """``vitkit serve`` from the tree ``src`` with its defaults (every bound: --timeout 30,
+    decode processes, queue and body limits), the batching of the other stacks."""
+    argv = ["-m", "vitkit", "serve", str(ckpt), "--port", "0", "--max-batch", str(MAX_BATCH),
+            "--max-wait-ms", str(WAIT_MS), "--precision", "fp32"]  # fmt: skip
+    return lambda: start_server(argv, env={"PYTHONPATH": str(src)})
+
+
 def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: Any) -> list:
     """Every stack at every client count on ``model``: the bench client's figures (all
-    rounds merged), wrk's beside them, and the ratios to FastAPI's."""
+    rounds merged), wrk's beside them where installed, the server's CPU seconds a request,
+    and the ratios to LitServe's."""
     from bench_models import b16_checkpoint, mnist_checkpoint  # noqa: PLC0415
     from serve_scenarios import wrk  # noqa: PLC0415
 
@@ -130,31 +155,19 @@ def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: A
     def ok(body: bytes, i: int) -> bool:
         return b'"label"' in body
 
-    stacks = {
-        "fastapi": lambda: start_server(
-            [
-                "-m",
-                "vitkit",
-                "serve",
-                str(ckpt),
-                "--port",
-                "0",
-                "--max-batch",
-                str(MAX_BATCH),
-                "--max-wait-ms",
-                str(WAIT_MS),
-                "--timeout",
-                "0",
-                "--precision",
-                "fp32",
-            ]
-        ),  # fmt: skip
+    every = {
+        "vitkit": vitkit_server(ckpt, ROOT / "src"),
         "litserve": lambda: start_litserve(ckpt, "pipe", script),
         "litserve_zmq": lambda: start_litserve(ckpt, "zmq", script),
     }
-    body = {"fastapi": raw, "litserve": js, "litserve_zmq": js}
+    if args.baseline_src:
+        every["vitkit_before"] = vitkit_server(ckpt, Path(args.baseline_src))
+    stacks = {k: every[k] for k in args.stacks.split(",") if k in every}
+    body = {k: js if k.startswith("litserve") else raw for k in stacks}
     tallies: dict[str, dict[int, list[Tally]]] = {s: {c: [] for c in clients} for s in stacks}
     wrks: dict[str, dict[int, list[Any]]] = {s: {c: [] for c in clients} for s in stacks}
+    cpu: dict[str, dict[int, list[float]]] = {s: {c: [] for c in clients} for s in stacks}
+    loads: list[float] = []
     for r in range(args.rounds):
         order = list(stacks) if r % 2 == 0 else list(reversed(stacks))
         for name in order:
@@ -163,14 +176,19 @@ def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: A
                 req = body[name]
                 asyncio.run(run_clients(port, 4, 1.0, lambda i, req=req: req))  # warm-up
                 for c in clients:
+                    loads.append(os.getloadavg()[0])
+                    before = tree_cpu_s(proc.pid)
                     t = asyncio.run(run_clients(port, c, args.seconds, lambda i, req=req: req, ok))
+                    used = tree_cpu_s(proc.pid) - before
                     tallies[name][c].append(t)
+                    cpu[name][c].append(used / max(len(t.latencies), 1))
                     w = wrk(port, c, args.seconds, req[2], req[3]["Content-Type"])
                     wrks[name][c].append(w)
                     s = t.summary()
                     print(f"{model} round {r + 1} {name:13s} {c:3d} clients: "
                           f"{s['requests_per_s']} req/s p50 {s['p50_ms']} ms p99 {s['p99_ms']} ms "
-                          f"failed {s['failed']}; wrk {w}", flush=True)  # fmt: skip
+                          f"failed {s['failed']}; {1000 * cpu[name][c][-1]:.2f} CPU-ms a "
+                          f"request; wrk {w}", flush=True)  # fmt: skip
             finally:
                 stop(proc)
     rows = []
@@ -190,16 +208,21 @@ def stack_rows(model: str, work: Path, script: Path, clients: list[int], args: A
                 "wrk_p99_ms": max(w["p99_ms"] for w in runs) if runs else None,
                 "wrk_failed": sum(w["failed"] for w in runs) if runs else None,
             }  # fmt: skip
+            cpu_ms = round(1000 * sum(cpu[name][c]) / len(cpu[name][c]), 3)
             rows.append({"model": model, "stack": name, "clients": c, **merged.summary(),
-                         **wrk_row})  # fmt: skip
-    base = {r["clients"]: r for r in rows if r["stack"] == "fastapi"}
+                         "server_cpu_ms_per_request": cpu_ms, **wrk_row})  # fmt: skip
+    base = {r["clients"]: r for r in rows if r["stack"] == "litserve"}
     for r in rows:
-        b = base[r["clients"]]
-        r["throughput_vs_fastapi"] = round(r["requests_per_s"] / b["requests_per_s"], 3)
-        r["p50_vs_fastapi"] = round(r["p50_ms"] / b["p50_ms"], 3)
-        r["p99_vs_fastapi"] = round(r["p99_ms"] / b["p99_ms"], 3)
+        b = base.get(r["clients"])
+        if b is None:
+            continue
+        r["throughput_vs_litserve"] = round(r["requests_per_s"] / b["requests_per_s"], 3)
+        r["p50_vs_litserve"] = round(r["p50_ms"] / b["p50_ms"], 3)
+        r["p99_vs_litserve"] = round(r["p99_ms"] / b["p99_ms"], 3)
         if r["wrk_requests_per_s"] and b["wrk_requests_per_s"]:
-            r["wrk_vs_fastapi"] = round(r["wrk_requests_per_s"] / b["wrk_requests_per_s"], 3)
+            r["wrk_vs_litserve"] = round(r["wrk_requests_per_s"] / b["wrk_requests_per_s"], 3)
+    for r in rows:
+        r["load_average_range"] = [round(min(loads), 2), round(max(loads), 2)]
     return rows
 
 
@@ -207,21 +230,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--clients", default="1,8,64")
+    ap.add_argument("--clients", default="1,8,64", help="client counts on the MNIST model")
+    ap.add_argument("--b16-clients", default="1,8", help="client counts on B/16")
     ap.add_argument("--models", default="mnist,B/16")
+    ap.add_argument(
+        "--stacks",
+        default="vitkit,litserve,vitkit_before",
+        help="of vitkit, litserve, litserve_zmq, vitkit_before (--baseline-src)",
+    )
+    ap.add_argument("--baseline-src", help="another vitkit tree's src: the stack vitkit_before")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_stacks"))
-    args = ap.parse_args()
+    args = ap.parse_args()  # fmt: skip
     from vitkit.hardware import cpu_name
 
-    clients = [int(c) for c in args.clients.split(",")]
     work = Path(tempfile.mkdtemp(prefix="serve-stacks-"))
     script = work / "litserve_server.py"
     script.write_text(LITSERVE_SERVER % {"batch": MAX_BATCH, "wait": WAIT_MS / 1000})
     rows = []
     for model in args.models.split(","):
-        rows += stack_rows(model, work, script, clients, args)
+        clients = args.clients if model == "mnist" else args.b16_clients
+        rows += stack_rows(model, work, script, [int(c) for c in clients.split(",")], args)
+    loads = [x for r in rows for x in r["load_average_range"]]
     record = {
         "cpu": cpu_name(),
+        "load_average": [min(loads), max(loads)],
         "models": "the default MNIST ViT (width 64, depth 6, 4 heads, patch 7) and B/16 at 224 "
         "px (1000 classes), random weights, PyTorch fp32",
         "batching": {"max_batch": MAX_BATCH, "max_wait_ms": WAIT_MS},
@@ -231,29 +263,34 @@ def main() -> None:
         "rows": rows,
     }
     Path(args.out + ".json").write_text(json.dumps(record, indent=1))
+    models = record["models"][0].upper() + record["models"][1:]
     lines = [
-        "# Server stacks: LitServe against FastAPI + uvicorn",
+        "# Server stacks: vitkit serve against LitServe",
         "",
-        f"CPU: {record['cpu']}. {record['models']}; batches of up to {MAX_BATCH} images, "
-        f"{WAIT_MS:g} ms wait; {args.rounds} rounds of {args.seconds:g} s per stack and client "
-        "count, stacks one at a time in alternating order; clients on keep-alive connections "
-        "on localhost (one asyncio process). FastAPI: `vitkit serve` (raw PNG body); LitServe "
-        "0.2.19 (base64 PNG in JSON, its documented way; pipe or ZeroMQ queue). wrk: one "
-        "thread, as many connections as clients, the same body; its req/s the mean over "
-        "rounds, its p99 the worst round's.",
+        f"CPU: {record['cpu']}; load average (1 min) {min(loads):.1f}-{max(loads):.1f} during "
+        f"the runs (the host is shared). {models}; batches of up to {MAX_BATCH} "
+        f"images, {WAIT_MS:g} ms wait; {args.rounds} rounds of {args.seconds:g} s per stack "
+        "and client count, stacks one at a time in alternating order; clients on keep-alive "
+        "connections on localhost (one asyncio process, the bench's own client). vitkit: "
+        "`vitkit serve` with its defaults otherwise (30 s --timeout, decode processes, every "
+        "bound), raw PNG body; vitkit_before: the same from the code before; LitServe 0.2.19: "
+        "base64 PNG in JSON (its documented way), the model in its worker process, pipe queue "
+        "(litserve_zmq: ZeroMQ). CPU-ms a request: the server's process tree's CPU time over "
+        "the run / requests answered. wrk columns where wrk is installed (one thread, as many "
+        "connections as clients).",
         "",
         f"Command: `{record['command']}`",
         "",
-        "| model | stack | clients | req/s | p50 ms | p99 ms | failed | wrk req/s | wrk p99 ms "
-        "| wrk failed | req/s vs FastAPI | p99 vs FastAPI | wrk req/s vs FastAPI |",
-        "| --- | --- |" + " ---: |" * 11,
+        "| model | stack | clients | req/s | p50 ms | p99 ms | failed | CPU-ms a request "
+        "| req/s vs LitServe | p99 vs LitServe | wrk req/s | wrk p99 ms |",
+        "| --- | --- |" + " ---: |" * 10,
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['stack']} | {r['clients']} | {r['requests_per_s']} | "
-            f"{r['p50_ms']} | {r['p99_ms']} | {r['failed']} | {r['wrk_requests_per_s']} | "
-            f"{r['wrk_p99_ms']} | {r['wrk_failed']} | {r['throughput_vs_fastapi']} | "
-            f"{r['p99_vs_fastapi']} | {r.get('wrk_vs_fastapi')} |"
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['failed']} | "
+            f"{r['server_cpu_ms_per_request']} | {r.get('throughput_vs_litserve')} | "
+            f"{r.get('p99_vs_litserve')} | {r['wrk_requests_per_s']} | {r['wrk_p99_ms']} |"
         )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
