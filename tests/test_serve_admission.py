@@ -226,6 +226,29 @@ def test_a_drain_runs_what_waits_at_once_and_refuses_what_is_left_at_its_timeout
     assert seen == [1, 2]
 
 
+def test_a_running_batcher_lowers_the_switch_interval_and_never_raises_it():
+    """The model's thread gets the interpreter back within 1 ms of asking (not Python's 5);
+    a shorter interval someone set stays."""
+    from vitkit.serve.batcher import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+
+    async def started(interval: float) -> float:
+        sys.setswitchinterval(interval)
+        b = Batcher(slow_run(0, []), max_batch=8, max_wait_ms=0)
+        b.start()
+        now = sys.getswitchinterval()
+        await b.stop()
+        return now
+
+    try:
+        assert SWITCH_INTERVAL_S < 0.005
+        assert asyncio.run(started(0.005)) == pytest.approx(SWITCH_INTERVAL_S)
+        assert asyncio.run(started(SWITCH_INTERVAL_S / 4)) == pytest.approx(SWITCH_INTERVAL_S / 4)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_a_lone_request_starts_its_forward_at_once_where_no_other_is_on_its_way():
     seen: list[Any] = []
 
