@@ -245,8 +245,9 @@ def test_predict_refuses_the_strip_in_one_line_before_decoding(work, capsys):
 
 def test_health_answers_while_large_images_decode(work, server):
     """Eight 25 KB PNGs of 5000 x 5000 px at once (they used to be decoded on the event loop,
-    being small): /health answers throughout in less than half the time one of them takes to
-    decode, measured here on the same host (on the event loop, one decode blocked it whole)."""
+    being small): /health answers throughout within 1 s, or less than half the time one of
+    them takes to decode on the same host where that is longer (on the event loop, one decode
+    blocked it whole)."""
     buf = io.BytesIO()
     Image.new("L", (5000, 5000)).save(buf, format="PNG", compress_level=9)
     big = buf.getvalue()
@@ -274,7 +275,9 @@ def test_health_answers_while_large_images_decode(work, server):
         done.set()
         prober.join()
     assert [a[0] for a in answers] == [200] * 8
-    assert worst < max(0.5, one_decode / 2), (worst, one_decode)
+    # (1 s: a host 5x slower than a quiet one; that decodes leave the event loop is checked
+    # in tests/test_serve_decode_process.py, a normal image answered while bombs decode)
+    assert worst < max(1.0, one_decode / 2), (worst, one_decode)
 
 
 # -- 3. the request head, its read time, multipart parts ---------------------------------------
