@@ -79,13 +79,19 @@ def test_the_decode_estimate_covers_what_decoding_allocates(channels: int) -> No
         w, h = img.size
         resized = resize_pixels(transform, w, h)
         need = decode_bytes(img.mode, w, h, channels, resized, jpeg_coefficient_bytes(img))
-        with PeakMemory(torch.device("cpu")) as pm:
-            out = transform(load_image(img, channels))
-        del out
-        if pm.peak is None:
-            pytest.skip("no glibc mallinfo2 here")
-        assert pm.peak <= need, (mode, img.mode, pm.peak, need)
-        assert need <= 3 * pm.peak + 2_000_000, (mode, img.mode, pm.peak, need)
+        peak = 0
+        for _ in range(5):  # a sampler that missed the peak (a loaded host) measures again
+            again = open_image(data, channels, 25_000_000)
+            with PeakMemory(torch.device("cpu")) as pm:
+                out = transform(load_image(again, channels))
+            del out
+            if pm.peak is None:
+                pytest.skip("no glibc mallinfo2 here")
+            peak = max(peak, pm.peak)
+            if need <= 3 * peak + 2_000_000:
+                break
+        assert peak <= need, (mode, img.mode, peak, need)
+        assert need <= 3 * peak + 2_000_000, (mode, img.mode, peak, need)
 
 
 def test_decodes_wait_for_the_budget_and_never_hold_more_together() -> None:
