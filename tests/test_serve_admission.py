@@ -509,7 +509,9 @@ def said(lines: list[str], text: str, within: float = 30.0) -> None:
 
 
 def test_two_workers_share_the_port_a_dead_one_is_started_again_and_sigterm_stops_all(work):
-    proc, lines = start([str(work / "ck"), "--port", "0", "--workers", "2"])
+    proc, lines = start(
+        [str(work / "ck"), "--port", "0", "--workers", "2", "--worker-mode", "socket"]
+    )
     try:
         assert lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
         assert "2 workers, 1 threads each" in "".join(lines)  # this host's 2 CPUs shared out
@@ -544,7 +546,7 @@ def test_two_workers_share_the_port_a_dead_one_is_started_again_and_sigterm_stop
 
 def test_workers_that_cannot_start_stop_the_server_loudly(work, tmp_path):
     # a directory that holds no checkpoint (read by the workers only: the supervisor loads none)
-    proc, lines = start([str(tmp_path), "--port", "0", "--workers", "2"])
+    proc, lines = start([str(tmp_path), "--port", "0", "--workers", "2", "--worker-mode", "socket"])
     try:
         assert proc.wait(timeout=120) == 2
         said(lines, "before it listened: stopping every worker")

@@ -195,7 +195,9 @@ def test_dry_run_prints_the_memory_a_container_needs(tmp_path, capsys):
                                 depth=1, num_heads=2, mlp_dim=64)  # fmt: skip
     vitkit.save_checkpoint(tmp_path / "ck", model, class_names=["a", "b", "c"])
     argv = ["serve", str(tmp_path / "ck"), "--dry-run", "--max-body-memory", "100000000"]
-    assert main([*argv, "--workers", "3", "--decode-workers", "1"]) == 0
+    budgets = round((256_000_000 + 100_000_000) / 2**20)
+    # --worker-mode socket: three whole servers
+    assert main([*argv, "--workers", "3", "--decode-workers", "1", "--worker-mode", "socket"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = re.fullmatch(
         r"memory: ([\d,]+) MiB resident after warm-up \+ (\d+) MiB of decode and body budgets "
@@ -204,8 +206,20 @@ def test_dry_run_prints_the_memory_a_container_needs(tmp_path, capsys):
         last,
     )
     assert m, last
-    budgets = round((256_000_000 + 100_000_000) / 2**20)
     assert int(m.group(2)) == budgets
     worker = int(m.group(3).replace(",", ""))
     assert abs(worker - (int(m.group(1).replace(",", "")) + budgets + 40)) <= 1
     assert int(m.group(4)) >= 3 * worker and int(m.group(5)) >= 1.25 * 3 * worker - 64
+    # the front (the budgets, the decode processes) and three model processes
+    assert main([*argv, "--workers", "3", "--decode-workers", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    m = re.fullmatch(
+        r"memory: ([\d,]+) MiB resident after warm-up \+ (\d+) MiB of decode and body budgets "
+        r"\+ 40 MiB of decode processes = ([\d,]+) MiB the front \+ 3 model processes of "
+        r"([\d,]+) MiB: request (\d+)Mi, limit (\d+)Mi",
+        last,
+    )
+    assert m, last
+    model, front = (int(m.group(i).replace(",", "")) for i in (1, 3))
+    assert int(m.group(2)) == budgets and int(m.group(4).replace(",", "")) == model
+    assert int(m.group(5)) >= front + 3 * model and int(m.group(6)) >= int(m.group(5))

@@ -72,7 +72,9 @@ def test_workers_metrics_files_sum_keep_a_dead_workers_counts_and_drop_its_gauge
 
 
 def test_every_scrape_of_two_workers_sums_both_and_never_goes_back_even_past_a_kill(work):
-    proc, lines = start([str(work / "ck"), "--port", "0", "--workers", "2"])
+    proc, lines = start(
+        [str(work / "ck"), "--port", "0", "--workers", "2", "--worker-mode", "socket"]
+    )
     try:
         assert lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
         port = int(lines[-1].rsplit(":", 1)[1].strip(" /\n"))
@@ -121,7 +123,9 @@ def test_workers_without_a_writable_temporary_directory_are_refused_in_one_line(
     from vitkit.cli import main
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
-    code = main(["serve", str(work / "ck"), "--workers", "2", "--port", "0"])
+    code = main(
+        ["serve", str(work / "ck"), "--workers", "2", "--port", "0", "--worker-mode", "socket"]
+    )
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err
     assert "could not make the directory where the workers sum their /metrics" in err, err

@@ -95,8 +95,18 @@ def add_commands(sub: Any) -> None:
         "--workers",
         type=positive_int,
         default=1,
-        help="processes sharing the port, each with its own model and --threads (then the "
-        "CPUs / N unless given); one that dies or stalls is started again (default 1)",
+        help="model processes: one front process owns the port, HTTP, the queue and the "
+        "batching, and N model processes pull batches from it, each with its own model and "
+        "--threads (then the CPUs / N unless given); one that dies is started again and its "
+        "batch goes to another (default 1: one process does everything)",
+    )
+    g.add_argument(
+        "--worker-mode",
+        choices=["front", "socket"],
+        default="front",
+        help="with --workers N > 1: front (default: one front, N model processes) or socket "
+        "(N whole servers sharing the port, each with its own queue: a worker's death loses "
+        "the requests it held)",
     )
     g.add_argument(
         "--dry-run",
@@ -289,7 +299,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"reach it can use it (--api-key or {KEY_VARIABLE})",
             file=sys.stderr,
         )
-    if args.workers > 1 and worker is None and not args.dry_run:
+    if args.workers > 1 and args.worker_mode == "socket" and worker is None and not args.dry_run:
         from vitkit.serve.workers import supervise
 
         return supervise(args, cmd_serve)
@@ -334,14 +344,62 @@ def check_batch_memory(served: Any, max_batch: int, max_queue: int | None = None
 
 
 def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uvicorn: Any) -> int:
-    from vitkit.serve.http_app import build_app
-
     served = served_model(args)
     check_batch_memory(served, args.max_batch, args.max_queue)
     served.warm_up(args.max_batch)
     settings = server_settings(args, key)
+    pool = None
+    if args.workers > 1 and args.worker_mode == "front" and not args.dry_run:
+        pool = start_model_processes(args, served)
+    try:
+        return _run(args, key, worker, sock, uvicorn, served, settings, pool)
+    finally:
+        if pool is not None:  # (stopped already where the server ran: killed if not)
+            pool.stop(0)
+
+
+def start_model_processes(args: argparse.Namespace, served: Any) -> Any:
+    """The model processes of ``--workers N`` (front mode), each loading the model at the
+    precision the front chose, ready."""
+    import copy
+
+    from vitkit.serve.front import ModelPool
+    from vitkit.serve.workers import cpus
+
+    child = copy.copy(args)
+    child.threads = args.threads or max(1, cpus() // args.workers)
+    if args.precision == "auto" and served.precision in ("fp32", "bf16"):
+        child.precision = served.precision  # (measured once, here)
+    pre = served.ckpt.preprocess
+    shapes = ((pre.channels, *pre.image_size), served.num_classes)
+    print(f"starting {args.workers} model processes, {child.threads} threads each", flush=True)
+    return ModelPool(child, served_model, shapes, args.workers)
+
+
+def _run(
+    args: argparse.Namespace,
+    key: str | None,
+    worker: Any,
+    sock: Any,
+    uvicorn: Any,
+    served: Any,
+    settings: Any,
+    pool: Any,
+) -> int:
+    from vitkit.serve.http_app import build_app
+
     limits = settings.limits
-    app = build_app(served, settings, getattr(args, "metrics_dir", None) if worker else None)
+    make: Any = None
+    if pool is not None:
+        import functools
+
+        from vitkit.serve.front import FrontBatcher
+
+        make = functools.partial(FrontBatcher, pool)
+    shared = getattr(args, "metrics_dir", None) if worker else None
+    app = build_app(served, settings, shared, make) if make else build_app(served, settings, shared)
+    if pool is not None:
+        app.state.metrics.processes = pool.stats
     what = (
         f"{served.describe()['model']['name']} from {args.ckpt}: batches of up to "
         f"{args.max_batch} images (waiting up to {args.max_wait_ms:g} ms), bodies up to "
@@ -406,20 +464,27 @@ def resident_mb() -> float:
 
 def memory_line(args: argparse.Namespace, limits: Any) -> str:
     """What a container needs (``--dry-run``): the resident memory after loading and warming
-    up, plus what the decode and body budgets let requests hold, per worker and for
-    ``--workers``; the request and limit to give it (Mi)."""
+    up, plus what the decode and body budgets let requests hold; with ``--workers N`` the
+    front's and N model processes' (each about the resident model; ``--worker-mode socket``:
+    N whole servers); the request and limit to give it (Mi)."""
     model = resident_mb()
     budgets = (limits.max_decode_memory + limits.max_body_memory) / 2**20
     decoders = DECODE_PROCESS_MB * limits.decode_workers
     worker = model + budgets + decoders
-    total = worker * args.workers
+    front = args.workers > 1 and args.worker_mode == "front"
+    total = worker + model * args.workers if front else worker * args.workers
     request = int(-(-total // 64) * 64)
     limit = int(-(-total * LIMIT_OVER_REQUEST // 64) * 64)
-    return (
+    parts = (
         f"memory: {model:,.0f} MiB resident after warm-up + {budgets:,.0f} MiB of decode and "
-        f"body budgets + {decoders} MiB of decode processes = {worker:,.0f} MiB a worker, "
-        f"x {args.workers} workers: request {request}Mi, limit {limit}Mi"
+        f"body budgets + {decoders} MiB of decode processes = {worker:,.0f} MiB"
     )
+    if front:
+        return (
+            f"{parts} the front + {args.workers} model processes of {model:,.0f} MiB: "
+            f"request {request}Mi, limit {limit}Mi"
+        )
+    return f"{parts} a worker, x {args.workers} workers: request {request}Mi, limit {limit}Mi"
 
 
 def _draining_server() -> Any:

@@ -61,6 +61,7 @@ class _Item:
     expiry: asyncio.TimerHandle | None = None
     started: bool = False  # in a forward: no longer dropped
     gone: Callable[[], bool] | None = None  # whether its client has gone (its connection closed)
+    tries: int = 0  # forwards it was in whose model process died (vitkit.serve.front)
 
 
 class ModelThread(Executor):

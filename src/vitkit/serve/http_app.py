@@ -335,15 +335,20 @@ async def _request_images(request: Request, limits: Limits) -> list[bytes]:
 
 
 def build_app(
-    served: ServedModel, settings: Settings, shared_metrics: str | None = None
+    served: ServedModel,
+    settings: Settings,
+    shared_metrics: str | None = None,
+    make_batcher: Callable[..., Batcher] = Batcher,
 ) -> FastAPI:
     """The application serving ``served`` (the batcher starts and stops with it);
-    ``shared_metrics``: the directory where the workers of ``--workers`` publish their counters
-    (/metrics answers their sum)."""
+    ``shared_metrics``: the directory where the workers of ``--workers --worker-mode socket``
+    publish their counters (/metrics answers their sum); ``make_batcher``: the batcher's class
+    (the front's of ``--workers``: :class:`vitkit.serve.front.FrontBatcher` bound to its
+    model processes)."""
     limits = settings.limits
     admission = settings.admission
     metrics: Metrics
-    batcher = Batcher(
+    batcher: Batcher = make_batcher(
         lambda images: list(served.probabilities(images)),
         max_batch=settings.max_batch,
         max_wait_ms=settings.max_wait_ms,

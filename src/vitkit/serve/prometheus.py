@@ -82,6 +82,8 @@ class Metrics:
         self.queue = 0  # (a sum's queue depth: see _summed)
         self.shared: Path | None = None  # --workers: the directory every worker publishes to
         self.published = ""
+        # --workers: the model processes' counters (index, pid, forwards, images, restarts)
+        self.processes: Callable[[], list[dict[str, Any]]] | None = None
 
     def share(self, directory: str | Path) -> None:
         """Publish to ``directory`` (a thread, every :data:`PUBLISH_S` s) and render the sum
@@ -247,7 +249,26 @@ class Metrics:
                 *(f'vitkit_decodes_stopped_total{{limit="{k}"}} {n}'
                   for k, n in self.decodes_stopped.items()),
             ]  # fmt: skip
+            if self.processes is not None:
+                lines += _process_lines(self.processes())
         return "\n".join(lines) + "\n"
+
+
+def _process_lines(stats: list[dict[str, Any]]) -> list[str]:
+    """The model processes of ``--workers``: images and forwards each ran, its restarts."""
+    lines = []
+    for name, key, what in (
+        ("images", "images", "Images each model process computed"),
+        ("forwards", "forwards", "Forwards each model process ran"),
+        ("restarts", "restarts", "Times each model process died and was started again"),
+    ):
+        lines += [
+            f"# HELP vitkit_model_process_{name}_total {what}.",
+            f"# TYPE vitkit_model_process_{name}_total counter",
+            *(f'vitkit_model_process_{name}_total{{process="{s["process"]}"}} {s[key]}'
+              for s in stats),
+        ]  # fmt: skip
+    return lines
 
 
 def _add_histogram(h: Histogram, counts: list[int], total: float) -> None:

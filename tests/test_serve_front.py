@@ -1,0 +1,163 @@
+"""vitkit serve --workers N: one front, N model processes. A model process killed mid-forward
+loses no request (its batch runs on another), a batch whose processes die twice is answered 500
+and the server goes on, both processes get work, and /metrics comes from one place."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
+
+from test_serve_admission import call, said, start  # noqa: E402
+
+import vitkit  # noqa: E402
+
+CLASSIFIED = 'vitkit_requests_total{route="/v1/classify",status="200"}'
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("front")
+    torch.manual_seed(0)
+    model = vitkit.create_model(
+        "Ti/4", num_classes=3, image_size=16, in_chans=3, width=32, depth=1, num_heads=2,
+        mlp_dim=64,
+    )  # fmt: skip
+    vitkit.save_checkpoint(d / "ck", model, class_names=["a", "b", "c"])
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(d / "img.png")
+    return d
+
+
+def model_pids(lines: list[str]) -> dict[int, int]:
+    """model process index -> pid, the latest of each."""
+    found = [re.match(r"model process (\d+) ready \(pid (\d+)\)", ln) for ln in lines]
+    return {int(m.group(1)): int(m.group(2)) for m in found if m}
+
+
+def value(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def scrape(port: int, name: str) -> float:
+    return value(call(port, "/metrics")[1].decode(), name)
+
+
+def serve(work: Path, *more: str) -> tuple[Any, list[str], int]:
+    args = [str(work / "ck"), "--port", "0", "--workers", "2", "--precision", "fp32"]
+    proc, lines = start([*args, *more])
+    assert lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
+    return proc, lines, int(lines[-1].rsplit(":", 1)[1].strip(" /\n"))
+
+
+def restarted(lines: list[str], index: int, old: int) -> int:
+    """The new pid of model process ``index`` once it is ready again."""
+    for _ in range(1200):
+        if model_pids(lines).get(index, old) != old:
+            return model_pids(lines)[index]
+        time.sleep(0.1)
+    raise AssertionError("".join(lines))
+
+
+def stopped_cleanly(proc: Any) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
+def test_a_model_process_killed_mid_forward_loses_no_request(work):
+    """Both model processes frozen (SIGSTOP) with batches handed to them, one killed: its
+    batch runs on the other or on its replacement, and every client gets its answer."""
+    proc, lines, port = serve(work)
+    try:
+        pids = model_pids(lines)
+        assert sorted(pids) == [1, 2], "".join(lines)
+        png = (work / "img.png").read_bytes()
+        for pid in pids.values():
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(12) as pool:
+            answers = [pool.submit(call, port, "/v1/classify", png) for _ in range(12)]
+            time.sleep(1.0)  # (the requests reach the front, which hands each process a batch)
+            assert not any(a.done() for a in answers)
+            assert call(port, "/health")[0] == 200  # the front answers while forwards wait
+            os.kill(pids[1], signal.SIGKILL)
+            os.kill(pids[2], signal.SIGCONT)
+            codes = [a.result()[0] for a in answers]
+        assert codes == [200] * 12, codes
+        said(lines, "model process 1 (pid")
+        restarted(lines, 1, pids[1])
+        assert scrape(port, 'vitkit_model_process_restarts_total{process="1"}') == 1
+        assert scrape(port, CLASSIFIED) == 12
+        assert [call(port, "/v1/classify", png)[0] for _ in range(4)] == [200] * 4
+        stopped_cleanly(proc)
+    finally:
+        proc.kill()
+
+
+def test_a_batch_whose_processes_die_twice_is_answered_500_and_the_server_goes_on(work):
+    """A batch that kills every process it runs on (a poison input, played by SIGKILL): tried
+    once more on another process, then answered 500 naming what killed them; the server goes
+    on serving."""
+    proc, lines, port = serve(work)
+    try:
+        pids = model_pids(lines)
+        png = (work / "img.png").read_bytes()
+        for pid in pids.values():
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(call, port, "/v1/classify", png)
+            time.sleep(1.0)  # (its batch is handed to process 1, the first to ask for one)
+            os.kill(pids[1], signal.SIGKILL)
+            said(lines, f"model process 1 (pid {pids[1]}) was killed by SIGKILL during a "
+                 "forward of 1 images")  # fmt: skip
+            restarted(lines, 1, pids[1])  # (meanwhile process 2, frozen, holds the batch)
+            assert not answer.done()
+            os.kill(pids[2], signal.SIGKILL)
+            status, body, _ = answer.result()
+        assert status == 500, (status, body)
+        assert b"was killed by SIGKILL, 2 times: the batch is not tried again" in body, body
+        said(lines, f"model process 2 (pid {pids[2]}) was killed by SIGKILL")
+        restarted(lines, 2, pids[2])
+        assert [call(port, "/v1/classify", png)[0] for _ in range(4)] == [200] * 4
+        assert scrape(port, 'vitkit_requests_total{route="/v1/classify",status="500"}') == 1
+        stopped_cleanly(proc)
+    finally:
+        proc.kill()
+
+
+def test_both_model_processes_get_work_and_every_scrape_counts_every_answer(work):
+    """Load goes to both processes (each pulls the next batch when it is free); /metrics is
+    the front's: right after each answer a scrape counts it, never going back, a model
+    process killed meanwhile included."""
+    proc, lines, port = serve(work)
+    try:
+        png = (work / "img.png").read_bytes()
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: call(port, "/v1/classify", png)[0], range(64)))
+        assert codes == [200] * 64
+        images = [scrape(port, f'vitkit_model_process_images_total{{process="{i}"}}')
+                  for i in (1, 2)]  # fmt: skip
+        assert sum(images) == 64 and min(images) > 0, images
+        seen = []
+        for n in range(65, 85):
+            assert call(port, "/v1/classify", png)[0] == 200
+            seen.append(scrape(port, CLASSIFIED))
+            assert seen[-1] == n, seen  # (one set of counters: no lag, no other worker's file)
+            if n == 70:
+                pid = model_pids(lines)[2]
+                os.kill(pid, signal.SIGKILL)
+        assert seen == sorted(seen)
+        stopped_cleanly(proc)
+    finally:
+        proc.kill()
