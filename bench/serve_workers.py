@@ -1,7 +1,8 @@
-"""`vitkit serve --workers 2` on the default MNIST ViT: one /metrics for the server (20 scrapes
-after a known number of requests, each must read that number), the requests lost when a worker
-is killed with SIGKILL under 8 keep-alive clients (the server must keep answering), and req/s at
-8 clients against a baseline source tree, interleaved.
+"""`vitkit serve --workers 2` (its default design) on the default MNIST ViT: one /metrics for the
+server (20 scrapes after a known number of requests, each must read that number), the requests
+lost when process 1 (a model process of the front, or a worker) is killed with SIGKILL under 8
+keep-alive clients (the server must keep answering), and req/s at 8 clients against a baseline
+source tree, interleaved.
 
     git archive BASE src | tar -x -C ../baseline
     python bench/serve_workers.py --rounds 2 --seconds 8 --kills 3 --baseline-src ../baseline/src
@@ -113,7 +114,11 @@ def main() -> None:
     kills = []
     for _ in range(args.kills):
         proc, port = server(ck, trees["current"])
-        found = (re.search(r"worker (\d+) listening \(pid (\d+)\)", ln) for ln in proc.output)
+        # (a model process of the front, or a worker of --worker-mode socket)
+        found = (
+            re.search(r"(?:model process|worker) (\d+) (?:ready|listening) \(pid (\d+)\)", ln)
+            for ln in proc.output
+        )
         pids = {int(m.group(1)): int(m.group(2)) for m in found if m}
 
         async def go(pid: int = pids[1], port: int = port) -> Any:

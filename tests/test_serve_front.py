@@ -137,27 +137,68 @@ def test_a_batch_whose_processes_die_twice_is_answered_500_and_the_server_goes_o
 
 
 def test_both_model_processes_get_work_and_every_scrape_counts_every_answer(work):
-    """Load goes to both processes (each pulls the next batch when it is free); /metrics is
-    the front's: right after each answer a scrape counts it, never going back, a model
-    process killed meanwhile included."""
+    """Work goes where there is room: with process 1 busy (frozen on the first batch) the
+    others go to process 2, and process 1 answers its own once it runs again. /metrics is the
+    front's: right after each answer a scrape counts it, never going back, a model process
+    killed meanwhile included."""
     proc, lines, port = serve(work)
     try:
         png = (work / "img.png").read_bytes()
+        pids = model_pids(lines)
+        os.kill(pids[1], signal.SIGSTOP)
+        images = 'vitkit_model_process_images_total{{process="{}"}}'.format
         with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda _: call(port, "/v1/classify", png)[0], range(64)))
-        assert codes == [200] * 64
-        images = [scrape(port, f'vitkit_model_process_images_total{{process="{i}"}}')
-                  for i in (1, 2)]  # fmt: skip
-        assert sum(images) == 64 and min(images) > 0, images
+            answers = [pool.submit(call, port, "/v1/classify", png) for _ in range(32)]
+            for _ in range(1200):  # (process 2 computes while process 1 holds a batch)
+                if scrape(port, images(2)) > 0:
+                    break
+                time.sleep(0.1)
+            assert scrape(port, images(1)) == 0
+            os.kill(pids[1], signal.SIGCONT)
+            codes = [a.result()[0] for a in answers]
+        assert codes == [200] * 32
+        counts = [scrape(port, images(i)) for i in (1, 2)]
+        assert sum(counts) == 32 and min(counts) > 0, counts
         seen = []
-        for n in range(65, 85):
+        for n in range(33, 53):
             assert call(port, "/v1/classify", png)[0] == 200
             seen.append(scrape(port, CLASSIFIED))
             assert seen[-1] == n, seen  # (one set of counters: no lag, no other worker's file)
-            if n == 70:
+            if n == 38:
                 pid = model_pids(lines)[2]
                 os.kill(pid, signal.SIGKILL)
         assert seen == sorted(seen)
         stopped_cleanly(proc)
+    finally:
+        proc.kill()
+
+
+def test_sigterm_drains_the_forwards_still_running_in_model_processes(work):
+    """SIGTERM while both model processes hold a batch (frozen): the front waits for them
+    within --drain-timeout, every request is answered, every process exits and the command
+    exits 0."""
+    proc, lines, port = serve(work, "--drain-timeout", "20")
+    try:
+        pids = model_pids(lines)
+        png = (work / "img.png").read_bytes()
+        for pid in pids.values():
+            os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(6) as pool:
+            answers = [pool.submit(call, port, "/v1/classify", png) for _ in range(6)]
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert proc.poll() is None and not any(a.done() for a in answers)
+            for pid in pids.values():
+                os.kill(pid, signal.SIGCONT)
+            codes = [a.result()[0] for a in answers]
+        assert codes == [200] * 6, codes
+        assert proc.wait(timeout=60) == 0
+        said(lines, "stopped: every request in flight was answered")
+        for pid in pids.values():  # no model process left behind
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "zombie" in Path(f"/proc/{pid}/status").read_text()
+            )
     finally:
         proc.kill()

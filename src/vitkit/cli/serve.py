@@ -346,11 +346,12 @@ def check_batch_memory(served: Any, max_batch: int, max_queue: int | None = None
 def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uvicorn: Any) -> int:
     served = served_model(args)
     check_batch_memory(served, args.max_batch, args.max_queue)
-    served.warm_up(args.max_batch)
-    settings = server_settings(args, key)
     pool = None
     if args.workers > 1 and args.worker_mode == "front" and not args.dry_run:
-        pool = start_model_processes(args, served)
+        pool = start_model_processes(args, served)  # (they warm up: the front runs no forward)
+    else:
+        served.warm_up(args.max_batch)
+    settings = server_settings(args, key)
     try:
         return _run(args, key, worker, sock, uvicorn, served, settings, pool)
     finally:

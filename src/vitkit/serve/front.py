@@ -5,8 +5,9 @@ forward: HTTP, the API key and limits, admission, the decode processes, the batc
 answers and the one set of /metrics counters. The forwards run in N model processes
 (:mod:`vitkit.serve.model_process`), each with the model loaded and its share of the CPUs.
 
-Each model process pulls: a loop per process takes the next batch from the one queue only
-when that process is free, so work goes where there is room to run it (balance by
+The model processes pull: the next batch gathers only while a process is free and goes to a
+free one (the one freed last, its caches warm), so work goes where there is room to run it
+and, under load, every process takes the next batch as soon as it is free (balance by
 construction). The batch's images cross to it through shared memory, not pickles; the front's
 event loop only copies them there and waits on the pipe (``add_reader``), so /health and every
 other request are answered while forwards run.
@@ -210,10 +211,11 @@ class ModelPool:
 
 
 class FrontBatcher(Batcher):
-    """The batcher of the front: one queue, a loop per model process taking the next batch
-    when its process is free (one batch gathers at a time), a dead process's batch put back at
-    the head of the queue once. ``on_restart(process, how)`` hears of every process that
-    died."""
+    """The batcher of the front: one queue; the next batch gathers only while a model process
+    is free and goes to the one freed last (its caches warm: under light load one process
+    does the work, under load each process takes the next batch as soon as it is free); a
+    dead process's batch is put back at the head of the queue once. ``on_restart(process,
+    how)`` hears of every process that died."""
 
     def __init__(
         self,
@@ -226,72 +228,79 @@ class FrontBatcher(Batcher):
         super().__init__(run, **kw)  # (run: never called, the forwards run in ``pool``)
         self.pool = pool
         self.on_restart = on_restart
-        self._gather: asyncio.Lock | None = None
+        self._free: list[ModelProcess] = []  # ready and idle, the one freed last at the end
+        self._freed: asyncio.Event | None = None
         self._ends: dict[int, float] = {}  # process -> time.monotonic() its forward should end
-        self._tasks: list[asyncio.Task[None]] = []
+        self._forwards: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._arrived = asyncio.Event()
-        self._gather = asyncio.Lock()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._serve(p)) for p in self.pool.processes]
+        self._arrived, self._freed = asyncio.Event(), asyncio.Event()
+        self._free = self.pool.processes[::-1]  # (process 1 takes the first batch)
+        self._task = asyncio.get_running_loop().create_task(self._dispatch())
 
     def expected_wait(self, images: int) -> float:
         now = time.monotonic()
-        ready = [p for p in self.pool.processes if p.ready]
-        free = any(p.index not in self._ends for p in ready)
-        first = 0.0 if free or not self._ends else max(min(self._ends.values()) - now, 0.0)
-        share = self.times.drain(self.depth + images, self.max_batch) / max(len(ready), 1)
+        ready = sum(p.ready for p in self.pool.processes)
+        first = 0.0 if self._free or not self._ends else max(min(self._ends.values()) - now, 0)
+        share = self.times.drain(self.depth + images, self.max_batch) / max(ready, 1)
         return first + share
 
     async def stop(self) -> bool:
         wait_s = 0.0 if self.drain_ends is None else max(self.drain_ends + 1 - time.monotonic(), 0)
-        for task in self._tasks:
+        tasks = [t for t in (self._task, *self._forwards) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.executor.shutdown(wait=False)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.pool.stop, time.monotonic() + wait_s)
 
-    async def _serve(self, proc: ModelProcess) -> None:
-        assert self._gather is not None
+    async def _dispatch(self) -> None:
+        assert self._freed is not None
+        loop = asyncio.get_running_loop()
         while True:
-            async with self._gather:
-                try:
-                    batch = await self._take()
-                except Exception as e:  # never silently: every image of the batch hears why
-                    for item in self._gathering:
-                        if not item.future.done():
-                            item.future.set_exception(e)
-                    self._gathering = []
-                    continue
-            if not batch:
-                continue
-            start = time.perf_counter()
-            self._ends[proc.index] = time.monotonic() + self.times.forward(len(batch))
-            self._running.extend(batch)
-            died = None
+            while not self._free:  # (gathering waits: the batch fills meanwhile)
+                self._freed.clear()
+                await self._freed.wait()
             try:
-                outputs = await proc.forward([i.value for i in batch])
-            except ProcessDied as e:
-                died = str(e)
-            except Exception as e:  # the forward failed: every request in it hears why
-                for item in batch:
+                batch = await self._take()
+            except Exception as e:  # never silently: every image of the batch hears why
+                for item in self._gathering:
                     if not item.future.done():
                         item.future.set_exception(e)
+                self._gathering = []
                 continue
-            finally:
-                self._ends.pop(proc.index, None)
-                self._running = [i for i in self._running if i not in batch]
-            if died is not None:
-                self._put_back(batch, died)
-                print(f"vitkit: model process {proc.index} (pid {proc.pid}) {died} during a "
-                      f"forward of {len(batch)} images: they go to the next free model "
-                      "process; starting it again", file=sys.stderr, flush=True)  # fmt: skip
-                if self.on_restart is not None:
-                    self.on_restart(proc.index, died)
-                await proc.restart()
-                continue
+            if batch:
+                task = loop.create_task(self._forward(self._free.pop(), batch))
+                self._forwards.add(task)
+                task.add_done_callback(self._forwards.discard)
+
+    async def _forward(self, proc: ModelProcess, batch: list[_Item]) -> None:
+        assert self._freed is not None
+        start = time.perf_counter()
+        self._ends[proc.index] = time.monotonic() + self.times.forward(len(batch))
+        self._running.extend(batch)
+        died, outputs = None, None
+        try:
+            outputs = await proc.forward([i.value for i in batch])
+        except ProcessDied as e:
+            died = str(e)
+        except Exception as e:  # the forward failed: every request in it hears why
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(e)
+        finally:
+            self._ends.pop(proc.index, None)
+            self._running = [i for i in self._running if i not in batch]
+        if died is not None:
+            self._put_back(batch, died)
+            print(f"vitkit: model process {proc.index} (pid {proc.pid}) {died} during a "
+                  f"forward of {len(batch)} images: they go to the next free model "
+                  "process; starting it again", file=sys.stderr, flush=True)  # fmt: skip
+            if self.on_restart is not None:
+                self.on_restart(proc.index, died)
+            await proc.restart()
+        elif outputs is not None:
             seconds = time.perf_counter() - start
             self.times.observe(len(batch), seconds)
             if self.on_batch is not None:
@@ -304,6 +313,8 @@ class FrontBatcher(Batcher):
                     item.future.set_result(out)
             if abandoned and self.on_abandoned is not None:
                 self.on_abandoned(abandoned)
+        self._free.append(proc)
+        self._freed.set()
 
     def _put_back(self, batch: list[_Item], how: str) -> None:
         """A dead process's batch: at the head of the queue again (in order), or answered 500
