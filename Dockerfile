@@ -47,7 +47,7 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)"]
 
 # SIGTERM drains (--drain-timeout, under the runtime's stop timeout: docker stop waits 10 s; with
-# --workers a worker still running 1 s after the drain timeout is killed: 8 + 1 < 10).
+# --workers a model process still running 1 s after the drain timeout is killed: 8 + 1 < 10).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["vitkit", "serve", "/model", "--host", "0.0.0.0", "--port", "8000"]
 CMD ["--drain-timeout", "8"]

@@ -31,7 +31,6 @@ from serve_http import ROOT, run_clients, start_server  # noqa: E402
 from serve_workers import cpu  # noqa: E402
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-DESIGNS = ("front", "socket")
 PIDS = {
     "front": r"model process (\d+) ready \(pid (\d+)\)",
     "socket": r"worker (\d+) listening \(pid (\d+)\)",
@@ -39,10 +38,11 @@ PIDS = {
 
 
 def server(ck: Path, design: str) -> tuple[Any, int]:
+    """``design``: front or socket (--workers 2), or one (one process, no --workers)."""
+    workers = [] if design == "one" else ["--workers", "2", "--worker-mode", design]
     return start_server(
-        ["-m", "vitkit", "serve", str(ck), "--port", "0", "--workers", "2", "--worker-mode",
-         design, "--max-batch", "32", "--max-wait-ms", "5", "--timeout", "0",
-         "--precision", "fp32"],
+        ["-m", "vitkit", "serve", str(ck), "--port", "0", *workers, "--max-batch", "32",
+         "--max-wait-ms", "5", "--timeout", "0", "--precision", "fp32"],
     )  # fmt: skip
 
 
@@ -56,6 +56,8 @@ def stop(proc: Any) -> None:
 
 
 def forward_pids(proc: Any, design: str) -> dict[int, int]:
+    if design == "one":
+        return {1: proc.pid}
     found = (re.search(PIDS[design], ln) for ln in proc.output)
     return {int(m.group(1)): int(m.group(2)) for m in found if m}
 
@@ -146,11 +148,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="per client count (B/16: x2)")
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--models", default="mnist,B/16")
+    ap.add_argument("--designs", default="front,socket", help="front, socket, one")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_front"))
     args = ap.parse_args()
     import numpy as np
 
     counts = [int(c) for c in args.clients.split(",")]
+    designs = tuple(args.designs.split(","))
     work = Path(tempfile.gettempdir())
     out: dict[str, Any] = {"cpu": cpu(), "load_before": os.getloadavg()[0], "models": {}}
     for model in args.models.split(","):
@@ -160,9 +164,9 @@ def main() -> None:
         pngs = images(model)
         req = lambda i, p=pngs: ("POST", "/v1/classify", p[i % 16], {"Content-Type": "image/png"})  # noqa: E731
         seconds = args.seconds * (1 if model == "mnist" else 2)
-        runs: dict[str, list[dict]] = {d: [] for d in DESIGNS}
+        runs: dict[str, list[dict]] = {d: [] for d in designs}
         for r in range(args.rounds):
-            for design in DESIGNS if r % 2 == 0 else DESIGNS[::-1]:
+            for design in designs if r % 2 == 0 else designs[::-1]:
                 proc, port = server(ck, design)
                 try:
                     pids = forward_pids(proc, design)
@@ -172,7 +176,7 @@ def main() -> None:
                     )
                 finally:
                     stop(proc)
-        kills = {d: kill_run(ck, d, req, 3 * seconds / 2) for d in DESIGNS}
+        kills = {d: kill_run(ck, d, req, 3 * seconds / 2) for d in designs if d != "one"}
         out["models"][model] = {"runs": runs, "kill_9": kills}
         print(json.dumps(out["models"][model]), flush=True)
     out["load_after"] = os.getloadavg()[0]
@@ -186,9 +190,11 @@ def main() -> None:
         "CPU-s: what each of the two processes that run forwards (model processes, or "
         "workers) spent at 8 clients; /health p99: a probe every 50 ms meanwhile.",
         "",
-        "| model | clients | front req/s | socket req/s | front / socket | front p99 ms | "
-        "socket p99 ms | front /health p99 ms | socket /health p99 ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | clients | "
+        + " | ".join(f"{d} req/s | {d} p99 ms | {d} /health p99 ms" for d in designs)
+        + "".join(f" | front / {d}" for d in designs if d != "front" and "front" in designs)
+        + " |",
+        "| --- | --- |" + " --- |" * (3 * len(designs) + ("front" in designs) * (len(designs) - 1)),
     ]
     for model, found in out["models"].items():
         for c in counts:
@@ -198,12 +204,15 @@ def main() -> None:
                 vals = [v for v in vals if v is not None]
                 return float(np.median(vals)) if vals else float("nan")
 
-            f, s = med("front", "req_per_s"), med("socket", "req_per_s")
-            lines.append(
-                f"| {model} | {c} | {f:.1f} | {s:.1f} | {f / s:.2f}x | "
-                f"{med('front', 'p99_ms'):.0f} | {med('socket', 'p99_ms'):.0f} | "
-                f"{med('front', 'health_p99_ms'):.1f} | {med('socket', 'health_p99_ms'):.1f} |"
-            )
+            cells = [
+                f"{med(d, 'req_per_s'):.1f} | {med(d, 'p99_ms'):.0f} | "
+                f"{med(d, 'health_p99_ms'):.1f}"
+                for d in designs
+            ]
+            if "front" in designs:
+                f = med("front", "req_per_s")
+                cells += [f"{f / med(d, 'req_per_s'):.2f}x" for d in designs if d != "front"]
+            lines.append(f"| {model} | {c} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| model | design | CPU-s of process 1 / 2 at 8 clients (each round) | SIGKILL of "
@@ -211,10 +220,11 @@ def main() -> None:
         "| --- | --- | --- | --- |",
     ]
     for model, found in out["models"].items():
-        for d in DESIGNS:
+        for d in designs:
+            if d == "one":
+                continue
             shares = "; ".join(
-                f"{run['8']['cpu_s'].get('1', run['8']['cpu_s'].get(1))} / "
-                f"{run['8']['cpu_s'].get('2', run['8']['cpu_s'].get(2))}"
+                " / ".join(str(v) for _, v in sorted(run["8"]["cpu_s"].items()))
                 for run in found["runs"][d]
                 if "8" in run
             )

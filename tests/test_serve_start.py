@@ -150,3 +150,23 @@ def test_ready_turns_503_while_shedding_load_or_draining_and_health_stays_200(wo
         assert status == 503 and b"draining" in body
     finally:
         server.stop()
+
+
+def test_the_front_holds_the_decode_and_body_budgets_once_socket_workers_each(
+    work: Path, capsys
+) -> None:
+    """--workers N with a front: the bodies and decodes are the front's, counted once against
+    the machine's memory; --worker-mode socket: N workers each hold their own."""
+    from vitkit.cli.serve_bounds import machine_memory
+
+    memory = machine_memory()
+    if memory is None:
+        pytest.skip("the machine's memory is not known here")
+    argv = ["serve", str(work / "ck"), "--workers", "4", "--dry-run"]
+    argv += ["--max-decode-memory", str(int(memory * 0.4)), "--max-body", "1000000"]
+    argv += ["--max-body-memory", "1000000"]
+    assert main(argv) == 0
+    assert "4 model processes" in capsys.readouterr().out
+    assert main([*argv, "--worker-mode", "socket"]) != 0
+    err = capsys.readouterr().err
+    assert "bytes x 4 workers = " in err and "that requests may hold" in err, err

@@ -349,6 +349,8 @@ def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uv
     pool = None
     if args.workers > 1 and args.worker_mode == "front" and not args.dry_run:
         pool = start_model_processes(args, served)  # (they warm up: the front runs no forward)
+        if served.model is not served.attention_model:  # (an engine, bf16 weights: theirs)
+            served.model = None
     else:
         served.warm_up(args.max_batch)
     settings = server_settings(args, key)

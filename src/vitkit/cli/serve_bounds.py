@@ -146,10 +146,13 @@ def check_ranges(args: argparse.Namespace) -> None:
             "request of that many images could never be queued"
         )
     memory = machine_memory()
-    budgets = (args.max_decode_memory + args.max_body_memory) * args.workers
+    # (the front holds the bodies and decodes once; --worker-mode socket: each worker its own)
+    holders = args.workers if getattr(args, "worker_mode", "front") == "socket" else 1
+    budgets = (args.max_decode_memory + args.max_body_memory) * holders
     if memory is not None and budgets > memory:
+        each = f" x {holders} workers" if holders > 1 else ""
         raise VitkitError(
             f"--max-decode-memory {args.max_decode_memory:,} + --max-body-memory "
-            f"{args.max_body_memory:,} bytes x {args.workers} workers = {budgets / 1e9:,.1f} GB "
-            f"that requests may hold; this machine has {memory / 1e9:,.1f} GB"
+            f"{args.max_body_memory:,} bytes{each} = {budgets / 1e9:,.1f} GB that requests "
+            f"may hold; this machine has {memory / 1e9:,.1f} GB"
         )
