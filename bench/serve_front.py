@@ -4,7 +4,8 @@ socket (`--worker-mode socket`: two whole servers the kernel hands connections t
 MNIST model and B/16 (random weights, fp32): req/s and p99 at 1, 8 and 64 keep-alive clients,
 /health p99 meanwhile (a separate process probing every 50 ms), the CPU-seconds each of the two
 processes that run forwards spent (load balance), and the requests lost when process 1 (a
-worker, or a model process) is killed with SIGKILL under 8 clients.
+worker, or a model process) is killed with SIGKILL under 8 clients. `--designs
+front,socket,one` adds one process (no --workers) to the same interleaved rounds.
 
     python bench/serve_front.py --rounds 2 --seconds 6 --models mnist,B/16
 """
