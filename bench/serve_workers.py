@@ -152,9 +152,8 @@ def main() -> None:
         + " | ".join(f"{med[k]:.0f} ({', '.join(f'{x:.0f}' for x in rates[k])})" for k in trees)
         + " |",
         "",
-        "SIGKILL of worker 1 after 4 s of 12 s under 8 keep-alive clients: "
-        + "; ".join(f"{k['lost']} lost, {k['answered']} answered" for k in kills)
-        + ".",
+        "SIGKILL of process 1 (a model process, or a worker) after 4 s of 12 s under 8 keep-alive "
+        "clients: " + "; ".join(f"{k['lost']} lost, {k['answered']} answered" for k in kills) + ".",
         "",
     ]
     if "baseline" in med:
