@@ -42,6 +42,9 @@ from vitkit.serve.served_model import RequestError
 RESTART_PAUSE_S = 1.0
 # Tries a batch gets: a batch whose model process died this many times is answered 500.
 MAX_TRIES = 2
+# A forward that has not answered after this many seconds plus 4 times the forwards' average
+# for its size is taken for a stalled process: it is killed and its batch put back.
+STALL_S = 30.0
 
 
 class ProcessDied(Exception):
@@ -87,6 +90,7 @@ class ModelProcess:
         self.forwards = 0  # batches this process answered (one of every process since start)
         self.images = 0
         self.restarts = 0
+        self.stalled = ""  # how a process killed as stalled ended (said instead of the signal)
         self.start()
 
     def start(self) -> None:
@@ -99,7 +103,7 @@ class ModelProcess:
         )
         self.process.start()
         child.close()
-        self.ready = False
+        self.ready, self.stalled = False, ""
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until it says ready (at start, before the front listens)."""
@@ -140,7 +144,7 @@ class ModelProcess:
             return self.conn.recv()
         except (EOFError, OSError):
             await loop.run_in_executor(None, self.process.join, 5)
-            raise ProcessDied(how_it_ended(self.process.exitcode)) from None
+            raise ProcessDied(self.stalled or how_it_ended(self.process.exitcode)) from None
 
     async def forward(self, values: Sequence[Any]) -> Any:
         """Class probabilities of ``values`` (uint8 [C, H, W] each), run in the process."""
@@ -281,6 +285,8 @@ class FrontBatcher(Batcher):
         self._ends[proc.index] = time.monotonic() + self.times.forward(len(batch))
         self._running.extend(batch)
         died, outputs = None, None
+        limit = STALL_S + 4 * self.times.forward(len(batch))
+        watch = asyncio.get_running_loop().call_later(limit, self._stalled, proc, limit)
         try:
             outputs = await proc.forward([i.value for i in batch])
         except ProcessDied as e:
@@ -290,6 +296,7 @@ class FrontBatcher(Batcher):
                 if not item.future.done():
                     item.future.set_exception(e)
         finally:
+            watch.cancel()
             self._ends.pop(proc.index, None)
             self._running = [i for i in self._running if i not in batch]
         if died is not None:
@@ -315,6 +322,13 @@ class FrontBatcher(Batcher):
                 self.on_abandoned(abandoned)
         self._free.append(proc)
         self._freed.set()
+
+    @staticmethod
+    def _stalled(proc: ModelProcess, limit: float) -> None:
+        """A forward past its limit: the process is killed (its pipe closes: the batch is put
+        back as a dead process's is)."""
+        proc.stalled = f"gave no answer in {limit:.0f} s and was killed"
+        proc.process.kill()
 
     def _put_back(self, batch: list[_Item], how: str) -> None:
         """A dead process's batch: at the head of the queue again (in order), or answered 500
