@@ -146,6 +146,29 @@ def test_missing_engine_is_one_line_naming_the_extra(monkeypatch):
     assert not available("openvino")
 
 
+@pytest.mark.parametrize("blocked", ["openvino", "nncf"])
+def test_export_for_openvino_without_its_packages_is_one_line(ckpt, capsys, monkeypatch, blocked):
+    """The test extra installs OpenVINO and NNCF: their absence is simulated (an import of a
+    module set to None in sys.modules fails as a missing one does). Each export and run path
+    that needs it says which extra installs it, and writes nothing."""
+    import sys
+
+    d, _ = ckpt
+    monkeypatch.setitem(sys.modules, blocked, None)
+    runs = [["export", str(d / "ck"), str(d / "ov-none"), "--int8", "--engine", "openvino"]]
+    if blocked == "openvino":
+        runs += [
+            ["export", str(d / "ck"), str(d / "ov-none"), "--engine", "openvino"],
+            ["eval", "--from", str(d / "ck"), "--engine", "openvino"],
+        ]
+    for args in runs:
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "pip install '.[openvino]' in vitkit's clone" in err, err
+        assert not (d / "ov-none").exists()
+
+
 def test_int8_options_need_int8(ckpt, capsys):
     d, _ = ckpt
     assert main(["export", str(d / "ck"), str(d / "x"), "--engine", "openvino"]) == 2
