@@ -171,7 +171,7 @@ def test_export_for_openvino_without_its_packages_is_one_line(ckpt, capsys, monk
 
 def test_int8_options_need_int8(ckpt, capsys):
     d, _ = ckpt
-    assert main(["export", str(d / "ck"), str(d / "x"), "--engine", "openvino"]) == 2
+    assert main(["export", str(d / "ck"), str(d / "x"), "--engine", "onnxruntime"]) == 2
     assert "add --int8" in capsys.readouterr().err
 
 

@@ -112,8 +112,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     engine_dir = args.precision == "bf16" or args.int8 or args.engine or args.static
     if engine_dir or args.keep_fp32:
-        if args.out_format == "pt2" or args.features:
-            raise VitkitError("--int8 and --precision bf16 write ONNX / OpenVINO of the logits")
+        if args.out_format == "pt2":
+            raise VitkitError("--int8, --precision bf16 and --engine write ONNX / OpenVINO")
+        args.feature_outputs = _features(args)
         return _engine_dir(args)
     _check_path(output_file, args.out)
     if args.out_format == "pt2" and args.no_check:
@@ -162,12 +163,41 @@ def _engine_dir(args: argparse.Namespace) -> int:
         _check_path(output_directory, args.out)
         return cmd_export_bf16(args)
     if not args.int8:
+        if args.engine == "openvino" and not (args.static or args.keep_fp32):
+            _check_path(output_directory, args.out)
+            return _export_openvino_fp32(args)
         raise VitkitError(
-            "--engine, --static and --keep-fp32 choose how --int8 quantizes: add --int8 "
-            "(or --engine openvino --precision bf16)"
+            "--static and --keep-fp32 choose how --int8 quantizes, --engine what it is for: "
+            "add --int8 (or --engine openvino alone: fp32 OpenVINO IR)"
         )
     _check_path(output_directory, args.out)
     return cmd_export_int8(args)
+
+
+def _export_openvino_fp32(args: argparse.Namespace) -> int:
+    """``export --engine openvino``: an engine directory of fp32 OpenVINO IR, OpenVINO's own
+    outputs checked against PyTorch (at several sizes with --dynamic-size)."""
+    from vitkit.checkpoints import load_model
+    from vitkit.engines.backends import read_engine_dir, require
+    from vitkit.engines.openvino_export import OPENVINO_FILES, export_openvino
+    from vitkit.output_files import check_destination
+
+    require("openvino")
+    model, ckpt = load_model(args.ckpt, **loading(args))
+    sizes = export_sizes(args, ckpt.model_config)
+    check_destination(args.out, reads=[ckpt.path], writes=OPENVINO_FILES, overwrite=args.overwrite)
+    out = export_openvino(
+        model, ckpt, args.out, sizes=sizes, features=args.feature_outputs,
+        overwrite=args.overwrite,
+    )  # fmt: skip
+    info, _ = read_engine_dir(out)
+    check = info["check"]
+    print(f"wrote {out} (openvino, fp32): {', '.join(OPENVINO_FILES)}")
+    print(
+        f"openvino vs PyTorch: max relative difference {check['max_relative_error']:.2e} at "
+        f"{', '.join(check['sizes'])}"
+    )
+    return 0
 
 
 def _check_path(check: Any, text: str) -> None:

@@ -60,15 +60,18 @@ def available(engine: str) -> bool:
 
 
 class EngineModel(nn.Module):
-    """An engine's loaded model as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32)."""
+    """An engine's loaded model as a module: ``forward(x [B, C, H, W] float) -> logits`` (fp32);
+    a features export (``outputs``: its named outputs) returns a tuple, one tensor per name."""
 
     def __init__(
         self,
-        run: Callable[[np.ndarray], np.ndarray],
+        run: Callable[[np.ndarray], list[np.ndarray]],
         engine: str,
         precision: str,
         sizes: SizeRange | None = None,
         where: str = "the engine",
+        outputs: tuple[str, ...] = ("logits",),
+        naflex: tuple[int, int, int] | None = None,
     ):
         super().__init__()
         self._run = run
@@ -76,12 +79,40 @@ class EngineModel(nn.Module):
         self.precision = precision
         self.sizes = sizes  # an export of any size in a range: others refused in one line
         self.where = where
+        self.outputs = outputs
+        self.naflex = naflex  # a NaFlex model's (patch rows, patch columns, channels)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor | tuple[Tensor, ...]:
+        if isinstance(x, dict):
+            return self._packed(x)
         if self.sizes is not None:
             self.sizes.check((x.shape[-2], x.shape[-1]), self.where)
-        out = self._run(np.ascontiguousarray(x.detach().float().cpu().numpy()))
-        return torch.from_numpy(np.asarray(out, dtype=np.float32)).to(x.device)
+        outs = self._run(np.ascontiguousarray(x.detach().float().cpu().numpy()))
+        got = tuple(torch.from_numpy(np.asarray(o, dtype=np.float32)).to(x.device) for o in outs)
+        return got if len(self.outputs) > 1 or self.outputs[0] != "logits" else got[0]
+
+    def _packed(self, batch: dict[str, Tensor]) -> Tensor:
+        """A NaFlex packed batch (``predict`` / ``eval --max-seq-len``): each image run at its
+        own size (the images of one size together), as the NaFlex model runs the batch with
+        its padding masks; an export of any size only."""
+        if self.naflex is None or self.sizes is None or len(self.outputs) > 1:
+            raise VitkitError(
+                f"{self.where}: packed patches (--max-seq-len) need an export of a NaFlex "
+                "model's logits with --dynamic-size"
+            )
+        from vitkit.models.naflex_packing import unpack
+
+        images = unpack(batch, self.naflex[:2], self.naflex[2])
+        by_size: dict[tuple[int, ...], list[int]] = {}
+        for i, img in enumerate(images):
+            by_size.setdefault(tuple(img.shape[1:]), []).append(i)
+        out: list[Tensor | None] = [None] * len(images)
+        for same in by_size.values():
+            logits = self.forward(torch.stack([images[i] for i in same]))
+            assert isinstance(logits, Tensor)
+            for j, i in enumerate(same):
+                out[i] = logits[j]
+        return torch.stack([o for o in out if o is not None])
 
     def extra_repr(self) -> str:
         return f"engine={self.engine}, precision={self.precision}"
@@ -90,6 +121,7 @@ class EngineModel(nn.Module):
 def onnxruntime_runner(
     path: Path, threads: int | None = None, precision: str = "fp32"
 ) -> Callable[[Any], Any]:
+    """ONNX Runtime's CPU provider running ``path``: ``run(x) -> [outputs]`` (numpy)."""
     if precision != "fp32":  # (its CPU provider has no bf16 matmul)
         raise VitkitError(f"the onnxruntime engine runs fp32 and int8 models, not {precision}")
     ort = require("onnxruntime")
@@ -107,7 +139,7 @@ def onnxruntime_runner(
 
     def run(x: Any) -> Any:
         try:
-            return session.run(None, {name: x})[0]
+            return cast(list[Any], session.run(None, {name: x}))
         except Exception as e:  # a model file that loads but is not the model engine.json says
             raise _cannot_run(path, "onnxruntime", x, e) from None
 
@@ -117,9 +149,9 @@ def onnxruntime_runner(
 def openvino_runner(
     path: Path, threads: int | None = None, precision: str = "fp32"
 ) -> Callable[[Any], Any]:
-    """OpenVINO's CPU plugin running ``path``: exact fp32 (an int8 model stays int8, the rest
-    fp32), or with ``precision="bf16"`` its bf16 inference precision (refused on a CPU without
-    native bf16, where OpenVINO would silently run fp32)."""
+    """OpenVINO's CPU plugin running ``path`` (``run(x) -> [outputs]``, numpy): exact fp32 (an
+    int8 model stays int8, the rest fp32), or with ``precision="bf16"`` its bf16 inference
+    precision (refused on a CPU without native bf16, where OpenVINO would silently run fp32)."""
     ov = require("openvino")
     core = ov.Core()
     if precision == "bf16":
@@ -136,13 +168,14 @@ def openvino_runner(
     }
     compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
+    n = len(compiled.outputs)
 
     def run(x: Any) -> Any:
         try:
             request.infer({0: x})
         except Exception as e:  # a model file that loads but is not the model engine.json says
             raise _cannot_run(path, "openvino", x, e) from None
-        return request.get_output_tensor(0).data.copy()
+        return [request.get_output_tensor(i).data.copy() for i in range(n)]
 
     return run
 
@@ -200,9 +233,10 @@ def load_engine_dir(
         )
     if engine not in files:
         written = ", ".join(files) or "none"
+        precision = str(info.get("precision", "int8"))
+        how = f"--int8 --engine {engine}" if precision == "int8" else f"--engine {engine}"
         raise VitkitError(
-            f"{path}: holds a model for {written}, not {engine}; export it again with "
-            f"--int8 --engine {engine}"
+            f"{path}: holds a model for {written}, not {engine}; export it again with {how}"
         )
     precision = str(info.get("precision", "int8"))
     if precision == "bf16" and engine != "openvino":
@@ -224,7 +258,21 @@ def load_engine_dir(
             "the file is damaged or not one vitkit export wrote: export the model again"
         ) from None
     sizes = SizeRange.from_dict(info["sizes"]) if info.get("sizes") else None
-    return EngineModel(run, engine, precision, sizes, str(path)), ckpt
+    outputs = tuple(str(o) for o in info.get("outputs") or ("logits",))
+    cfg: Any = ckpt.model_config
+    naflex = (*cfg.patch_size, cfg.in_chans) if getattr(cfg, "naflex", False) else None
+    return EngineModel(run, engine, precision, sizes, str(path), outputs, naflex), ckpt
+
+
+def check_classifier(info: dict[str, Any], path: str | Path) -> None:
+    """Refuse, in one line, a features export where class scores are needed (predict, eval,
+    serve): its outputs are the backbone's features."""
+    if info.get("features"):
+        names = ", ".join(str(o) for o in info.get("outputs", []))
+        raise VitkitError(
+            f"{path}: a features export (outputs {names}), not a classifier; run it from "
+            "Python: vitkit.engines.backends.load_engine_dir"
+        )
 
 
 def _cannot_run(path: Path, engine: str, x: Any, e: Exception) -> VitkitError:
@@ -293,6 +341,7 @@ __all__ = [
     "ENGINE_FILE",
     "EngineModel",
     "available",
+    "check_classifier",
     "engine_model",
     "fp32_engine_model",
     "is_engine_dir",

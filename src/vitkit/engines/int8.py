@@ -245,12 +245,14 @@ def export_int8(
     keep_fp32: tuple[str, ...] = (),
     overwrite: bool = False,
     sizes: SizeRange | None = None,
+    features: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` (fp32, eval) quantized to int8 for ``engine`` into the directory ``out``:
     the engine's file(s) and ``engine.json``. ``calib``: normalised calibration images (None:
     ONNX Runtime's dynamic quantization). Every file is written under a temporary name first;
     nothing is written into the checkpoint read, nor over a file without ``overwrite``.
-    ``sizes``: a dynamic height and width (vitkit.engines.dynamic_size)."""
+    ``sizes``: a dynamic height and width (vitkit.engines.dynamic_size); ``features``: the
+    backbone's features rather than logits (vitkit.engines.feature_export)."""
     from vitkit.eval.checkpoint_eval import check_finite_weights
 
     names = int8_files(engine)
@@ -260,9 +262,20 @@ def export_int8(
     if engine == "openvino" and calib is None:
         raise VitkitError("the openvino engine quantizes with calibration images only")
 
-    def make(fp32: Path, tmp: Path) -> dict[str, Any]:
+    def make(fp32: Path, tmp: Path, taken: SizeRange | None) -> dict[str, Any]:
+        own: dict[str, Any] = {}
         if engine == "openvino":
             assert calib is not None
+            if taken is not None:  # the sizes where OpenVINO's kernels are exact, before NNCF
+                from vitkit.engines.exports import exported_module
+                from vitkit.engines.openvino_check import openvino_fp32_check
+
+                cfg = ckpt.model_config
+                size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
+                module = exported_module(model, features)
+                taken, check = openvino_fp32_check(module, fp32, size, taken, str(out))
+                check["what"] += ", the graph before NNCF quantized it"
+                own = {"sizes": taken.to_dict() if taken else None, "check": check}
             quantize_openvino(fp32, tmp / "model.xml", calib, keep_fp32)
             files = {"openvino": "model.xml"}
         else:
@@ -274,9 +287,12 @@ def export_int8(
             "files": files,
             "calibration": calibration or {"method": "dynamic"},
             "keep_fp32": list(keep_fp32),
+            **own,
         }
 
-    return write_engine_dir(model, ckpt, out, names, make, overwrite=overwrite, sizes=sizes)
+    return write_engine_dir(
+        model, ckpt, out, names, make, overwrite=overwrite, sizes=sizes, features=features
+    )
 
 
 def write_engine_dir(
@@ -284,18 +300,22 @@ def write_engine_dir(
     ckpt: Checkpoint,
     out: str | Path,
     names: tuple[str, ...],
-    make: Callable[[Path, Path], dict[str, Any]],
+    make: Callable[[Path, Path, SizeRange | None], dict[str, Any]],
     *,
     overwrite: bool = False,
     sizes: SizeRange | None = None,
+    features: dict[str, Any] | None = None,
 ) -> Path:
-    """The engine directory ``out`` of ``model`` (fp32, eval): ``make(fp32_onnx, tmp)`` writes
-    the engine's files into ``tmp`` from the model's fp32 ONNX export and returns engine.json's
-    own fields (engine, precision, files, ...); the source's config, preprocessing, classes and
-    dataset are added here. Every file is written under a temporary name first, engine.json
-    last; nothing is written into the checkpoint read, nor over a file without ``overwrite``.
-    With ``sizes`` the graph takes any height and width in the range; its fp32 graph is checked
-    against PyTorch at several sizes (engine.json's ``sizes`` and ``check``)."""
+    """The engine directory ``out`` of ``model`` (fp32, eval): ``make(fp32_onnx, tmp, sizes)``
+    writes the engine's files into ``tmp`` from the model's fp32 ONNX export and returns
+    engine.json's own fields (engine, precision, files, ...; a ``check`` of its own replaces
+    the fp32 graph's, kept as ``fp32_graph_check``); the source's config, preprocessing,
+    classes and dataset are added here. Every file is written under a temporary name first,
+    engine.json last; nothing is written into the checkpoint read, nor over a file without
+    ``overwrite``. With ``sizes`` the graph takes any height and width in the range; its fp32
+    graph is checked against PyTorch at several sizes (engine.json's ``sizes`` and ``check``).
+    ``features``: the backbone's named outputs (FeatureOutputs' arguments) instead of logits."""
+    from vitkit.engines.exports import exported_module
     from vitkit.engines.onnx_export import export_onnx
     from vitkit.eval.checkpoint_eval import check_finite_weights
 
@@ -311,14 +331,21 @@ def write_engine_dir(
     tmp = out / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    module = exported_module(model.float().eval(), features)
+    described = module.describe() if features is not None else None  # type: ignore[operator]
+    outputs = described["outputs"] if described else ["logits"]
     with writing(out):  # no room: one line (the temporary directory goes below)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
-                fp32 = export_onnx(model.float().eval(), tmp / "fp32.onnx", sizes=sizes)
-            extra: dict[str, Any] = {}
+                fp32 = export_onnx(module, tmp / "fp32.onnx", sizes=sizes, outputs=outputs)
+            extra: dict[str, Any] = {"features": described, "outputs": outputs}
             if sizes is not None:
-                sizes, extra = _checked_fp32(model, ckpt, fp32, sizes, out)
-            own = make(fp32, tmp)
+                sizes, checked = _checked_fp32(module, ckpt, fp32, sizes, out)
+                extra.update(checked)
+            own = make(fp32, tmp, sizes)
+            if "check" in own and "check" in extra:
+                extra["fp32_graph_check"] = extra.pop("check")
+            extra.update({k: own.pop(k) for k in ("check", "sizes") if k in own})
             info = {
                 "format": FORMAT,
                 **{k: own[k] for k in ("engine", "precision", "files")},
