@@ -112,7 +112,7 @@ def cmd_export_int8(args: argparse.Namespace) -> int:
         print(f"calibrating on {len(calib)} images of {data} (train split)")
     out = export_int8(
         model, ckpt, args.out, engine=engine, calib=calib, calibration=how, keep_fp32=keep,
-        overwrite=args.overwrite, sizes=sizes,
+        overwrite=args.overwrite, sizes=sizes, features=getattr(args, "feature_outputs", None),
     )  # fmt: skip
     size = directory_size(out, names) / 1e6
     print(f"wrote {out} ({engine}, int8, {size:.1f} MB): {', '.join(names)}")
@@ -235,7 +235,8 @@ def cmd_export_bf16(args: argparse.Namespace) -> int:
     check_destination(args.out, reads=[ckpt.path], writes=BF16_FILES, overwrite=args.overwrite)
     data = args.calib_data or ckpt.meta.get("dataset")
     measure = None
-    if data and ckpt.model_config.num_classes:
+    features = getattr(args, "feature_outputs", None)
+    if features is None and data and ckpt.model_config.num_classes:
         from vitkit.eval.checkpoint_eval import checkpoint_dataset
 
         dataset = checkpoint_dataset(ckpt, data, "test", None)
@@ -245,14 +246,14 @@ def cmd_export_bf16(args: argparse.Namespace) -> int:
         def measure(em: Any) -> dict[str, Any]:
             print(f"measuring bf16 against fp32 on {data} (test split, {len(dataset)} images)")
             return versus_fp32(em, fp32, ckpt, dataset, 64)
-    else:
+    elif features is None:  # (features: no top-1; engine.json's check records bf16's error)
         print(
             f"{ckpt.path}: no dataset to measure bf16 against fp32 on (--calib-data D: D's "
             "test split); engine.json records versus_fp32: null"
         )
     out = export_bf16(
         model, ckpt, args.out, engine=engine, measure=measure, overwrite=args.overwrite,
-        sizes=sizes,
+        sizes=sizes, features=features,
     )  # fmt: skip
     from vitkit.engines.backends import read_engine_dir
 

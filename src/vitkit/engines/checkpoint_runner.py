@@ -112,9 +112,10 @@ def runner(
 
     asked = engine
     if is_engine_dir(path):
-        from vitkit.engines.backends import read_engine_dir
+        from vitkit.engines.backends import check_classifier, read_engine_dir
 
         info, _ = read_engine_dir(path)
+        check_classifier(info, path)
         own = str(info.get("precision", "int8"))
         if precision is not None and precision != own:
             raise VitkitError(
