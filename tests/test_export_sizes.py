@@ -222,15 +222,12 @@ def test_an_inexact_kernel_narrows_the_range_and_says_so_in_one_line(capsys):
 
 
 def test_dynamic_size_of_a_model_without_patches_is_one_line(tmp_path, capsys):
-    """A BiT ResNet (no patch grid) and a NaFlex model (packed patches) are refused in one
-    line before anything is traced."""
+    """A BiT ResNet (no patch grid) is refused in one line before anything is traced."""
     bit = vitkit.create_model("bit_r50x1", num_classes=3, layers=(1, 1, 1, 1), image_size=32)
     save_checkpoint(tmp_path / "bit", bit)
     assert main(["export", str(tmp_path / "bit"), str(tmp_path / "b.onnx"), "--dynamic-size"]) != 0
     err = capsys.readouterr().err
     assert "a BiT ResNet has no patch grid" in err and len(err.strip().splitlines()) == 1
-    with pytest.raises(VitkitError, match="NaFlex"):
-        size_range(vitkit.create_model("Ti/4", image_size=16, naflex=True, **TINY).cfg)
 
 
 def test_an_export_that_does_not_run_at_a_size_is_one_line():

@@ -85,10 +85,6 @@ def size_range(cfg: Any, min_size: int | None = None, max_size: int | None = Non
     step = cfg.patch_size[0] * getattr(cfg, "stem_stride", 1)
     if cfg.patch_size[0] != cfg.patch_size[1]:
         raise VitkitError(f"--dynamic-size needs square patches, not {cfg.patch_size}")
-    if getattr(cfg, "naflex", False):
-        raise VitkitError(
-            "--dynamic-size: a NaFlex model takes packed patches, not images of one size"
-        )
     own = max(cfg.image_size)
     lo = 2 * step if min_size is None else min_size
     hi = 2 * (own // step) * step if max_size is None else max_size

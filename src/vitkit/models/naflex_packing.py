@@ -37,6 +37,7 @@ from torch import Tensor
 
 from vitkit.errors import VitkitError
 from vitkit.models.map_head import require_map_head
+from vitkit.models.posemb_resample import symbolic
 from vitkit.registry.model_config import ViTConfig
 
 
@@ -50,14 +51,16 @@ def pos_embed_for_grid(table: Tensor, cfg: ViTConfig, grid: tuple[int, int]) -> 
     """E_pos [1, h * w, D] for one image's patch grid (h, w), row-major (timm's NaFlexEmbeds)."""
     gh, gw = cfg.naflex_grid
     h, w = grid
+    traced = symbolic(grid)  # (an export of any size: resampled, the identity at its own grid)
+    side = torch.sym_max(h, w) if traced else max(h, w)
     if cfg.naflex_pos == "factorized":
-        side_y, side_x = (max(h, w), max(h, w)) if cfg.naflex_ar_preserving else (h, w)
-        pe_y = _interp1d(table[:, :gh], side_y)[:, :h]
-        pe_x = _interp1d(table[:, gh:], side_x)[:, :w]
+        side_y, side_x = (side, side) if cfg.naflex_ar_preserving else (h, w)
+        pe_y = _interp1d(table[:, :gh], side_y, traced)[:, :h]
+        pe_x = _interp1d(table[:, gh:], side_x, traced)[:, :w]
         return (pe_y.unsqueeze(2) + pe_x.unsqueeze(1)).flatten(1, 2)
-    if (h, w) == (gh, gw) and not cfg.naflex_resample_own:
+    if not traced and (h, w) == (gh, gw) and not cfg.naflex_resample_own:
         return table
-    size = (max(h, w), max(h, w)) if cfg.naflex_ar_preserving else (h, w)
+    size = (side, side) if cfg.naflex_ar_preserving else (h, w)
     grid_table = table.reshape(1, gh, gw, -1).permute(0, 3, 1, 2).float()
     out = F.interpolate(
         grid_table,
@@ -69,8 +72,8 @@ def pos_embed_for_grid(table: Tensor, cfg: ViTConfig, grid: tuple[int, int]) -> 
     return out.flatten(2).transpose(1, 2).to(table.dtype)
 
 
-def _interp1d(table: Tensor, length: int) -> Tensor:
-    if table.shape[1] == length:
+def _interp1d(table: Tensor, length: int, traced: bool = False) -> Tensor:
+    if not traced and table.shape[1] == length:
         return table
     out = F.interpolate(table.permute(0, 2, 1).float(), size=length, mode="linear")
     return out.permute(0, 2, 1).to(table.dtype)
@@ -109,6 +112,21 @@ def pack(
         coord[b, : h * w] = torch.stack([ys.flatten(), xs.flatten()], dim=1)
         valid[b, : h * w] = True
     return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
+
+
+def unpack(batch: dict[str, Tensor], patch: tuple[int, int], channels: int) -> list[Tensor]:
+    """The images [C, H, W] of a packed batch, each at its own size: :func:`pack` undone (an
+    exported model of any size runs them so, the padding and its masks not needed)."""
+    ph, pw = patch
+    images = []
+    for p, coord, valid in zip(batch["patches"], batch["patch_coord"], batch["patch_valid"]):
+        n = int(valid.sum())
+        h, w = (int(v) + 1 for v in coord[:n].amax(dim=0))
+        if h * w != n:
+            raise VitkitError(f"a packed image of {n} patches is not a {h}x{w} grid")
+        x = p[:n].reshape(h, w, ph, pw, channels).permute(4, 0, 2, 1, 3)
+        images.append(x.reshape(channels, h * ph, w * pw))
+    return images
 
 
 def fit_size(size: tuple[int, int], patch: tuple[int, int], max_seq_len: int) -> tuple[int, int]:
