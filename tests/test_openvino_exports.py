@@ -122,6 +122,9 @@ def test_bf16_openvino_dir_of_any_size_is_bf16_close_and_agrees_on_top1(ckpt, ca
         assert 0 < relative(got, ref) < 0.05, x.shape
     assert main(["predict", "--from", str(out), str(img)]) == 0
     assert capsys.readouterr().out.startswith("engine: openvino, bf16 (as written)")
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "OpenVINO's CPU plugin at bf16" in shown and "no limit" in shown, shown
 
 
 def test_int8_openvino_dir_of_any_size_agrees_with_pytorch_on_top1(ckpt, capsys):

@@ -124,9 +124,12 @@ def describe_export(info: dict[str, Any], path: str | Path) -> str:
     check = info.get("check")
     if check:
         at = ", ".join(f"{k}: {v:.1e}" for k, v in check.get("sizes", {}).items())
+        limit = check.get("limit")
+        bound = f"<= {limit}" if limit is not None else "as measured, no limit"
+        what = f" ({check['what']})" if check.get("what") else ""
         lines.append(
-            f"  check         against {check.get('against')}: max relative error "
-            f"{check.get('max_relative_error', float('nan')):.2e} (<= {check.get('limit')}) at {at}"
+            f"  check         against {check.get('against')}{what}: max relative error "
+            f"{check.get('max_relative_error', float('nan')):.2e} ({bound}) at {at}"
         )
         if check.get("narrowed_from"):
             lines.append(
