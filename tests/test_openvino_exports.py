@@ -184,6 +184,13 @@ def test_features_openvino_dirs_equal_forward_intermediates(ckpt, capsys):
     for o, r in zip(em8(x), em(x)):
         cos = torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0)
         assert o.shape == r.shape and cos > 0.9, cos  # int8, not garbage
+    if native_bf16(torch.device("cpu")):  # bf16 of the same backbone: bf16's rounding
+        b = d / "ov-feat-bf16"
+        assert main(["export", str(d / "ck"), str(b), "--precision", "bf16", *feats]) == 0
+        info = json.loads((b / "engine.json").read_text())
+        assert info["versus_fp32"] is None and 0 < info["check"]["max_relative_error"] < 0.05
+        for o, r in zip(load_engine_dir(b)[0](x), em(x)):
+            assert o.shape == r.shape and 0 < relative(o, r) < 0.05
     capsys.readouterr()
     # its outputs are features: predict refuses it in one line
     assert main(["predict", "--from", str(out), str(img)]) == 2
