@@ -39,7 +39,7 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
         help="the engine the int8 model is for (default: onnxruntime, no calibration needed, "
         "the fastest int8 on an AVX2 CPU; its ONNX file OpenVINO also runs); openvino: "
         "0.8-2.6x onnxruntime's speed by model and batch on a CPU with AVX512-VNNI "
-        "(1.04-1.8x for Ti/16 to B/16)",
+        "(1.04-1.8x for Ti/16 to B/16). --engine openvino without --int8: fp32 OpenVINO IR",
     )
     g.add_argument(
         "--static",
