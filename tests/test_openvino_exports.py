@@ -256,3 +256,10 @@ def test_openvino_antialiased_kernel_narrows_the_range_and_says_so(tmp_path, cap
     x = torch.randn(2, 1, 24, 24)
     with torch.no_grad():
         assert relative(load_engine_dir(tmp_path / "fp32")[0](x), m(x)) <= 1e-4
+    # an onnxruntime int8 directory of any size (checked under onnxruntime) under OpenVINO
+    ort_dir = tmp_path / "ort"
+    assert main(["export", str(tmp_path / "ck"), str(ort_dir), "--int8", "--dynamic-size"]) == 0
+    capsys.readouterr()
+    with pytest.raises(VitkitError, match="OpenVINO's antialiased Resize"):
+        load_engine_dir(ort_dir, "openvino")
+    assert load_engine_dir(ort_dir)[0].engine == "onnxruntime"

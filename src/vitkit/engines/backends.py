@@ -241,6 +241,14 @@ def load_engine_dir(
     precision = str(info.get("precision", "int8"))
     if precision == "bf16" and engine != "openvino":
         raise VitkitError(f"{path}: a bf16 model runs under openvino only, not {engine}")
+    if engine == "openvino" and info.get("engine") != "openvino" and info.get("sizes"):
+        cfg: Any = ckpt.model_config
+        if cfg.pos_resample == "bicubic-antialias" or (cfg.naflex and cfg.naflex_antialias):
+            raise VitkitError(
+                f"{path}: an export of any size checked under onnxruntime; OpenVINO's "
+                "antialiased Resize (this checkpoint's E_pos kernel) is not PyTorch's away from "
+                "its own size: run it under onnxruntime, or export it again with --engine openvino"
+            )
     model_file = Path(path) / files[engine]
     try:
         run = RUNNERS[engine](model_file, threads, "bf16" if precision == "bf16" else "fp32")
@@ -259,7 +267,7 @@ def load_engine_dir(
         ) from None
     sizes = SizeRange.from_dict(info["sizes"]) if info.get("sizes") else None
     outputs = tuple(str(o) for o in info.get("outputs") or ("logits",))
-    cfg: Any = ckpt.model_config
+    cfg = ckpt.model_config
     naflex = (*cfg.patch_size, cfg.in_chans) if getattr(cfg, "naflex", False) else None
     return EngineModel(run, engine, precision, sizes, str(path), outputs, naflex), ckpt
 
