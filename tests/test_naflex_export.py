@@ -23,7 +23,7 @@ ort = pytest.importorskip("onnxruntime")
 
 NAFLEX = dict(
     naflex=True, naflex_grid=(4, 4), pool="map", width=32, depth=2, num_heads=2, mlp_dim=64,
-    num_classes=5,
+    num_classes=10,
 )  # fmt: skip
 
 
@@ -32,7 +32,7 @@ def saved(tmp_path, **kw):
     model = perturbed(vitkit.create_model("Ti/4", image_size=16, **{**NAFLEX, **kw}))
     with torch.no_grad():
         model.pos_embed.normal_(0, 1)  # a table far from smooth: every size resamples it
-    save_checkpoint(tmp_path / "ck", model)
+    save_checkpoint(tmp_path / "ck", model, meta={"dataset": "digits"})
     return model, tmp_path / "ck"
 
 
@@ -80,6 +80,13 @@ def test_predict_runs_a_naflex_engine_at_each_images_own_size(tmp_path, capsys):
         assert [p["label"] for p in g["top_k"]] == [p["label"] for p in w["top_k"]]
         assert np.allclose([p["prob"] for p in g["top_k"]], [p["prob"] for p in w["top_k"]],
                            atol=1e-5), (g, w)  # fmt: skip
+    # eval: the engine and its fp32 source on the same packed images (9 patches: 12x12 px
+    # digits, not the checkpoint's 16x16), so they agree on every image
+    pytest.importorskip("sklearn")
+    e = tmp_path / "e"
+    assert main(["eval", "--from", str(out), "--max-seq-len", "9", "--out", str(e)]) == 0
+    record = json.loads((e / "eval.json").read_text())
+    assert record["max_seq_len"] == 9 and record["versus_source"]["top1_agreement"] == 100.0
     # an export of one size (engine.json without sizes, as without --dynamic-size): packed
     # patches are refused in one line
     info = json.loads((out / "engine.json").read_text())

@@ -202,7 +202,8 @@ def source_comparison(
     if fp32 is None:
         print(f"the fp32 source {source or '(none recorded)'} is not there: no comparison")
         return None
-    c = versus_source(recorded, fp32, src, source, dataset, args.batch_size, result)
+    seq = getattr(args, "max_seq_len", None)  # (a NaFlex engine: the source packed alike)
+    c = versus_source(recorded, fp32, src, source, dataset, args.batch_size, result, seq)
     print(format_comparison(c, str(getattr(recorded.model, "precision", "int8"))))
     return c
 

@@ -90,13 +90,17 @@ def versus_source(
     dataset: Any,
     batch_size: int,
     result: Any,
+    max_seq_len: int | None = None,
 ) -> dict[str, Any]:
     """An engine directory's model (``recorded``, evaluated into ``result``) beside its fp32
-    source ``fp32`` (checkpoint ``src``, at path ``source``) on the same images."""
+    source ``fp32`` (checkpoint ``src``, at path ``source``) on the same images, packed to
+    ``max_seq_len`` patches as the engine's were (a NaFlex model)."""
     from vitkit.eval.checkpoint_eval import evaluate_checkpoint
 
     rec = Recorder(fp32)
-    ref = evaluate_checkpoint(rec, src, dataset, batch_size=batch_size, progress=False)
+    ref = evaluate_checkpoint(
+        rec, src, dataset, batch_size=batch_size, progress=False, max_seq_len=max_seq_len
+    )
     agree = agreement(recorded.predictions(), rec.predictions())
     return comparison(result.metrics()["top1"], ref.metrics()["top1"], agree, source)
 
