@@ -5,10 +5,14 @@ exported once with ``--dynamic-size`` (ONNX fp32; int8 by ONNX Runtime's dynamic
 for B/16 also the AOTInductor .pt2 package) and run at ``--sizes`` sizes (square and not, 112 to
 518 px): the largest relative error max |out - ref| / max |ref| against vitkit's PyTorch model
 and against the reference library (timm, transformers) at the same size; for int8 the top-1
-agreement with fp32 PyTorch on the same random images. OpenVINO: where installed.
+agreement with fp32 PyTorch on the same random images. OpenVINO (where installed): its CPU
+plugin running the dynamic-size ONNX graph at f32 and, on a CPU with native bf16, at bf16 (as
+``export --engine openvino`` and ``--precision bf16`` directories run), with bf16's top-1
+agreement beside its error.
 
 Speed: B/16 at 224 (and 384), batch 1 and 32: vitkit eager, ``torch.compile``, the ONNX export
-of the checkpoint's size, the dynamic-size ONNX export, the .pt2 package; and the features
+of the checkpoint's size, the dynamic-size ONNX export, OpenVINO fp32 / bf16 (fixed and
+dynamic size), the .pt2 package; and the features
 export (4 blocks, NCHW) against timm's ``forward_intermediates`` eager. Interleaved: each round
 runs every path once in turn; the figure is the median of the rounds.
 
@@ -127,6 +131,7 @@ def exactness(name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool) -
     q = tmp / f"{name}.int8.onnx"
     quantize_onnxruntime(path, q, None)
     paths["onnx int8 (ORT dynamic)"] = ort.InferenceSession(str(q))
+    paths.update(openvino_paths(path))
     if pt2:
         t0 = time.perf_counter()
         with quiet():
@@ -147,9 +152,13 @@ def exactness(name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool) -
             if key == "pt2":
                 with torch.inference_mode():
                     out = run(x).numpy()
+            elif key.startswith("openvino"):
+                out = run(x.numpy())[0]
             else:
                 out = run.run(None, {"pixel_values": x.numpy()})[0]
             r = rows[key]
+            if "bf16" in key:  # (the reference too: bf16's rounding, not the export's)
+                r["agree"].append(float((out.argmax(-1) == ours.argmax(-1)).mean()))
             if "int8" in key:
                 r["agree"].append(float((out.argmax(-1) == ours.argmax(-1)).mean()))
                 r["vitkit"] = max(r["vitkit"], relative_error(out, ours))
@@ -174,6 +183,22 @@ def exactness(name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool) -
         "paths": rows,
         "export_seconds": times,
     }
+
+
+def openvino_paths(onnx: Path) -> dict[str, Any]:
+    """OpenVINO's CPU plugin running the dynamic-size ONNX graph, as an engine directory of
+    ``export --engine openvino`` (fp32) and ``--precision bf16`` runs it (vitkit's runner:
+    numpy in, [outputs] out); none where OpenVINO is not installed, bf16 only where this CPU
+    has it natively."""
+    from vitkit.engines.backends import available, openvino_runner
+    from vitkit.hardware import native_bf16
+
+    if not available("openvino"):
+        return {}
+    found = {"openvino fp32": openvino_runner(onnx, torch.get_num_threads(), "fp32")}
+    if native_bf16(torch.device("cpu")):
+        found["openvino bf16"] = openvino_runner(onnx, torch.get_num_threads(), "bf16")
+    return found
 
 
 def timed(fn: Any, x: torch.Tensor) -> float:
@@ -213,6 +238,8 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
     s_feat = ort.InferenceSession(str(fdyn), so)
     package = inductor.aoti_load_package(str(p2))
     compiled = torch.compile(model, dynamic=False)
+    ov = {f"{k} dynamic size": v for k, v in openvino_paths(dyn).items()}
+    ov_fixed = openvino_paths(fixed).get("openvino fp32")
 
     def eager(x: torch.Tensor) -> Any:
         with torch.inference_mode():
@@ -241,8 +268,12 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
             "features onnx (4 blocks)": lambda x: s_feat.run(None, {"pixel_values": x.numpy()}),
             "timm forward_intermediates eager": timm_feats,
         }
+        for k, run in ov.items():
+            paths[k] = lambda x, run=run: run(x.numpy())
         if size == 224:
             paths["onnx fixed 224"] = lambda x: s_fixed.run(None, {"pixel_values": x.numpy()})
+            if ov_fixed is not None:
+                paths["openvino fp32 fixed 224"] = lambda x: ov_fixed(x.numpy())
         for fn in paths.values():  # warm-up (compiles torch.compile at this shape)
             fn(x)
         got: dict[str, list[float]] = {k: [] for k in paths}
@@ -268,12 +299,12 @@ def write_md(out: Path, res: dict[str, Any]) -> None:
         "## Exactness: max relative error over the sizes",
         "",
         "Each model exported once with `--dynamic-size` and run at every size; error = max "
-        "|out - ref| / max |ref| over a batch of 2 random images, worst size. int8: top-1 "
+        "|out - ref| / max |ref| over a batch of 2 random images, worst size. int8 and bf16: top-1 "
         "agreement with fp32 vitkit on the same random inputs (random weights: a stress of the "
         "ordering, not an accuracy).",
         "",
         "| model | E_pos kernel | sizes | path | vs vitkit PyTorch | vs reference | "
-        "int8 top-1 agreement |",
+        "int8 / bf16 top-1 agreement |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in res["exactness"]:
@@ -308,7 +339,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default="Ti/16,B/16,dinov2reg,dinov3")
-    ap.add_argument("--speed", default="224x1,224x32,384x1")
+    ap.add_argument("--speed", default="224x1,224x32,384x1,384x32")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     res: dict[str, Any] = {
@@ -320,9 +351,9 @@ def main() -> None:
         "exactness": [],
     }
     try:
-        import openvino  # noqa: F401
+        import openvino
 
-        res["openvino"] = "installed (not measured here)"
+        res["openvino"] = f"{openvino.__version__.split('-')[0]}, its CPU plugin"
     except ImportError:
         res["openvino"] = "not installed in this environment: no OpenVINO rows"
     out = Path(args.out)
