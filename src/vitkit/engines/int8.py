@@ -216,13 +216,17 @@ def quantize_openvino(
         ) from None
     keep = nodes_of_modules(fp32, keep_fp32) if keep_fp32 else []
     model = ov.Core().read_model(str(fp32))
-    dataset = nncf.Dataset(list(_batches(calib)))
+    batches = list(_batches(calib))
+    dataset = nncf.Dataset(batches)
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
         quantized = nncf.quantize(
             model,
             dataset,
             model_type=nncf.ModelType.TRANSFORMER,
-            subset_size=len(calib),
+            # NNCF counts the dataset's items, here batches of CALIB_BATCH images: the number
+            # of images warned "Dataset contains only 16 samples, smaller than the requested
+            # subset size 128" at every export (every image was used all the same)
+            subset_size=len(batches),
             ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,
         )
     ov.save_model(quantized, str(out_xml), compress_to_fp16=False)
