@@ -42,7 +42,7 @@ test: setup
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n auto --dist loadfile $(ARGS)
+	$(BIN)/pytest -q $(ARGS)
 	$(BIN)/mkdocs build --strict --quiet
 
 # The site: every page, the API reference from the docstrings, the CLI reference and the

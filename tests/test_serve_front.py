@@ -4,7 +4,6 @@ and the server goes on, both processes get work, and /metrics comes from one pla
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -39,6 +38,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(d / "img.png")
     return d
+
+
+def parent(pid: int) -> int | None:
+    """The parent of process ``pid`` (None: no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def model_pids(lines: list[str]) -> dict[int, int]:
@@ -124,8 +132,8 @@ def test_a_batch_whose_processes_die_twice_is_answered_500_and_the_server_goes_o
                  "forward of 1 images")  # fmt: skip
             restarted(lines, 1, pids[1])  # (meanwhile process 2, frozen, holds the batch)
             assert not answer.done()
-            with contextlib.suppress(ProcessLookupError):  # (taken for stalled meanwhile)
-                os.kill(pids[2], signal.SIGKILL)
+            if parent(pids[2]) == proc.pid:  # (else taken for stalled and replaced meanwhile:
+                os.kill(pids[2], signal.SIGKILL)  # its pid may be another process's by now)
             status, body, _ = answer.result()
         assert status == 500, (status, body)
         assert b", 2 times: the batch is not tried again" in body, body
