@@ -346,14 +346,19 @@ class Batcher:
             finally:
                 self._forward_ends, self._running = 0.0, []
             seconds = time.perf_counter() - start
-            self.times.observe(len(batch), seconds)
-            if self.on_batch is not None:
-                self.on_batch(len(batch), seconds)
-            abandoned = 0
-            for item, out in zip(batch, outputs):
-                if item.future.done():
-                    abandoned += 1
-                else:
-                    item.future.set_result(out)
-            if abandoned and self.on_abandoned is not None:
-                self.on_abandoned(abandoned)
+            self._answer(batch, outputs, seconds)
+
+    def _answer(self, batch: list[_Item], outputs: Sequence[Any], seconds: float) -> None:
+        """A forward of ``batch`` done in ``seconds``: each request still waiting gets its
+        output, those whose clients have gone are counted as abandoned."""
+        self.times.observe(len(batch), seconds)
+        if self.on_batch is not None:
+            self.on_batch(len(batch), seconds)
+        abandoned = 0
+        for item, out in zip(batch, outputs):
+            if item.future.done():
+                abandoned += 1
+            else:
+                item.future.set_result(out)
+        if abandoned and self.on_abandoned is not None:
+            self.on_abandoned(abandoned)

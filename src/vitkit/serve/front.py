@@ -309,17 +309,7 @@ class FrontBatcher(Batcher):
             await proc.restart()
         elif outputs is not None:
             seconds = time.perf_counter() - start
-            self.times.observe(len(batch), seconds)
-            if self.on_batch is not None:
-                self.on_batch(len(batch), seconds)
-            abandoned = 0
-            for item, out in zip(batch, outputs):
-                if item.future.done():
-                    abandoned += 1
-                else:
-                    item.future.set_result(out)
-            if abandoned and self.on_abandoned is not None:
-                self.on_abandoned(abandoned)
+            self._answer(batch, outputs, seconds)
         self._free.append(proc)
         self._freed.set()
 
