@@ -319,17 +319,22 @@ class Batcher:
                 item.expiry.cancel()
         return [i for i in batch if not i.future.done()]
 
+    async def _next_batch(self) -> list[_Item]:
+        """The next batch (:meth:`_take`); where gathering it fails, every image in it hears
+        why (never silently) and the batch is empty."""
+        try:
+            return await self._take()
+        except Exception as e:
+            for item in self._gathering:
+                if not item.future.done():
+                    item.future.set_exception(e)
+            self._gathering = []
+            return []
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                batch = await self._take()
-            except Exception as e:  # never silently: every image of the batch hears why
-                for item in self._gathering:
-                    if not item.future.done():
-                        item.future.set_exception(e)
-                self._gathering = []
-                continue
+            batch = await self._next_batch()
             if not batch:
                 continue
             start = time.perf_counter()

@@ -266,14 +266,7 @@ class FrontBatcher(Batcher):
             while not self._free:  # (gathering waits: the batch fills meanwhile)
                 self._freed.clear()
                 await self._freed.wait()
-            try:
-                batch = await self._take()
-            except Exception as e:  # never silently: every image of the batch hears why
-                for item in self._gathering:
-                    if not item.future.done():
-                        item.future.set_exception(e)
-                self._gathering = []
-                continue
+            batch = await self._next_batch()
             if batch:
                 task = loop.create_task(self._forward(self._free.pop(), batch))
                 self._forwards.add(task)
