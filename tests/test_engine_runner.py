@@ -106,6 +106,22 @@ def test_an_int8_directory_runs_as_written_beside_its_fp32_source(ckpt, tmp_path
     _close_to_loaded(run, path, 0.2)  # (int8: near, not equal)
     with pytest.raises(VitkitError, match="an exported int8 model runs at int8 only"):
         vitkit.engines.runner(tmp_path / "q", precision="fp32")
+    # loading options read a checkpoint: with an engine directory they would change nothing
+    with pytest.raises(VitkitError, match=r"loading options \(num_heads=2\) change nothing"):
+        vitkit.engines.runner(tmp_path / "q", num_heads=2)
+
+
+def test_loading_options_with_an_engine_directory_are_refused_not_ignored(ckpt, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    path, img = ckpt
+    assert main(["export", str(path), str(tmp_path / "q"), "--int8"]) == 0
+    capsys.readouterr()
+    assert main(["predict", "--from", str(tmp_path / "q"), str(img), "--num-heads", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "an engine directory runs its exported graph; loading options (num_heads=2)" in err
+    assert main(["predict", "--from", str(tmp_path / "q"), str(img)]) == 0
+    with pytest.raises(VitkitError, match=r"a \.pt2 package runs as compiled; loading options"):
+        vitkit.engines.runner(tmp_path / "never_read.pt2", arch="Ti/16")
 
 
 def test_refusals_are_one_line(ckpt):

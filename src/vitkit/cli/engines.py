@@ -154,19 +154,27 @@ def load_for_inference(
     batch: int | None = None,
     precision: str | None = None,
     long_lived: bool = False,
+    source_options: bool = False,
 ) -> tuple[Any, Any, str]:
     """:func:`vitkit.engines.checkpoint_runner.runner` of ``path`` at ``precision`` with the
     command's options: the model, its checkpoint and the one line saying which engine and
-    precision run it. The fp8 options are checked as typed first (one line naming them)."""
+    precision run it. The fp8 options are checked as typed first (one line naming them).
+    ``source_options`` (eval): for an engine directory, the loading options read its fp32
+    source (:func:`source_comparison`), not the engine (refused with one elsewhere)."""
+    from vitkit.engines.backends import is_engine_dir
     from vitkit.engines.checkpoint_runner import runner
 
-    if path.endswith(".pt2"):  # (runs as compiled: no loading options, no fp8 settings read)
-        run = runner(path, engine=getattr(args, "engine", None), precision=precision)
+    if path.endswith(".pt2"):  # (runs as compiled: no fp8 settings read)
+        engine = getattr(args, "engine", None)
+        run = runner(path, engine=engine, precision=precision, **loading(args))
         return run.model, run.checkpoint, run.line
     check_fp8_options(args)
     options = runner_options(args)
     if precision != "fp8":  # (refused above as typed; they set nothing at another precision)
         options.update(fp8_recipe=None, fp8_min_params=None)
+    if source_options and is_engine_dir(path):
+        for key in loading(args):
+            options.pop(key)
     run = runner(path, precision=precision, long_lived=long_lived, **options)
     return run.model, run.checkpoint, run.line
 
@@ -198,10 +206,14 @@ def source_comparison(
     from vitkit.engines.checkpoint_runner import source_reference
     from vitkit.eval.compare import format_comparison, versus_source
 
-    fp32, src, source = source_reference(ckpt, **loading(args))
+    options = loading(args)
+    fp32, src, source = source_reference(ckpt, **options)
     if fp32 is None:
         print(f"the fp32 source {source or '(none recorded)'} is not there: no comparison")
         return None
+    if options:
+        named = ", ".join(f"{k}={v}" for k, v in options.items())
+        print(f"the fp32 source {source} read with {named} (the engine runs as exported)")
     seq = getattr(args, "max_seq_len", None)  # (a NaFlex engine: the source packed alike)
     c = versus_source(recorded, fp32, src, source, dataset, args.batch_size, result, seq)
     print(format_comparison(c, str(getattr(recorded.model, "precision", "int8"))))

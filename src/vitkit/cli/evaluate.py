@@ -185,7 +185,9 @@ def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -
     from vitkit.plotting import plot_confusion_matrix
 
     fp8 = args.precision == "fp8"  # (bf16 and fp32 of a checkpoint: autocast or not, below)
-    model, ckpt, engine_line = load_for_inference(args, path, precision="fp8" if fp8 else None)
+    model, ckpt, engine_line = load_for_inference(
+        args, path, precision="fp8" if fp8 else None, source_options=True
+    )
     gpu = model if isinstance(model, GPUModel) else None
     default = output_dir(None if out_arg is None else str(out_arg), ckpt.path, f"eval_{args.split}")
     out = eval_output_dir(

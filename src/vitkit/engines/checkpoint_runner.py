@@ -103,6 +103,7 @@ def runner(
     :func:`vitkit.load` takes them (``arch=``, ``num_heads=``, config fields)."""
     path = str(checkpoint)
     if path.endswith(".pt2"):  # (before the engines' imports: vitkit's model code stays out)
+        check_no_overrides(path, "a .pt2 package runs as compiled", overrides)
         return _pt2_runner(path, engine, precision)
     if precision != "fp8" and (fp8_recipe is not None or fp8_min_params is not None):
         raise VitkitError(
@@ -115,6 +116,7 @@ def runner(
         from vitkit.engines.backends import check_classifier, read_engine_dir
 
         info, _ = read_engine_dir(path)
+        check_no_overrides(path, "an engine directory runs its exported graph", overrides)
         check_classifier(info, path)
         own = str(info.get("precision", "int8"))
         if precision is not None and precision != own:
@@ -157,6 +159,18 @@ def runner(
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
     return Runner(model, ckpt, f"engine: {engine}, {precision} ({why})")
+
+
+def check_no_overrides(path: str, what: str, overrides: dict[str, Any]) -> None:
+    """Loading options (``arch=``, ``num_heads=``, config fields) read a checkpoint; an exported
+    model holds its graph as written, so given with one they would change nothing: refused in
+    one line naming them, never ignored."""
+    if overrides:
+        named = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        raise VitkitError(
+            f"{path}: {what}; loading options ({named}) change nothing in it: leave them out "
+            "(they read a checkpoint, such as the one it was exported from)"
+        )
 
 
 def _pt2_runner(path: str, engine: str | None, precision: str | None) -> Runner:
