@@ -145,6 +145,26 @@ def test_training_mode_draws_as_eager_and_shares_the_parameters():
     assert _max_diff(model.eval()(x), torch.jit.script(model)(x)) <= 1e-6
 
 
+def test_a_model_on_onednn_scripts_and_keeps_its_onednn_layers():
+    """What predict and ``vitkit.engines.runner`` run (Linear layers and the MLP's GELU on
+    oneDNN) scripts to the same numbers; the eager model keeps its layers and weights."""
+    from vitkit.engines.onednn import OneDNNLinear, OneDNNMlp, onednn_linears
+
+    model = perturbed(vitkit.create_model("vit_s16", **SMALL, num_classes=3)).eval()
+    if not onednn_linears(model):
+        pytest.skip("this PyTorch build has no oneDNN linear kernel")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        scripted = torch.jit.script(model)
+        assert _max_diff(scripted(x), want) <= 1e-5
+    kinds = [type(m) for m in model.modules()]
+    assert OneDNNMlp in kinds and OneDNNLinear in kinds
+    assert type(model.blocks[0].mlp.fc1) is OneDNNLinear  # not swapped by the preparation
+    shared = dict(scripted.named_parameters())
+    assert all(shared[k] is p for k, p in model.named_parameters())
+
+
 def test_a_pruned_model_scripts_as_pruned():
     model = perturbed(vitkit.create_model("vit_s16", **SMALL, num_classes=3))
     model.prune_intermediate_layers([0], prune_norm=True, prune_head=True)

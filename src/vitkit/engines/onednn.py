@@ -18,6 +18,7 @@ torch engine; ``VITKIT_ONEDNN=0`` turns it off (then PyTorch's default BLAS runs
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -71,6 +72,11 @@ class OneDNNLinear(nn.Linear):
             x.contiguous(), self.weight, self.bias, "none", [], ""
         )
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles in its place: the plain ``nn.Linear`` with the
+        same parameters (TorchScript cannot read the dispatch above; the module itself stays)."""
+        return _plain_copy(self, nn.Linear)
+
 
 class OneDNNMlp(Mlp):
     """Eq. 3's MLP with ``GELU(fc1(x))`` as one oneDNN call (the GELU fused into the matmul's
@@ -94,6 +100,21 @@ class OneDNNMlp(Mlp):
             x.contiguous(), fc1.weight, fc1.bias, "gelu", [], algorithm
         )
         return self.fc2(h)  # (dropout is the identity in eval)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script``'s copy: the plain :class:`~vitkit.models.block_parts.Mlp`
+        with the same parameters and layers (its Linear layers plain in turn)."""
+        return _plain_copy(self, Mlp)
+
+
+def _plain_copy(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A shallow copy of ``module`` as ``cls`` sharing its parameters and buffers, with a
+    submodule table of its own (TorchScript's preparation replaces entries of that table, and
+    must not replace the eager model's)."""
+    plain = copy.copy(module)
+    plain.__class__ = cls
+    plain.__dict__["_modules"] = dict(module._modules)
+    return plain
 
 
 def onednn_linears(model: nn.Module) -> int:
