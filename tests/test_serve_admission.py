@@ -75,17 +75,16 @@ def test_a_full_queue_refuses_at_once_with_a_retry_time_and_runs_only_what_it_to
         await asyncio.sleep(0.05)
         waiting = asyncio.ensure_future(b.submit([3, 4, 5]))  # fills the queue (3)
         await asyncio.sleep(0)
-        start = time.perf_counter()
         with pytest.raises(Dropped) as refused:
             await b.submit([6])
-        took = time.perf_counter() - start
+        forward_running = not first.done()
         answers = await asyncio.gather(first, waiting)
         await b.stop()
-        return refused.value, (answers, took)
+        return refused.value, (answers, forward_running)
 
-    refused, (answers, took) = asyncio.run(go())
+    refused, (answers, forward_running) = asyncio.run(go())
     assert refused.reason == "queue_full" and "--max-queue" in refused.message
-    assert took < 0.9  # refused without waiting for the 1 s forward before it
+    assert forward_running  # refused without waiting for the 1 s forward before it
     assert int(refused.retry_after_header) >= 1
     assert answers == [[10, 20], [30, 40, 50]]
     assert sorted(seen) == [1, 2, 3, 4, 5]  # the refused image never reached a forward
@@ -103,6 +102,7 @@ def test_images_past_their_deadline_are_dropped_before_the_forward():
         with pytest.raises(Dropped) as late:
             await b.submit([2], deadline=time.monotonic() + 0.2)
         took = time.perf_counter() - start
+        assert not busy.done()  # answered before the busy forward's end
         assert await busy == [10]
         # the forward of 1 image is now known to take ~2 s: a 0.1 s deadline is refused at once
         with pytest.raises(Dropped) as hopeless:
@@ -113,7 +113,7 @@ def test_images_past_their_deadline_are_dropped_before_the_forward():
 
     late, took, hopeless = asyncio.run(go())
     # answered at its deadline (0.2 s), well before the busy forward's end (2 s)
-    assert late.reason == "deadline" and 0.15 < took < 1.2
+    assert late.reason == "deadline" and took > 0.15
     assert hopeless.reason == "deadline" and "--timeout" in hopeless.message
     assert seen == [1]  # neither late image was computed
 
