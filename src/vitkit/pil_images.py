@@ -6,7 +6,9 @@ A serve decode process (:mod:`vitkit.serve.decode_process`) runs these and impor
 else of vitkit's that would load PyTorch (200 MB of its own memory); the tensor transforms
 of :mod:`vitkit.data.transforms` re-export them.
 
-:class:`PilEvalTransform` resizes the whole image, then crops the centre. An image of extreme
+:class:`PilNativeTransform` is a NaFlex model's: each image at its own aspect ratio, at most
+a given number of patches, no crop. :class:`PilEvalTransform` resizes the whole image, then
+crops the centre. An image of extreme
 aspect ratio (1 x 1,000,000 pixels is a 1 KB PNG) is resized to a strip of billions of pixels
 before the crop; its header says so before a pixel is decoded. PIL resizes the width first (an
 intermediate of the new width x the old height), then the height: :func:`resize_pixels`
@@ -183,7 +185,68 @@ class PilEvalTransform:
         )
 
 
-def resize_pixels(transform: PilEvalTransform, width: int, height: int) -> int:
+def fit_size(size: tuple[int, int], patch: tuple[int, int], max_seq_len: int) -> tuple[int, int]:
+    """The (H, W) an image of ``size`` (H, W) is resized to so that it keeps its aspect ratio
+    and has at most ``max_seq_len`` patches: timm's ``get_image_size_for_seq`` (a binary search
+    on the scale down to 1e-5, sides rounded up to whole patches, at least one patch each)."""
+    ph, pw = patch
+
+    def target(ratio: float) -> tuple[int, int]:
+        h = ph * math.ceil(size[0] * ratio / ph)
+        w = pw * math.ceil(size[1] * ratio / pw)
+        return int(max(h, ph)), int(max(w, pw))
+
+    lo, hi = 1e-6, 100.0
+    while hi - lo >= 1e-5:
+        mid = (lo + hi) / 2.0
+        h, w = target(mid)
+        lo, hi = (mid, hi) if (h // ph) * (w // pw) <= max_seq_len else (lo, mid)
+    return target(lo)
+
+
+class PilNativeTransform:
+    """A NaFlex model's eval transform: the image at its own aspect ratio, resized to the
+    largest size of whole patches with at most ``max_seq_len`` patches (:func:`fit_size`), no
+    crop; what ``vitkit predict --max-seq-len`` does to a file
+    (:func:`vitkit.data.images.resize_native`), here without PyTorch (a serve decode process
+    runs :meth:`array`)."""
+
+    def __init__(
+        self,
+        patch: tuple[int, int],
+        max_seq_len: int,
+        channels: int = 3,
+        interpolation: Interpolation = "bicubic",
+    ) -> None:
+        self.patch = _pair(patch)
+        self.max_seq_len = max_seq_len
+        self.channels = channels
+        self.interpolation = interpolation
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) of an image of `width` x `height` after the resize."""
+        h, w = fit_size((height, width), self.patch, self.max_seq_len)
+        return w, h
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.array(img))
+
+    def array(self, img: Image.Image) -> np.ndarray:
+        """The resized image as a uint8 [C, H, W] array (no torch operation)."""
+        img = convert_image(img, self.channels)
+        size = self.resized_size(*img.size)
+        return pil_to_array(img.resize(size, _PIL_INTERPOLATION[self.interpolation]))
+
+    def __repr__(self) -> str:
+        return (
+            f"PilNativeTransform(patch={self.patch}, max_seq_len={self.max_seq_len}, "
+            f"channels={self.channels}, interpolation={self.interpolation!r})"
+        )
+
+
+def resize_pixels(transform: PilEvalTransform | PilNativeTransform, width: int, height: int) -> int:
     """Pixels the resize of ``transform`` allocates for a ``width`` x ``height`` image (its
     two passes' outputs; 0 where the image is not resized)."""
     new_w, new_h = transform.resized_size(width, height)
@@ -191,15 +254,20 @@ def resize_pixels(transform: PilEvalTransform, width: int, height: int) -> int:
     return pixels + (new_w * new_h if new_h != height else 0)
 
 
-def resize_refusal(transform: PilEvalTransform, width: int, height: int, budget: int) -> str:
+def resize_refusal(
+    transform: PilEvalTransform | PilNativeTransform, width: int, height: int, budget: int
+) -> str:
     """Why a ``width`` x ``height`` image is refused under ``budget`` pixels of resize
     intermediates ("" where it is not)."""
     need = resize_pixels(transform, width, height)
     if need <= budget:
         return ""
     new_w, new_h = transform.resized_size(width, height)
+    if isinstance(transform, PilNativeTransform):
+        goal = f"(at most {transform.max_seq_len} patches)"
+    else:
+        goal = f"before the {transform.size[1]}x{transform.size[0]} centre crop"
     return (
-        f"{width}x{height} pixels would be resized to {new_w:,}x{new_h:,} before the "
-        f"{transform.size[1]}x{transform.size[0]} centre crop ({need:,} pixels of "
-        f"intermediates; at most {budget:,})"
+        f"{width}x{height} pixels would be resized to {new_w:,}x{new_h:,} {goal} ({need:,} "
+        f"pixels of intermediates; at most {budget:,})"
     )

@@ -124,6 +124,16 @@ def add_commands(sub: Any) -> None:
         help="how long the first image of a forward waits for others on their way (default 5, "
         "at most 10,000)",
     )
+    g.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a NaFlex model (a checkpoint, or its engine exported with --dynamic-size): each "
+        "image at its own aspect ratio with at most N patches (no crop), a forward's images "
+        "packed and padded to N, as predict --max-seq-len runs them (default: the length a "
+        "NaFlex run trained with)",
+    )
     g = p.add_argument_group(
         "admission (a request refused or given up gets 503, Retry-After and one line)"
     )
@@ -198,8 +208,9 @@ def served_model(args: argparse.Namespace) -> Any:
     if asked == "auto":  # (an engine directory or a .pt2 package: the precision it was written at)
         precision, why = auto_choice(is_engine_dir(args.ckpt) or is_pt2(args.ckpt))
     model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, precision)
+    seq = served_sequence(args, ckpt)
     if asked == "auto" and precision == "bf16" and fp32 is not None:
-        served = ServedModel(model, ckpt, engine=engine, precision=precision)
+        served = ServedModel(model, ckpt, engine=engine, precision=precision, max_seq_len=seq)
         agree, n = top1_agreement(fp32, model, served)
         if n - agree > MAX_DISAGREEMENTS:
             why = (
@@ -222,7 +233,18 @@ def served_model(args: argparse.Namespace) -> Any:
         attention_model=attention,
         no_attention_reason=no_attention,
         precision_why=why,
+        max_seq_len=seq,
     )
+
+
+def served_sequence(args: argparse.Namespace, ckpt: Any) -> int | None:
+    """``--max-seq-len`` (checked to fit), else a NaFlex run's own, said in one line (as
+    predict takes it); None: the model's fixed size."""
+    from vitkit.cli.evaluate import run_max_seq_len
+
+    if args.max_seq_len is not None and not getattr(ckpt.model_config, "naflex", False):
+        return args.max_seq_len  # (refused by ServedModel, naming the model's size)
+    return run_max_seq_len(args.max_seq_len, ckpt)
 
 
 def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
@@ -322,22 +344,27 @@ def check_batch_memory(served: Any, max_batch: int, max_queue: int | None = None
     from vitkit.serve.served_model import forward_bytes
 
     cfg = served.ckpt.model_config
-    need = forward_bytes(cfg, max_batch)
+    seq = getattr(served, "max_seq_len", None)
+    need = forward_bytes(cfg, max_batch, seq)
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # (not on Linux)
         return
     if need > memory / 2:
-        most = max(1, int(memory / 2 // forward_bytes(cfg, 1)))
+        most = max(1, int(memory / 2 // forward_bytes(cfg, 1, seq)))
         raise VitkitError(
             f"--max-batch {max_batch:,}: one forward of {cfg.short_name} would hold about "
             f"{need / 1e9:,.1f} GB; this machine has {memory / 1e9:,.1f} GB (at most {most:,} "
             "images a forward)"
         )
-    (h, w), image = cfg.image_size, 4 * cfg.in_chans * cfg.image_size[0] * cfg.image_size[1]
+    (h, w) = cfg.image_size
+    pixels, what = h * w, f"{h}x{w} images"
+    if seq is not None:  # (a NaFlex model's: up to max_seq_len patches each)
+        pixels, what = seq * cfg.patch_size[0] * cfg.patch_size[1], f"images of {seq:,} patches"
+    image = 4 * cfg.in_chans * pixels
     if max_queue is not None and max_queue * image > memory / 2:
         raise VitkitError(
-            f"--max-queue {max_queue:,}: that many waiting {h}x{w} images of {cfg.short_name} "
+            f"--max-queue {max_queue:,}: that many waiting {what} of {cfg.short_name} "
             f"would hold about {max_queue * image / 1e9:,.1f} GB; this machine has "
             f"{memory / 1e9:,.1f} GB (at most {int(memory / 2 // image):,} images waiting)"
         )
@@ -373,8 +400,12 @@ def start_model_processes(args: argparse.Namespace, served: Any) -> Any:
     child.threads = args.threads or max(1, cpus() // args.workers)
     if args.precision == "auto" and served.precision in ("fp32", "bf16"):
         child.precision = served.precision  # (measured once, here)
+    child.max_seq_len = served.max_seq_len  # (said once, here)
     pre = served.ckpt.preprocess
     shapes = ((pre.channels, *pre.image_size), served.num_classes)
+    if served.max_seq_len is not None:  # (NaFlex: room for an image of max_seq_len patches)
+        ph, pw = served.transform.patch
+        shapes = ((pre.channels, served.max_seq_len * ph, pw), served.num_classes)
     print(f"starting {args.workers} model processes, {child.threads} threads each", flush=True)
     return ModelPool(child, served_model, shapes, args.workers)
 

@@ -28,7 +28,6 @@ are not read otherwise), so a batch from :func:`pack` (or timm's loader) is what
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from torch import Tensor
 from vitkit.errors import VitkitError
 from vitkit.models.map_head import require_map_head
 from vitkit.models.posemb_resample import symbolic
+from vitkit.pil_images import fit_size as fit_size  # (the size an image is resized to)
 from vitkit.registry.model_config import ViTConfig
 
 
@@ -127,25 +127,6 @@ def unpack(batch: dict[str, Tensor], patch: tuple[int, int], channels: int) -> l
         x = p[:n].reshape(h, w, ph, pw, channels).permute(4, 0, 2, 1, 3)
         images.append(x.reshape(channels, h * ph, w * pw))
     return images
-
-
-def fit_size(size: tuple[int, int], patch: tuple[int, int], max_seq_len: int) -> tuple[int, int]:
-    """The (H, W) an image of ``size`` (H, W) is resized to so that it keeps its aspect ratio
-    and has at most ``max_seq_len`` patches: timm's ``get_image_size_for_seq`` (a binary search
-    on the scale down to 1e-5, sides rounded up to whole patches, at least one patch each)."""
-    ph, pw = patch
-
-    def target(ratio: float) -> tuple[int, int]:
-        h = ph * math.ceil(size[0] * ratio / ph)
-        w = pw * math.ceil(size[1] * ratio / pw)
-        return int(max(h, ph)), int(max(w, pw))
-
-    lo, hi = 1e-6, 100.0
-    while hi - lo >= 1e-5:
-        mid = (lo + hi) / 2.0
-        h, w = target(mid)
-        lo, hi = (mid, hi) if (h // ph) * (w // pw) <= max_seq_len else (lo, mid)
-    return target(lo)
 
 
 def attention_mask(valid: Tensor, num_prefix: int, dtype: torch.dtype) -> Tensor:

@@ -149,9 +149,15 @@ class ModelProcess:
     async def forward(self, values: Sequence[Any]) -> Any:
         """Class probabilities of ``values`` (uint8 [C, H, W] each), run in the process."""
         n = len(values)
-        torch.stack(list(values), out=self.inputs[:n])
+        message: Any = n
+        if all(v.shape == self.inputs.shape[1:] for v in values):
+            torch.stack(list(values), out=self.inputs[:n])
+        else:  # images of their own sizes (NaFlex): each at the start of its row, and its shape
+            for row, v in zip(self.inputs, values):
+                row.view(-1)[: v.numel()] = v.reshape(-1)
+            message = (n, [tuple(v.shape) for v in values])
         try:
-            self.conn.send(n)
+            self.conn.send(message)
         except OSError:
             await asyncio.get_running_loop().run_in_executor(None, self.process.join, 5)
             raise ProcessDied(how_it_ended(self.process.exitcode)) from None

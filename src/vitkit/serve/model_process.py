@@ -4,7 +4,9 @@ the batches the front hands it (:mod:`vitkit.serve.front`), one at a time.
 The front and this process share two tensors in shared memory, made by the front once per
 process: the batch's uint8 images ``[max_batch, C, H, W]`` and the class probabilities
 ``[max_batch, K]``. A forward's only messages on the pipe are the number of images (front ->
-here) and ``("done", seconds)`` or ``("error", line)`` back: no image is pickled.
+here) and ``("done", seconds)`` or ``("error", line)`` back: no image is pickled. A NaFlex
+model's images each have their own size: each lies at the start of its row (room for
+``max_seq_len`` patches), and the front sends ``(number, their shapes)``.
 
 The process ignores SIGTERM and SIGINT (the front drains and then closes the pipe: a forward
 the drain waits for is never cut short) and exits when the pipe closes, so a front that dies,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import signal
 import sys
@@ -48,14 +51,17 @@ def model_main(
     conn.send(("ready", os.getpid()))
     while True:
         try:
-            n = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):  # the front is gone
             break
-        if n is None:  # the front stops
+        if message is None:  # the front stops
             break
         start = time.perf_counter()
+        n, images = (message, inputs[:message]) if isinstance(message, int) else message
         try:
-            outputs[:n] = served.probabilities(inputs[:n])
+            if not isinstance(message, int):  # (NaFlex: each image at its own size)
+                images = [row.view(-1)[: math.prod(s)].view(s) for row, s in zip(inputs, images)]
+            outputs[:n] = served.probabilities(images)
         except Exception as e:  # the requests of this batch hear why; the process goes on
             conn.send(("error", f"{type(e).__name__}: {e}"))
             continue

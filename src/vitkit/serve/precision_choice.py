@@ -44,8 +44,7 @@ def synthetic_images(channels: int, height: int, width: int, n: int = IMAGES) ->
 def top1_agreement(reference: Any, candidate: Any, served: Any) -> tuple[int, int]:
     """How many of :func:`synthetic_images` ``candidate`` and the fp32 ``reference`` put in
     the same class (through ``served``'s normalisation), of how many."""
-    pre = served.ckpt.preprocess
-    images = synthetic_images(pre.channels, *pre.image_size)
+    images = synthetic_images(served.ckpt.preprocess.channels, *served.input_size)
     x = served.normalized(list(images))
     with torch.inference_mode():
         a = reference(x).float().argmax(-1)

@@ -27,6 +27,7 @@ from vitkit.data.transforms import normalize
 from vitkit.engines.allocator import release_freed_memory
 from vitkit.errors import VitkitError
 from vitkit.eval.predict import Prediction, class_names, top_k
+from vitkit.pil_images import PilNativeTransform, fit_size
 from vitkit.serve.decode import DecodeBudget
 from vitkit.serve.request_images import Limits, RequestError, load_image, open_checked
 
@@ -35,14 +36,17 @@ from vitkit.serve.request_images import Limits, RequestError, load_image, open_c
 RELEASE_AFTER = 32_000_000
 
 
-def forward_bytes(cfg: Any, batch: int) -> int:
+def forward_bytes(cfg: Any, batch: int, max_seq_len: int | None = None) -> int:
     """About the most memory one forward of ``batch`` images holds at once: the float input
     and, in one encoder block, the tokens, q/k/v, the attention matrix of every head and the
-    MLP's hidden layer (float32)."""
+    MLP's hidden layer (float32). ``max_seq_len``: a NaFlex model's packed batch (that many
+    patches an image, and their pixels)."""
     (h, w), (ph, pw) = cfg.image_size, cfg.patch_size
-    tokens = (h // ph) * (w // pw) + 1
+    tokens, pixels = (h // ph) * (w // pw) + 1, h * w
+    if max_seq_len is not None:
+        tokens, pixels = max_seq_len + cfg.num_prefix_tokens, max_seq_len * ph * pw
     block = tokens * (5 * cfg.width + cfg.mlp_dim) + cfg.num_heads * tokens * tokens
-    return 4 * batch * (cfg.in_chans * h * w + block)
+    return 4 * batch * (cfg.in_chans * pixels + block)
 
 
 class ServedModel:
@@ -51,7 +55,9 @@ class ServedModel:
     ``model`` answers classification (a PyTorch module or an engine's
     :class:`vitkit.engines.backends.EngineModel`); ``attention_model`` (a PyTorch Vision
     Transformer, or None) answers explanations; ``engine_line`` says which engine and
-    precision run it."""
+    precision run it. ``max_seq_len`` (a NaFlex model, and only one): each image at its own
+    aspect ratio with at most that many patches, a batch packed and padded to it, as
+    ``vitkit predict --max-seq-len`` runs them."""
 
     def __init__(
         self,
@@ -63,14 +69,35 @@ class ServedModel:
         attention_model: nn.Module | None = None,
         no_attention_reason: str = "",
         precision_why: str = "",
+        max_seq_len: int | None = None,
     ):
         cfg = ckpt.model_config
         if not cfg.num_classes:
             raise VitkitError(f"{ckpt.path}: the model has no classification head to serve")
-        if getattr(cfg, "naflex", False):
+        naflex = getattr(cfg, "naflex", False)
+        if naflex and max_seq_len is None:
             raise VitkitError(
-                f"{ckpt.path}: a NaFlex model (images at their own aspect ratio): the server "
-                "runs fixed-size models; vitkit predict --max-seq-len runs this one"
+                f"{ckpt.path}: a NaFlex model (images at their own aspect ratio): serve it "
+                "with --max-seq-len N (the most patches an image may have)"
+            )
+        if max_seq_len is not None and not naflex:
+            h, w = ckpt.preprocess.image_size
+            raise VitkitError(
+                f"{ckpt.path}: --max-seq-len packs images for a NaFlex model; this one takes "
+                f"{h}x{w} images (serve it without --max-seq-len)"
+            )
+        if max_seq_len is not None and getattr(model, "sizes", False) is None:
+            raise VitkitError(  # (an engine of one size: --engine onnxruntime / openvino, --fast)
+                f"{ckpt.path}: {getattr(model, 'engine', 'the engine')} runs this NaFlex model "
+                "exported at one size: serve it with --engine torch (not --fast), or export it "
+                "with --dynamic-size and serve that engine directory"
+            )
+        self.max_seq_len = max_seq_len
+        if max_seq_len is not None:  # (explain's maps are of one fixed-size image)
+            attention_model = None
+            no_attention_reason = (
+                "a NaFlex model's attention maps are not served (each image runs at its own "
+                "size): /v1/classify answers it"
             )
         self.model = model.eval() if isinstance(model, nn.Module) else model
         self.ckpt = ckpt
@@ -79,7 +106,11 @@ class ServedModel:
         self.attention_model = attention_model
         self.no_attention_reason = no_attention_reason
         self.precision_why = precision_why  # how the precision was chosen (/v1/info)
-        self.transform = eval_transform(ckpt.preprocess)
+        self.transform: Any = eval_transform(ckpt.preprocess)
+        if max_seq_len is not None:
+            pre: Any = ckpt.preprocess
+            patch = cfg.patch_size  # type: ignore[union-attr]
+            self.transform = PilNativeTransform(patch, max_seq_len, pre.channels, pre.interpolation)
         self.num_classes = int(cfg.num_classes)
         self.names = class_names(ckpt, self.num_classes)
 
@@ -97,6 +128,8 @@ class ServedModel:
             record: Any = getattr(self.ckpt, "record", {})
             model["format"] = "pt2 package (torch.export + AOTInductor)"
             model["sizes"] = record.get("sizes") or {"fixed": record.get("image_size")}
+        if self.max_seq_len is not None:
+            model["max_seq_len"] = self.max_seq_len  # (each image at its own aspect ratio)
         return {
             "model": model,
             "engine": self.engine,
@@ -142,9 +175,27 @@ class ServedModel:
                 del img
                 release_freed_memory()  # (glibc keeps it otherwise: vitkit.engines.allocator)
 
-    def normalized(self, images: Sequence[Tensor]) -> Tensor:
+    def normalized(self, images: Sequence[Tensor]) -> Any:
+        """The model's input: the images normalised as a batch [B, C, H, W]; a NaFlex
+        model's each normalised at its own size, then packed (what predict runs)."""
         pre = self.ckpt.preprocess
-        return normalize(torch.stack(list(images)).float(), pre.mean, pre.std, pre.rescale_factor)
+        if self.max_seq_len is None:
+            x = torch.stack(list(images)).float()
+            return normalize(x, pre.mean, pre.std, pre.rescale_factor)
+        from vitkit.models.naflex_packing import pack
+
+        scale = pre.rescale_factor
+        each = [normalize(x.float()[None], pre.mean, pre.std, scale)[0] for x in images]
+        return pack(each, self.transform.patch, self.max_seq_len)
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """(H, W) of a model input: the checkpoint's size; a NaFlex model's largest image of
+        that aspect ratio (at most ``max_seq_len`` patches)."""
+        size = tuple(self.ckpt.preprocess.image_size)
+        if self.max_seq_len is None:
+            return size  # type: ignore[return-value]
+        return fit_size(size, self.transform.patch, self.max_seq_len)  # type: ignore[arg-type]
 
     # -- answers --------------------------------------------------------------------------
 
@@ -158,8 +209,7 @@ class ServedModel:
 
     def warm_up(self, batch: int) -> None:
         """Forwards at batch 1 and ``batch``, so the first requests pay no first-call costs."""
-        pre = self.ckpt.preprocess
-        x = torch.zeros(pre.channels, *pre.image_size, dtype=torch.uint8)
+        x = torch.zeros(self.ckpt.preprocess.channels, *self.input_size, dtype=torch.uint8)
         for n in sorted({1, batch}):
             self.probabilities([x] * n)
         if self.attention_model is not None:
