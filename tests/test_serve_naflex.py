@@ -27,7 +27,9 @@ import vitkit  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 
 SEQ = "24"  # patches of 4x4 px: a tall and a wide image of a different grid each
-SIZES = {"tall": (30, 20), "wide": (13, 50)}  # (H, W) of the image files
+# (H, W) of the image files; the BMP is decoded in a decode process (no PyTorch there), the
+# small PNG on the event loop
+SIZES = {"tall.png": (30, 20), "wide.bmp": (13, 50)}
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +51,12 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vitkit.save_checkpoint(d / "fixed", fixed)
     for i, (name, (h, w)) in enumerate(SIZES.items()):
         pixels = np.random.default_rng(i).integers(0, 256, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(d / f"{name}.png")
+        Image.fromarray(pixels).save(d / name)
     return d
 
 
 def predicted(work: Path, capsys: Any, source: Path) -> list[list[dict[str, Any]]]:
-    paths = [str(work / f"{name}.png") for name in SIZES]
+    paths = [str(work / name) for name in SIZES]
     capsys.readouterr()
     argv = ["predict", "--from", str(source), *paths, "--max-seq-len", SEQ, "--json"]
     assert main([*argv, "--top-k", "10"]) == 0
@@ -63,7 +65,7 @@ def predicted(work: Path, capsys: Any, source: Path) -> list[list[dict[str, Any]
 
 def classified(port: int, work: Path) -> list[list[dict[str, Any]]]:
     """Both images in one request: one forward, packed together."""
-    body, headers = multipart([(work / f"{name}.png").read_bytes() for name in SIZES])
+    body, headers = multipart([(work / name).read_bytes() for name in SIZES])
     status, raw = call(port, "/v1/classify?top_k=10", body, headers)[:2]
     assert status == 200, raw
     return [r["top_k"] for r in json.loads(raw)["results"]]
@@ -95,7 +97,7 @@ def test_a_naflex_checkpoint_is_served_with_predicts_probabilities(work, capsys)
         s.stop()
     same_probabilities(got, predicted(work, capsys, work / "ck"))
     # each image at its own aspect ratio: the checkpoint's 16x16 centre crop answers otherwise
-    paths = [str(work / f"{name}.png") for name in SIZES]
+    paths = [str(work / name) for name in SIZES]
     assert main(["predict", "--from", str(work / "ck"), *paths, "--json", "--top-k", "10"]) == 0
     cropped = [json.loads(line)["top_k"] for line in capsys.readouterr().out.splitlines()]
     for a, b in zip(got, cropped):
@@ -170,7 +172,7 @@ def test_a_naflex_run_is_served_at_the_length_it_trained_with(work, tmp_path, ca
     served = served_model(args)
     assert served.max_seq_len == 12 and served.describe()["model"]["max_seq_len"] == 12
     assert "a NaFlex run trained with --max-seq-len 12" in capsys.readouterr().err
-    image = served.prepare((work / "wide.png").read_bytes(), served_limits(args))
+    image = served.prepare((work / "wide.bmp").read_bytes(), served_limits(args))
     assert tuple(image.shape) == (3, 8, 24)  # 13x50 px at its aspect ratio: 2x6 patches
     served.warm_up(2)
 
