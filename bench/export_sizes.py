@@ -17,6 +17,10 @@ export (4 blocks, NCHW) against timm's ``forward_intermediates`` eager. Interlea
 runs every path once in turn; the figure is the median of the rounds.
 
     python bench/export_sizes.py --out bench/results/export_sizes
+
+A reduced run: ``--paths openvino`` measures only the paths so named (eager PyTorch still timed,
+the baseline); ``--merge-into PREFIX`` adds its rows to an earlier run's PREFIX.json and
+rewrites PREFIX.md, each row naming the run (command, load averages) that measured it.
 """
 
 from __future__ import annotations
@@ -113,7 +117,14 @@ def quiet() -> Any:
     return contextlib.redirect_stdout(io.StringIO())
 
 
-def exactness(name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool) -> dict[str, Any]:
+def wanted(key: str, only: list[str] | None) -> bool:
+    """Whether path ``key`` is measured (``--paths``: names containing one of ``only``)."""
+    return only is None or any(o in key for o in only)
+
+
+def exactness(
+    name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool, only: list[str] | None = None
+) -> dict[str, Any]:
     import onnxruntime as ort
 
     from vitkit.engines.int8 import quantize_onnxruntime
@@ -128,11 +139,13 @@ def exactness(name: str, ref: Any, folder: Path, tmp: Path, n: int, pt2: bool) -
         path, info = export_file(model, ckpt, tmp / f"{name}.onnx", sizes=rng, overwrite=True)
     paths: dict[str, Any] = {"onnx fp32": ort.InferenceSession(str(path))}
     times = {"onnx fp32": time.perf_counter() - t0}
-    q = tmp / f"{name}.int8.onnx"
-    quantize_onnxruntime(path, q, None)
-    paths["onnx int8 (ORT dynamic)"] = ort.InferenceSession(str(q))
+    if wanted("onnx int8 (ORT dynamic)", only):
+        q = tmp / f"{name}.int8.onnx"
+        quantize_onnxruntime(path, q, None)
+        paths["onnx int8 (ORT dynamic)"] = ort.InferenceSession(str(q))
     paths.update(openvino_paths(path))
-    if pt2:
+    paths = {k: v for k, v in paths.items() if wanted(k, only)}
+    if pt2 and wanted("pt2", only):
         t0 = time.perf_counter()
         with quiet():
             p2, _ = export_file(model, ckpt, tmp / f"{name}.pt2", fmt="pt2", sizes=rng)
@@ -207,7 +220,9 @@ def timed(fn: Any, x: torch.Tensor) -> float:
     return time.perf_counter() - t
 
 
-def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def speed(
+    tmp: Path, rounds: int, shapes: list[tuple[int, int]], only: list[str] | None = None
+) -> list[dict[str, Any]]:
     import onnxruntime as ort
 
     if BUILT:
@@ -215,17 +230,20 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
     else:
         ref, folder = timm_vit("vit_base_patch16_224", tmp / "b16s")
     model, ckpt = load_model(folder)
+    fixed_too = any(size == 224 for size, _ in shapes) and wanted("fixed 224", only)
     with quiet():
-        fixed, _ = export_file(model, ckpt, tmp / "fixed.onnx", check=False, overwrite=True)
+        if fixed_too:
+            fixed, _ = export_file(model, ckpt, tmp / "fixed.onnx", check=False, overwrite=True)
         rng = SizeRange(16, 112, 512)
         dyn, _ = export_file(model, ckpt, tmp / "dyn.onnx", sizes=rng, overwrite=True)
         feats = {"indices": 4, "output_fmt": "NCHW", "norm": False, "prefix_tokens": False}
-        fdyn, _ = export_file(
-            model, ckpt, tmp / "f.onnx", sizes=rng, features=feats, overwrite=True
-        )
+        if wanted("features onnx (4 blocks)", only):
+            fdyn, _ = export_file(
+                model, ckpt, tmp / "f.onnx", sizes=rng, features=feats, overwrite=True
+            )
         if BUILT:
             p2 = BUILT["pt2"]
-        else:
+        elif wanted("pt2 (dynamic size)", only):
             p2, _ = export_file(model, ckpt, tmp / "b16.pt2", fmt="pt2", sizes=rng)
     import torch._inductor as inductor
 
@@ -233,13 +251,13 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    s_fixed = ort.InferenceSession(str(fixed), so)
+    s_fixed = ort.InferenceSession(str(fixed), so) if fixed_too else None
     s_dyn = ort.InferenceSession(str(dyn), so)
-    s_feat = ort.InferenceSession(str(fdyn), so)
-    package = inductor.aoti_load_package(str(p2))
+    s_feat = ort.InferenceSession(str(fdyn), so) if wanted("features onnx", only) else None
+    package = inductor.aoti_load_package(str(p2)) if wanted("pt2 (dynamic size)", only) else None
     compiled = torch.compile(model, dynamic=False)
     ov = {f"{k} dynamic size": v for k, v in openvino_paths(dyn).items()}
-    ov_fixed = openvino_paths(fixed).get("openvino fp32")
+    ov_fixed = openvino_paths(fixed).get("openvino fp32") if fixed_too else None
 
     def eager(x: torch.Tensor) -> Any:
         with torch.inference_mode():
@@ -274,6 +292,7 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
             paths["onnx fixed 224"] = lambda x: s_fixed.run(None, {"pixel_values": x.numpy()})
             if ov_fixed is not None:
                 paths["openvino fp32 fixed 224"] = lambda x: ov_fixed(x.numpy())
+        paths = {k: f for k, f in paths.items() if k == "vitkit eager" or wanted(k, only)}
         for fn in paths.values():  # warm-up (compiles torch.compile at this shape)
             fn(x)
         got: dict[str, list[float]] = {k: [] for k in paths}
@@ -287,14 +306,35 @@ def speed(tmp: Path, rounds: int, shapes: list[tuple[int, int]]) -> list[dict[st
     return rows
 
 
+def run_lines(res: dict[str, Any]) -> list[str]:
+    """The command(s), the CPU and the load averages (one line per run of a merged file)."""
+    cpu = f"CPU: {res['cpu']}, {res['threads']} threads"
+    note = "(a host shared with other jobs: speed figures are ratios within one interleaved run)"
+    if not res.get("runs"):
+        return [
+            f"Command: `{res['command']}`  ",
+            f"{cpu}; load average at the start {res['load_start']}, at the end "
+            f"{res['load_end']} {note}.",
+        ]
+    lines = [f'{cpu}; {note[1:-1]}. The runs (a table\'s "run N" names the one):', ""]
+    for i, r in enumerate(res["runs"], 1):
+        lines.append(
+            f"{i}. `{r['command']}`: load average at the start {r['load_start']}, at the end "
+            f"{r['load_end']}"
+        )
+    return lines
+
+
+def run_of(res: dict[str, Any], row: dict[str, Any]) -> str:
+    """ " (run N)" in a merged file's tables (which command measured the row), else ""."""
+    return f" (run {row.get('run', 1)})" if res.get("runs") else ""
+
+
 def write_md(out: Path, res: dict[str, Any]) -> None:
     lines = [
         "# Exports at any image size: exactness and speed",
         "",
-        f"Command: `{res['command']}`  ",
-        f"CPU: {res['cpu']}, {res['threads']} threads; load average at the start "
-        f"{res['load_start']}, at the end {res['load_end']} (a host shared with other jobs: "
-        "speed figures are ratios within one interleaved run).",
+        *run_lines(res),
         "",
         "## Exactness: max relative error over the sizes",
         "",
@@ -310,7 +350,7 @@ def write_md(out: Path, res: dict[str, Any]) -> None:
     for m in res["exactness"]:
         span = f"{len(m['sizes'])} ({m['sizes'][0]} .. {m['sizes'][1]})"
         lines.append(
-            f"| {m['model']} | {m['kernel']} | {span} | vitkit PyTorch | - | "
+            f"| {m['model']}{run_of(res, m)} | {m['kernel']} | {span} | vitkit PyTorch | - | "
             f"{m['vitkit_vs_reference']:.1e} | |"
         )
         for k, r in m["paths"].items():
@@ -328,9 +368,30 @@ def write_md(out: Path, res: dict[str, Any]) -> None:
         for row in res["speed"]:
             base = row["img_per_s"]["vitkit eager"]
             for k, v in row["img_per_s"].items():
-                lines.append(f"| {row['size']} | {row['batch']} | {k} | {v:.2f} | {v / base:.2f} |")
+                lines.append(
+                    f"| {row['size']} | {row['batch']} | {k}{run_of(res, row)} | {v:.2f} | "
+                    f"{v / base:.2f} |"
+                )
         lines += ["", "Export and compile times (s): " + json.dumps(res.get("export_seconds", {}))]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """An earlier run's results with this run's models and speed rows added: each run keeps
+    its command, load averages and seconds (runs: one entry per run)."""
+    runs = old.get("runs") or [{k: old[k] for k in ("command", "load_start", "load_end")}]
+    this = {k: new[k] for k in ("command", "load_start", "load_end")}
+    for m in new["exactness"]:
+        m["run"] = len(runs) + 1
+    for row in new["speed"]:
+        row["run"] = len(runs) + 1
+    return {
+        **old,
+        "runs": [*runs, this],
+        "exactness": [*old["exactness"], *new["exactness"]],
+        "speed": [*old.get("speed", []), *new["speed"]],
+        "export_seconds": {**old.get("export_seconds", {}), **new["export_seconds"]},
+    }
 
 
 def main() -> None:
@@ -340,7 +401,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default="Ti/16,B/16,dinov2reg,dinov3")
     ap.add_argument("--speed", default="224x1,224x32,384x1,384x32")
+    ap.add_argument(
+        "--paths",
+        default=None,
+        help="measure only the paths whose names contain one of these (comma-separated, "
+        "e.g. openvino); vitkit eager is always timed (the speed baseline)",
+    )
+    ap.add_argument(
+        "--merge-into",
+        default=None,
+        metavar="PREFIX",
+        help="add this run's rows to PREFIX.json (its models and speed rows, its command listed "
+        "beside the earlier ones) and write PREFIX.md from the whole",
+    )
     args = ap.parse_args()
+    only = args.paths.split(",") if args.paths else None
     warnings.filterwarnings("ignore")
     res: dict[str, Any] = {
         "command": "python bench/export_sizes.py " + " ".join(sys.argv[1:]),
@@ -369,13 +444,16 @@ def main() -> None:
                 ref, folder = hf_model(name, tmp / name)
                 label = {"dinov2reg": "DINOv2-S/14 + 4 registers (transformers)",
                          "dinov3": "DINOv3-S/16, RoPE (transformers)"}[name]  # fmt: skip
-            row = exactness(label, ref, folder, tmp, args.sizes, pt2=name == "B/16")
+            row = exactness(label, ref, folder, tmp, args.sizes, name == "B/16", only)
             res["exactness"].append(row)
             print(json.dumps(row)[:400], flush=True)
         shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.speed.split(",") if s]
-        res["speed"] = speed(tmp, args.rounds, shapes) if shapes else []
+        res["speed"] = speed(tmp, args.rounds, shapes, only) if shapes else []
     res["load_end"] = [round(v, 2) for v in os.getloadavg()]
     res["export_seconds"] = {m["model"]: m["export_seconds"] for m in res["exactness"]}
+    if args.merge_into:
+        out = Path(args.merge_into)
+        res = merged(json.loads(out.with_suffix(".json").read_text()), res)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     write_md(out, res)
