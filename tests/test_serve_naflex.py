@@ -175,6 +175,17 @@ def test_a_naflex_run_is_served_at_the_length_it_trained_with(work, tmp_path, ca
     image = served.prepare((work / "wide.bmp").read_bytes(), served_limits(args))
     assert tuple(image.shape) == (3, 8, 24)  # 13x50 px at its aspect ratio: 2x6 patches
     served.warm_up(2)
+    # the decode bounds stay: the resize's intermediates (24x13 + 24x8 px) refused from the
+    # header under --max-resize-pixels, naming the NaFlex size
+    from vitkit.serve.request_images import RequestError
+
+    tight = build_parser().parse_args(
+        ["serve", str(tmp_path / "run"), "--max-resize-pixels", "500"]
+    )
+    with pytest.raises(RequestError) as e:
+        served.prepare((work / "wide.bmp").read_bytes(), served_limits(tight))
+    assert e.value.status == 413
+    assert "50x13 pixels would be resized to 24x8 (at most 12 patches)" in e.value.message
 
 
 def served_limits(args: Any) -> Any:
