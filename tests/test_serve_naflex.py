@@ -22,6 +22,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed (pip ins
 
 from test_serve import Server, call, multipart  # noqa: E402
 from test_serve_admission import start  # noqa: E402
+from test_serve_bounds import fp32_unless_asked  # noqa: E402
 
 import vitkit  # noqa: E402
 from vitkit.cli import main  # noqa: E402
@@ -106,12 +107,7 @@ def test_a_naflex_checkpoint_is_served_with_predicts_probabilities(work, capsys)
 
 
 def test_a_naflex_engine_directory_is_served_with_predicts_probabilities(work, capsys):
-    pytest.importorskip("onnxscript")
-    pytest.importorskip("openvino")
-    out = work / "ov"
-    if not out.exists():
-        argv = ["export", str(work / "ck"), str(out), "--engine", "openvino", "--dynamic-size"]
-        assert main([*argv, "--max-size", "64"]) == 0
+    out = engine_dir(work)
     s = Server([str(out), "--max-seq-len", SEQ])
     try:
         got = classified(s.port, work)
@@ -121,9 +117,22 @@ def test_a_naflex_engine_directory_is_served_with_predicts_probabilities(work, c
     same_probabilities(got, predicted(work, capsys, work / "ck"))  # (and its source's)
 
 
-def test_naflex_under_two_model_processes_answers_what_predict_does(work, capsys):
+def engine_dir(work: Path) -> Path:
+    """The checkpoint's OpenVINO engine directory of any size (written once)."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("openvino")
+    out = work / "ov"
+    if not out.exists():
+        argv = ["export", str(work / "ck"), str(out), "--engine", "openvino", "--dynamic-size"]
+        assert main([*argv, "--max-size", "64"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "engine"])
+def test_naflex_under_two_model_processes_answers_what_predict_does(work, capsys, source):
     """--workers 2: the front's shared memory holds each image at its own size."""
-    args = [str(work / "ck"), "--port", "0", "--workers", "2", "--precision", "fp32"]
+    served = work / "ck" if source == "checkpoint" else engine_dir(work)
+    args = [str(served), "--port", "0", "--workers", "2", *fp32_unless_asked([str(served)])[1:]]
     proc, lines = start([*args, "--max-seq-len", SEQ, "--max-wait-ms", "200"])
     try:
         assert lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
@@ -160,8 +169,6 @@ def test_what_cannot_be_served_is_one_line(work, capsys, model, more, said):
 
 def test_a_naflex_run_is_served_at_the_length_it_trained_with(work, tmp_path, capsys):
     """As predict: no --max-seq-len, the run's own (said in one line), not a refusal."""
-    from test_serve_bounds import fp32_unless_asked
-
     from vitkit.cli import build_parser
     from vitkit.cli.serve import served_model
 
