@@ -95,3 +95,19 @@ def test_predict_runs_a_naflex_engine_at_each_images_own_size(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "need an export of a NaFlex model's logits with --dynamic-size" in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_fast_runs_a_naflex_checkpoint_on_torch_at_each_images_own_size(tmp_path, capsys):
+    """``--fast`` picked an engine exported here at one size, then refused the packed patches:
+    a NaFlex checkpoint's fastest path that runs them is torch, with the same numbers."""
+    _, ck = saved(tmp_path)
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "tall.png")
+    args = ["predict", "--from", str(ck), str(tmp_path / "tall.png"), "--max-seq-len", "24"]
+    capsys.readouterr()
+    assert main([*args, "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json", "--fast"]) == 0
+    out = capsys.readouterr()
+    assert "engine: torch, fp32 (--fast: a NaFlex model runs at each image's size" in out.err
+    assert json.loads(out.out) == want

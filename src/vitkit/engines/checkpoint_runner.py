@@ -141,7 +141,10 @@ def runner(
         check_bf16_cpu()  # before any weights are read
     model, ckpt = load_model(path, **overrides)
     compiled = False
-    if engine is None and fast:
+    if engine is None and fast and getattr(model.cfg, "naflex", False):
+        # (an export made here is of one size; packed patches of any size run on torch)
+        engine, why = "torch", "--fast: a NaFlex model runs at each image's size on torch"
+    elif engine is None and fast:
         engine, why = fast_choice(precision, long_lived, available)
     else:
         why = "as asked" if engine else "default"

@@ -87,9 +87,9 @@ class ServedModel:
                 f"{h}x{w} images (serve it without --max-seq-len)"
             )
         if max_seq_len is not None and getattr(model, "sizes", False) is None:
-            raise VitkitError(  # (an engine of one size: --engine onnxruntime / openvino, --fast)
+            raise VitkitError(  # (an engine of one size: --engine onnxruntime / openvino)
                 f"{ckpt.path}: {getattr(model, 'engine', 'the engine')} runs this NaFlex model "
-                "exported at one size: serve it with --engine torch (not --fast), or export it "
+                "exported at one size: serve it with --engine torch (or --fast), or export it "
                 "with --dynamic-size and serve that engine directory"
             )
         self.max_seq_len = max_seq_len
