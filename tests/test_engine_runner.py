@@ -6,6 +6,7 @@ vitkit.engines`` still importing nothing."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from PIL import Image
 
 import vitkit
 import vitkit.engines
+from vitkit import hardware
 from vitkit.cli import main
 from vitkit.engines.backends import available
 from vitkit.errors import VitkitError
@@ -135,3 +137,34 @@ def test_refusals_are_one_line(ckpt):
 def test_importing_the_engines_package_imports_no_torch():
     code = "import sys, vitkit.engines; assert 'torch' not in sys.modules; vitkit.engines.runner"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_auto_precision_is_the_runners_decision_said_alike_by_predict_and_serve(
+    ckpt, capsys, monkeypatch
+):
+    """precision="auto" is decided by the runner (bf16 where this CPU has it natively and the
+    model's bf16 top-1 agrees with fp32's, else fp32): predict --precision auto and serve
+    (auto by default) print the runner's line and its reason, word for word."""
+    path, img = ckpt
+    run = vitkit.engines.runner(path, precision="auto")
+    said = f"precision: {run.precision} ({run.precision_why})"
+    if native_bf16(torch.device("cpu")):
+        assert run.precision in ("bf16", "fp32")
+        assert run.precision_why.startswith(f"auto: {run.precision}")
+        assert "synthetic images measured at start" in run.precision_why
+        if run.precision == "bf16":
+            assert run.line == "engine: torch, bf16 (default; bf16 weights)"
+            assert run.reference is not None  # (the fp32 model it was measured against)
+            _close_to_loaded(run, path, 5e-2)
+    assert main(["predict", "--from", str(path), str(img), "--precision", "auto"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == [run.line, said]
+    if importlib.util.find_spec("fastapi") is not None:  # (the serve extra)
+        assert main(["serve", str(path), "--dry-run"]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert run.line in printed and said in printed, printed
+    monkeypatch.setattr(hardware, "native_bf16", lambda device: False)
+    run = vitkit.engines.runner(path, precision="auto")
+    assert run.line == "engine: torch, fp32 (default; Linear layers on oneDNN)"
+    assert run.precision == "fp32"
+    assert run.precision_why == "auto: fp32, this CPU has no native bf16 (AVX512-BF16 or AMX)"
+    _close_to_loaded(run, path, 1e-5)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitkit.cli import build_parser
+from vitkit.cli.serve import DECODE_PROCESS_MB, DECODE_SHARED_MB
 from vitkit.serve.workers import STOP_MARGIN_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,27 +200,61 @@ def test_dry_run_prints_the_memory_a_container_needs(tmp_path, capsys):
     # --worker-mode socket: three whole servers
     assert main([*argv, "--workers", "3", "--decode-workers", "1", "--worker-mode", "socket"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
+    decoders = DECODE_SHARED_MB + 4 * DECODE_PROCESS_MB  # (up to 4 x --decode-workers at once)
     m = re.fullmatch(
         r"memory: ([\d,]+) MiB resident after warm-up \+ (\d+) MiB of decode and body budgets "
-        r"\+ 40 MiB of decode processes = ([\d,]+) MiB a worker, x 3 workers: "
+        rf"\+ {decoders} MiB of up to 4 decode processes = ([\d,]+) MiB a worker, x 3 workers: "
         r"request (\d+)Mi, limit (\d+)Mi",
         last,
     )
     assert m, last
     assert int(m.group(2)) == budgets
     worker = int(m.group(3).replace(",", ""))
-    assert abs(worker - (int(m.group(1).replace(",", "")) + budgets + 40)) <= 1
+    assert abs(worker - (int(m.group(1).replace(",", "")) + budgets + decoders)) <= 1
     assert int(m.group(4)) >= 3 * worker and int(m.group(5)) >= 1.25 * 3 * worker - 64
-    # the front (the budgets, the decode processes) and three model processes
+    # the front (the budgets, the decode processes; no weights) and three model processes
     assert main([*argv, "--workers", "3", "--decode-workers", "1"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = re.fullmatch(
         r"memory: ([\d,]+) MiB resident after warm-up \+ (\d+) MiB of decode and body budgets "
-        r"\+ 40 MiB of decode processes = ([\d,]+) MiB the front \+ 3 model processes of "
+        rf"\+ {decoders} MiB of up to 4 decode processes = ([\d,]+) MiB the front, less the "
+        r"model's ([\d,]+) MiB of weights it does not hold, \+ 3 model processes of "
         r"([\d,]+) MiB: request (\d+)Mi, limit (\d+)Mi",
         last,
     )
     assert m, last
     model, front = (int(m.group(i).replace(",", "")) for i in (1, 3))
-    assert int(m.group(2)) == budgets and int(m.group(4).replace(",", "")) == model
-    assert int(m.group(5)) >= front + 3 * model and int(m.group(6)) >= int(m.group(5))
+    weights = int(m.group(4).replace(",", ""))
+    assert int(m.group(2)) == budgets and int(m.group(5).replace(",", "")) == model
+    assert int(m.group(6)) >= front - weights + 3 * model - 1
+    assert int(m.group(7)) >= int(m.group(6))
+
+
+def test_the_weights_the_front_does_not_hold_are_the_models_each_tensor_once():
+    import torch
+
+    import vitkit
+    from vitkit.cli.serve import weights_mb
+
+    model = vitkit.create_model(
+        "Ti/16", num_classes=10, image_size=32, width=256, depth=2, num_heads=4
+    )
+    fp32 = sum(t.numel() * 4 for t in (*model.parameters(), *model.buffers())) / 2**20
+    served = type("Served", (), {"model": model, "attention_model": model})()
+    assert abs(weights_mb(served) - fp32) < 1e-9 and fp32 > 5  # (one model: counted once)
+    half = torch.nn.Module()
+    half.w = torch.nn.Parameter(torch.zeros(2**20, dtype=torch.bfloat16))
+    served.model = half  # (bf16 weights beside the fp32 model that explains)
+    assert abs(weights_mb(served) - (fp32 + 2.0)) < 1e-9
+
+
+def test_the_decode_process_figure_is_the_measured_one():
+    """--dry-run's decode-process figures are those bench/serve_decode_idle.py measured (its
+    results file's current row): PSS per decode process, and the fork server's and the
+    resource tracker's once."""
+    text = (ROOT / "bench" / "results" / "serve_decode_idle.md").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| current |"))
+    server, fork, decode, other = (float(c) for c in row.split("|")[2:6])
+    assert "--decode-workers 2" in text
+    assert round(decode / 2) == DECODE_PROCESS_MB
+    assert round(fork + other) == DECODE_SHARED_MB

@@ -18,8 +18,8 @@ from test_serve_decode_process import Server  # noqa: E402
 
 import vitkit  # noqa: E402
 from vitkit.cli import build_parser, main  # noqa: E402
+from vitkit.engines.auto_precision import IMAGES, synthetic_images  # noqa: E402
 from vitkit.hardware import native_bf16  # noqa: E402
-from vitkit.serve.precision_choice import IMAGES, synthetic_images  # noqa: E402
 
 NATIVE = native_bf16(torch.device("cpu"))
 

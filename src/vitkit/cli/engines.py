@@ -69,7 +69,7 @@ def add_engine_options(
 ) -> None:
     g = p.add_argument_group("engine")
     if precision:  # (eval has --precision in its compute group: the same definition)
-        add_precision(g, default=None, help=INFERENCE_PRECISION_HELP, fp8=True)
+        add_precision(g, default=None, help=INFERENCE_PRECISION_HELP, auto=True, fp8=True)
     g.add_argument(
         "--engine",
         choices=("torch", "onnxruntime", "openvino"),
@@ -156,18 +156,36 @@ def load_for_inference(
     long_lived: bool = False,
     source_options: bool = False,
 ) -> tuple[Any, Any, str]:
+    """:func:`inference_runner`'s model, its checkpoint and the line saying which engine and
+    precision run it (with ``precision="auto"``, and the line saying why)."""
+    run = inference_runner(
+        args, path, precision=precision, long_lived=long_lived, source_options=source_options
+    )
+    line = run.line
+    if run.precision_why:
+        line += f"\nprecision: {run.precision} ({run.precision_why})"  # (as serve says it)
+    return run.model, run.checkpoint, line
+
+
+def inference_runner(
+    args: argparse.Namespace,
+    path: str,
+    *,
+    precision: str | None = None,
+    long_lived: bool = False,
+    source_options: bool = False,
+) -> Any:
     """:func:`vitkit.engines.checkpoint_runner.runner` of ``path`` at ``precision`` with the
-    command's options: the model, its checkpoint and the one line saying which engine and
-    precision run it. The fp8 options are checked as typed first (one line naming them).
-    ``source_options`` (eval): for an engine directory, the loading options read its fp32
-    source (:func:`source_comparison`), not the engine (refused with one elsewhere)."""
+    command's options (``auto`` decided there too). The fp8 options are checked as typed first
+    (one line naming them). ``source_options`` (eval): for an engine directory, the loading
+    options read its fp32 source (:func:`source_comparison`), not the engine (refused with one
+    elsewhere)."""
     from vitkit.engines.backends import is_engine_dir
     from vitkit.engines.checkpoint_runner import runner
 
     if path.endswith(".pt2"):  # (runs as compiled: no fp8 settings read)
         engine = getattr(args, "engine", None)
-        run = runner(path, engine=engine, precision=precision, **loading(args))
-        return run.model, run.checkpoint, run.line
+        return runner(path, engine=engine, precision=precision, **loading(args))
     check_fp8_options(args)
     options = runner_options(args)
     if precision != "fp8":  # (refused above as typed; they set nothing at another precision)
@@ -175,8 +193,7 @@ def load_for_inference(
     if source_options and is_engine_dir(path):
         for key in loading(args):
             options.pop(key)
-    run = runner(path, precision=precision, long_lived=long_lived, **options)
-    return run.model, run.checkpoint, run.line
+    return runner(path, precision=precision, long_lived=long_lived, **options)
 
 
 def check_fp8_options(args: argparse.Namespace) -> None:

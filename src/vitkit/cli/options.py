@@ -442,6 +442,8 @@ FP8_INFERENCE_HELP = (
     "compute capability 8.9+; the 'fp8' extra)"
 )
 INFERENCE_PRECISION_HELP = (
+    "auto: bf16 where this CPU has it natively and the model's bf16 top-1 agrees with fp32's "
+    "on 32 synthetic images, else fp32 (says which and why); "
     "bf16: the weights converted to bf16 once, on a CPU with native bf16 (AVX512-BF16 or AMX; "
     f"refused elsewhere); {FP8_INFERENCE_HELP}, on the first visible CUDA GPU; default fp32 "
     "(a model of 'vitkit export': its own)"

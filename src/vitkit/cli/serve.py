@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from vitkit.cli.engines import add_engine_options, load_for_inference
+from vitkit.cli.engines import add_engine_options, inference_runner
 from vitkit.cli.options import (
     add_checkpoint,
     add_command,
@@ -177,11 +177,10 @@ def add_commands(sub: Any) -> None:
     )
     add_bound_options(g)
     add_engine_options(p, fast=True, precision=True)
-    for action in p._actions:  # serve's --precision takes auto, its default
+    for action in p._actions:  # auto is serve's default
         if action.dest == "precision":
-            action.choices = ["auto", *(action.choices or ())]
             action.default = "auto"
-            rest = str(action.help).split("; default fp32")[0]
+            rest = str(action.help).split("; default fp32")[0].split("; ", 1)[1]
             action.help = (
                 "auto (default): bf16 where this CPU multiplies bf16 natively (AVX512-BF16 or "
                 "AMX) and the model's bf16 top-1 agrees with fp32's on 32 synthetic images "
@@ -194,36 +193,13 @@ def add_commands(sub: Any) -> None:
 
 def served_model(args: argparse.Namespace) -> Any:
     """The model of ``args.ckpt`` as the server runs it: classification by ``--engine`` /
-    ``--fast`` (what ``vitkit predict`` runs) at ``--precision`` (``auto``: bf16 where this CPU
-    has it natively and the model's bf16 top-1 agrees with its fp32 top-1, measured now;
-    :mod:`vitkit.serve.precision_choice`), explanations by the PyTorch model where there is
-    one."""
-    from vitkit.engines.backends import is_engine_dir
-    from vitkit.engines.pt2_package import is_pt2
-    from vitkit.serve.precision_choice import MAX_DISAGREEMENTS, auto_choice, top1_agreement
+    ``--fast`` (what ``vitkit predict`` runs) at ``--precision`` (``auto``: decided by
+    :func:`vitkit.engines.runner`, :mod:`vitkit.engines.auto_precision`), explanations by the
+    PyTorch model where there is one."""
     from vitkit.serve.served_model import ServedModel
 
-    asked = args.precision
-    precision, why = asked, f"--precision {asked}"
-    if asked == "auto":  # (an engine directory or a .pt2 package: the precision it was written at)
-        precision, why = auto_choice(is_engine_dir(args.ckpt) or is_pt2(args.ckpt))
-    model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, precision)
+    model, ckpt, engine, precision, attention, why, no_attention = _load(args)
     seq = served_sequence(args, ckpt)
-    if asked == "auto" and precision == "bf16" and fp32 is not None:
-        served = ServedModel(model, ckpt, engine=engine, precision=precision, max_seq_len=seq)
-        agree, n = top1_agreement(fp32, model, served)
-        if n - agree > MAX_DISAGREEMENTS:
-            why = (
-                f"auto: fp32, the bf16 top-1 agreed with fp32's on only {agree} of {n} "
-                "synthetic images measured at start"
-            )
-            del model, served
-            model, ckpt, engine, precision, attention, fp32, no_attention = _load(args, "fp32")
-        else:
-            why += (
-                f", top-1 agreeing with fp32's on {agree} of {n} synthetic images measured "
-                "at start (--precision fp32 to run fp32)"
-            )
     print(f"precision: {precision} ({why})")
     return ServedModel(
         model,
@@ -247,9 +223,9 @@ def served_sequence(args: argparse.Namespace, ckpt: Any) -> int | None:
     return run_max_seq_len(args.max_seq_len, ckpt)
 
 
-def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
-    """(model, checkpoint, engine, precision, attention model, fp32 PyTorch model, why no
-    attention) of ``args.ckpt`` at ``precision``."""
+def _load(args: argparse.Namespace) -> tuple[Any, ...]:
+    """(model, checkpoint, engine, precision, attention model, why that precision, why no
+    attention) of ``args.ckpt`` at ``args.precision``."""
     from vitkit.engines.backends import EngineModel
     from vitkit.engines.bf16 import BF16Model
     from vitkit.engines.float8_inference import GPUModel
@@ -257,17 +233,17 @@ def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
     from vitkit.eval.checkpoint_eval import check_finite_weights
     from vitkit.models.vit import VisionTransformer
 
-    model, ckpt, engine_line = load_for_inference(
-        args, args.ckpt, precision=precision, long_lived=True
-    )
-    print(engine_line)
+    run = inference_runner(args, args.ckpt, precision=args.precision, long_lived=True)
+    model, ckpt = run.model, run.checkpoint
+    print(run.line)
+    chosen = run.precision_why or f"--precision {args.precision}"
     attention, why = None, ""
     if isinstance(model, Pt2Model):  # (compiled: no weights to check, no attention to give)
         why = (
             "a .pt2 package (AOTInductor) gives no attention maps: serve the fp32 checkpoint "
             "it was exported from for /v1/explain"
         )
-        return model, ckpt, model.engine, model.precision, None, None, why
+        return model, ckpt, model.engine, model.precision, None, chosen, why
     if isinstance(model, (EngineModel, BF16Model, GPUModel)):
         engine, precision = model.engine, model.precision
         if ckpt.format == "vitkit-engine":
@@ -275,6 +251,8 @@ def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
                 f"the {engine} engine ({precision}) gives no attention maps: serve the fp32 "
                 "checkpoint it was exported from (--engine torch) for /v1/explain"
             )
+        elif run.reference is not None:  # (the fp32 model auto measured bf16 against)
+            attention = run.reference
         else:  # a checkpoint: its fp32 PyTorch model explains
             from vitkit.checkpoints import load_model
 
@@ -284,11 +262,10 @@ def _load(args: argparse.Namespace, precision: str | None) -> tuple[Any, ...]:
         engine, precision = "torch", "fp32"
         check_finite_weights(model, ckpt)
         attention = model
-    fp32 = attention
     if attention is not None and not isinstance(attention, VisionTransformer):
         why = f"{ckpt.model_config.short_name} is not a Vision Transformer: it has no attention"
         attention = None
-    return model, ckpt, engine, precision, attention, fp32, why
+    return model, ckpt, engine, precision, attention, chosen, why
 
 
 def server_settings(args: argparse.Namespace, key: str | None) -> Any:
@@ -371,14 +348,12 @@ def check_batch_memory(served: Any, max_batch: int, max_queue: int | None = None
 
 
 def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uvicorn: Any) -> int:
-    served = served_model(args)
-    check_batch_memory(served, args.max_batch, args.max_queue)
     pool = None
     if args.workers > 1 and args.worker_mode == "front" and not args.dry_run:
-        pool = start_model_processes(args, served)  # (they warm up: the front runs no forward)
-        if served.model is not served.attention_model:  # (an engine, bf16 weights: theirs)
-            served.model = None
+        pool = start_model_processes(args)  # (they load and warm up: the front holds no weights)
+        served = pool.served
     else:
+        served = process_model(args)
         served.warm_up(args.max_batch)
     settings = server_settings(args, key)
     try:
@@ -388,9 +363,17 @@ def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uv
             pool.stop(0)
 
 
-def start_model_processes(args: argparse.Namespace, served: Any) -> Any:
-    """The model processes of ``--workers N`` (front mode), each loading the model at the
-    precision the front chose, ready."""
+def process_model(args: argparse.Namespace) -> Any:
+    """The served model of ``args`` (:func:`served_model`), --max-batch and --max-queue
+    checked against the machine's memory before any warm-up (a model process's loader)."""
+    served = served_model(args)
+    check_batch_memory(served, args.max_batch, args.max_queue)
+    return served
+
+
+def start_model_processes(args: argparse.Namespace) -> Any:
+    """The model processes of ``--workers N`` (front mode), ready: the first loads the model
+    (deciding ``--precision auto``), the others then load it at the precision it chose."""
     import copy
 
     from vitkit.serve.front import ModelPool
@@ -398,16 +381,16 @@ def start_model_processes(args: argparse.Namespace, served: Any) -> Any:
 
     child = copy.copy(args)
     child.threads = args.threads or max(1, cpus() // args.workers)
-    if args.precision == "auto" and served.precision in ("fp32", "bf16"):
-        child.precision = served.precision  # (measured once, here)
-    child.max_seq_len = served.max_seq_len  # (said once, here)
-    pre = served.ckpt.preprocess
-    shapes = ((pre.channels, *pre.image_size), served.num_classes)
-    if served.max_seq_len is not None:  # (NaFlex: room for an image of max_seq_len patches)
-        ph, pw = served.transform.patch
-        shapes = ((pre.channels, served.max_seq_len * ph, pw), served.num_classes)
+
+    def decide(first: argparse.Namespace, facts: dict[str, Any]) -> argparse.Namespace:
+        chosen = copy.copy(first)
+        if first.precision == "auto" and facts["served"].precision in ("fp32", "bf16"):
+            chosen.precision = facts["served"].precision  # (measured once, in the first)
+        chosen.max_seq_len = facts["served"].max_seq_len  # (said once, in the first)
+        return chosen
+
     print(f"starting {args.workers} model processes, {child.threads} threads each", flush=True)
-    return ModelPool(child, served_model, shapes, args.workers)
+    return ModelPool(child, process_model, args.workers, decide)
 
 
 def _run(
@@ -444,7 +427,7 @@ def _run(
     )
     if args.dry_run:
         print(f"would serve {what} on {http_url(args.host, args.port)}")
-        print(memory_line(args, limits))
+        print(memory_line(args, limits, weights_mb(served)))
         return 0
     config = uvicorn.Config(
         app,
@@ -480,9 +463,13 @@ def _run(
     os._exit(0)
 
 
-# Beside the model and the budgets: the decode processes kept started (their own pages, what
-# they do not share with the fork server) and the HTTP side's buffers.
-DECODE_PROCESS_MB = 40
+# Beside the model and the budgets, the decode processes' own pages: PSS at idle measured by
+# bench/serve_decode_idle.py (bench/results/serve_decode_idle.md, the MNIST model, --decode-workers
+# 2): 26.0 MB for the two decode processes, 13 MB each, counted for each of the up to SURGE x
+# --decode-workers that decode at once (a surge process is forked from the same fork server);
+# 11.5 MB for the fork server and 8.0 MB for multiprocessing's resource tracker, once.
+DECODE_PROCESS_MB = 13
+DECODE_SHARED_MB = 20
 # A container's limit over its request: room for what the estimate leaves out.
 LIMIT_OVER_REQUEST = 1.25
 
@@ -496,27 +483,45 @@ def resident_mb() -> float:
     return 0.0
 
 
-def memory_line(args: argparse.Namespace, limits: Any) -> str:
+def weights_mb(served: Any) -> float:
+    """The bytes (MiB) of the served model's parameters and buffers, its explaining model's
+    included, each tensor once (0 for an engine that keeps its own)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for m in (served.model, served.attention_model):
+        if isinstance(m, torch.nn.Module):
+            for t in (*m.parameters(), *m.buffers()):
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values()) / 2**20
+
+
+def memory_line(args: argparse.Namespace, limits: Any, weights: float = 0.0) -> str:
     """What a container needs (``--dry-run``): the resident memory after loading and warming
-    up, plus what the decode and body budgets let requests hold; with ``--workers N`` the
-    front's and N model processes' (each about the resident model; ``--worker-mode socket``:
-    N whole servers); the request and limit to give it (Mi)."""
+    up, plus what the decode and body budgets let requests hold and the decode processes; with
+    ``--workers N`` the front's (all that less the model's ``weights`` MiB: it holds none) and
+    N model processes' (each about the resident model; ``--worker-mode socket``: N whole
+    servers); the request and limit to give it (Mi)."""
+    from vitkit.serve.decode_process import SURGE
+
     model = resident_mb()
     budgets = (limits.max_decode_memory + limits.max_body_memory) / 2**20
-    decoders = DECODE_PROCESS_MB * limits.decode_workers
+    most = SURGE * limits.decode_workers
+    decoders = DECODE_SHARED_MB + DECODE_PROCESS_MB * most
     worker = model + budgets + decoders
     front = args.workers > 1 and args.worker_mode == "front"
-    total = worker + model * args.workers if front else worker * args.workers
+    total = worker - weights + model * args.workers if front else worker * args.workers
     request = int(-(-total // 64) * 64)
     limit = int(-(-total * LIMIT_OVER_REQUEST // 64) * 64)
     parts = (
         f"memory: {model:,.0f} MiB resident after warm-up + {budgets:,.0f} MiB of decode and "
-        f"body budgets + {decoders} MiB of decode processes = {worker:,.0f} MiB"
+        f"body budgets + {decoders} MiB of up to {most} decode processes = {worker:,.0f} MiB"
     )
     if front:
         return (
-            f"{parts} the front + {args.workers} model processes of {model:,.0f} MiB: "
-            f"request {request}Mi, limit {limit}Mi"
+            f"{parts} the front, less the model's {weights:,.0f} MiB of weights it does not "
+            f"hold, + {args.workers} model processes of {model:,.0f} MiB: request "
+            f"{request}Mi, limit {limit}Mi"
         )
     return f"{parts} a worker, x {args.workers} workers: request {request}Mi, limit {limit}Mi"
 

@@ -15,6 +15,9 @@ The rules:
   converts the weights once, openvino compiles at its bf16 precision; "fp8": bf16 on a GPU with
   the large Linear layers' weights in float8 (:mod:`vitkit.engines.float8_inference`). Weights
   holding NaN or inf are refused before any engine is built.
+- ``precision="auto"`` (serve's default): bf16 where the CPU has it natively and the model's
+  bf16 top-1 agrees with fp32's on synthetic images measured now, else fp32; an engine
+  directory or a .pt2 package at its own (:mod:`vitkit.engines.auto_precision`).
 - ``fast=True`` without an engine: the fastest engine installed at that precision, from the
   measured tables below (never a lower precision than asked).
 - An engine directory (``vitkit export --int8`` / ``--precision bf16``) runs at its own
@@ -55,13 +58,16 @@ FAST_BF16_LONG_LIVED = ("openvino", "torch")
 @dataclass(frozen=True)
 class Runner:
     """What :func:`runner` chose: the runnable ``model`` (tensors in, logits out), the
-    ``checkpoint`` it came from (its preprocessing and labels), and the ``line`` that says
+    ``checkpoint`` it came from (its preprocessing and labels), the ``line`` that says
     which engine and precision run it and why ("engine: torch, fp32 (default; Linear layers
-    on oneDNN)")."""
+    on oneDNN)"), and with ``precision="auto"`` why that precision."""
 
     model: Any
     checkpoint: Any
     line: str
+    precision: str = "fp32"  # what runs: fp32, bf16, int8, fp8
+    precision_why: str = ""  # precision="auto": which and why (vitkit.engines.auto_precision)
+    reference: Any = None  # precision="auto" at bf16: the fp32 model it was measured against
 
 
 def fast_choice(
@@ -95,7 +101,9 @@ def runner(
 ) -> Runner:
     """The model of ``checkpoint`` (a checkpoint, an engine directory or a .pt2 package) run
     by ``engine`` (or what ``fast`` picks) at ``precision`` (None: fp32 for a checkpoint, an
-    engine directory's own), with the line that says which and why (see the module).
+    engine directory's own; "auto": decided here, :mod:`vitkit.engines.auto_precision`, the
+    runner's ``precision_why`` saying which and why), with the line that says which engine
+    and precision and why (see the module).
     ``long_lived`` (a server): ``fast`` may pick an engine that takes longer to start and runs
     faster. ``threads``: ONNX Runtime's / OpenVINO's. ``device``, ``fp8_recipe``,
     ``fp8_min_params``: where and how ``precision="fp8"`` runs (the first CUDA GPU, tensorwise,
@@ -109,6 +117,9 @@ def runner(
         raise VitkitError(
             f"fp8_recipe and fp8_min_params set how precision fp8 runs, not {precision or 'fp32'}"
         )
+    if precision == "auto":
+        kw = dict(engine=engine, fast=fast, threads=threads, long_lived=long_lived, device=device)
+        return _auto_runner(path, {**kw, **overrides}, overrides)
     from vitkit.engines.backends import available, engine_model, is_engine_dir, load_engine_dir
 
     asked = engine
@@ -129,7 +140,7 @@ def runner(
             engine = next((e for e in FAST_INT8 if e in files and available(e)), None)
         em, ckpt = load_engine_dir(path, engine, threads)
         why = "--fast" if fast and asked is None else "as written"
-        return Runner(em, ckpt, f"engine: {em.engine}, {em.precision} ({why})")
+        return Runner(em, ckpt, f"engine: {em.engine}, {em.precision} ({why})", em.precision)
     from vitkit.checkpoints import load_model
 
     if precision == "fp8":
@@ -161,7 +172,7 @@ def runner(
 
         if onednn_linears(model):  # fp32 CPU inference as fast as ONNX Runtime's (onednn.py)
             why += "; Linear layers on oneDNN"
-    return Runner(model, ckpt, f"engine: {engine}, {precision} ({why})")
+    return Runner(model, ckpt, f"engine: {engine}, {precision} ({why})", precision)
 
 
 def check_no_overrides(path: str, what: str, overrides: dict[str, Any]) -> None:
@@ -181,13 +192,43 @@ def _pt2_runner(path: str, engine: str | None, precision: str | None) -> Runner:
     the engine and precision it was compiled with, any other refused in one line."""
     from vitkit.engines.pt2_package import load_pt2
 
-    if engine not in (None, "torch") or precision not in (None, "fp32"):
+    if engine not in (None, "torch") or precision not in (None, "fp32", "auto"):
         raise VitkitError(
             f"{path}: a .pt2 package runs as compiled (fp32, AOTInductor); for another engine "
             "or precision, give the checkpoint it was exported from"
         )
     model, src = load_pt2(path)
-    return Runner(model, src, "engine: pt2 (AOTInductor), fp32 (as compiled)")
+    why = ""
+    if precision == "auto":
+        from vitkit.engines.auto_precision import auto_choice
+
+        why = auto_choice(True)[1]
+    return Runner(model, src, "engine: pt2 (AOTInductor), fp32 (as compiled)", "fp32", why)
+
+
+def _auto_runner(path: str, kw: dict[str, Any], overrides: dict[str, Any]) -> Runner:
+    """``precision="auto"`` (:mod:`vitkit.engines.auto_precision`): an engine directory at its
+    own precision; fp32 on a CPU without native bf16; else bf16, measured against the fp32
+    model on synthetic images, and fp32 where their top-1 answers differ."""
+    import dataclasses
+
+    from vitkit.engines.auto_precision import agreement_why, auto_choice, top1_agreement
+    from vitkit.engines.backends import is_engine_dir
+
+    first, why = auto_choice(is_engine_dir(path))
+    if first != "bf16":
+        return dataclasses.replace(runner(path, precision=first, **kw), precision_why=why)
+    run = runner(path, precision="bf16", **kw)
+    from vitkit.checkpoints import load_model
+    from vitkit.engines.onednn import onednn_linears
+
+    fp32, _ = load_model(path, **overrides)
+    onednn_linears(fp32)  # (as the torch engine runs it)
+    keep, words = agreement_why(*top1_agreement(fp32, run.model, run.checkpoint.preprocess))
+    if keep:
+        return dataclasses.replace(run, precision_why=why + words, reference=fp32)
+    del run, fp32
+    return dataclasses.replace(runner(path, precision="fp32", **kw), precision_why=words)
 
 
 def fp8_device(device: str | None) -> str:
@@ -236,7 +277,7 @@ def _fp8_runner(
         f"engine: torch, fp8 ({recipe}: {n:,} Linear layer{'' if n == 1 else 's'} in float8, "
         f"the rest bf16; {gpu.device}, {torch.cuda.get_device_name(gpu.device)}; {why})"
     )
-    return Runner(gpu, ckpt, line)
+    return Runner(gpu, ckpt, line, "fp8")
 
 
 def bf16_weights(precision: str | None, device: str | None, model: Any, tta: bool) -> Any:

@@ -261,6 +261,10 @@ class Batcher:
                 Dropped("deadline", "the request's deadline passed while it waited (--timeout)")
             )
 
+    def unavailable(self) -> str:
+        """Why no forward can run now ("": one can; the front's batcher may say otherwise)."""
+        return ""
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on the model's thread, between forwards (an explanation)."""
         loop = asyncio.get_running_loop()

@@ -2,8 +2,11 @@
 
 The front owns the listening socket and everything a request meets before and after its
 forward: HTTP, the API key and limits, admission, the decode processes, the batcher, the
-answers and the one set of /metrics counters. The forwards run in N model processes
-(:mod:`vitkit.serve.model_process`), each with the model loaded and its share of the CPUs.
+answers and the one set of /metrics counters. It holds no weights: the forwards and the
+explanations (/v1/explain) run in N model processes (:mod:`vitkit.serve.model_process`), each
+with the model loaded and its share of the CPUs. The first loads alone and decides what the
+others load (``--precision auto`` measured once); the front keeps what it tells about the
+model without its weights (preprocessing, labels, engine, precision).
 
 The model processes pull: the next batch gathers only while a process is free and goes to a
 free one (the one freed last, its caches warm), so work goes where there is room to run it
@@ -16,7 +19,11 @@ A model process that dies (SIGKILL, the OOM killer, a crash in native code) is n
 pipe closing: its batch goes back to the head of the queue, taken by the next free process,
 and the process is started again. A batch whose process died twice (an input that kills the
 model, say) is not tried a third time: each of its requests is answered 500 naming what
-killed the process.
+killed the process. A process that cannot start again is tried after 1, 2, 4, ... seconds (at
+most :data:`RESTART_PAUSE_MAX_S`); after :data:`MAX_FAILED_STARTS` failed starts in a row its
+slot is given up (one line in the log, ``vitkit_model_process_given_up`` in /metrics, its state
+in /v1/info) and the others serve. While no process can serve, /ready answers 503; once none
+ever will, every request is answered 503 at once.
 """
 
 from __future__ import annotations
@@ -38,8 +45,12 @@ from vitkit.serve.batcher import Batcher, _Item
 from vitkit.serve.model_process import model_main
 from vitkit.serve.served_model import RequestError
 
-# A model process that dies while starting again is started once more after this many seconds.
+# A model process that fails to start again is started once more after this many seconds,
+# twice as long after each failure up to RESTART_PAUSE_MAX_S, and given up after
+# MAX_FAILED_STARTS failures in a row.
 RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_MAX_S = 30.0
+MAX_FAILED_STARTS = 5
 # Tries a batch gets: a batch whose model process died this many times is answered 500.
 MAX_TRIES = 2
 # A forward that has not answered after this many seconds plus 4 times the forwards' average
@@ -49,6 +60,17 @@ STALL_S = 30.0
 
 class ProcessDied(Exception):
     """A model process's pipe closed: it died (the message says how)."""
+
+
+class NoModelProcess(RequestError):
+    """Answered 503: every model process was given up (none can start)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            503,
+            f"no model process can serve: each failed to start {MAX_FAILED_STARTS} times in a "
+            "row (the server's log says why)",
+        )
 
 
 class ModelCrashed(RequestError):
@@ -75,21 +97,23 @@ def how_it_ended(code: int | None) -> str:
 
 
 class ModelProcess:
-    """One model process, its pipe and its shared input and output tensors (kept across
-    restarts)."""
+    """One model process, its pipe and the shared input and output tensors it made (new ones
+    at each restart)."""
 
-    def __init__(self, index: int, args: Any, load: Callable[[Any], Any], shapes: Any):
+    def __init__(self, index: int, args: Any, load: Callable[[Any], Any]):
         self.index = index
         self.args = args
         self.load = load
-        (c, h, w), classes = shapes
-        self.inputs = torch.empty(args.max_batch, c, h, w, dtype=torch.uint8).share_memory_()
-        self.outputs = torch.empty(args.max_batch, classes).share_memory_()
         self.ready = False
         self.pid: int | None = None
+        self.facts: dict[str, Any] = {}  # what it said when ready (vitkit.serve.model_process)
+        self.inputs: Any = None
+        self.outputs: Any = None
         self.forwards = 0  # batches this process answered (one of every process since start)
         self.images = 0
         self.restarts = 0
+        self.failed_starts = 0  # in a row, now
+        self.given_up = ""  # why it is not started again ("": it is)
         self.stalled = ""  # how a process killed as stalled ended (said instead of the signal)
         self.start()
 
@@ -98,7 +122,7 @@ class ModelProcess:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=model_main,
-            args=(self.index, self.args, self.load, child, self.inputs, self.outputs),
+            args=(self.index, self.args, self.load, child),
             name=f"vitkit-model-{self.index}",
         )
         self.process.start()
@@ -122,7 +146,8 @@ class ModelProcess:
         if message[0] != "ready":
             self.process.join(5)
             raise VitkitError(f"model process {self.index} could not start: {message[1]}")
-        self.pid, self.ready = message[1], True
+        self.pid, self.facts, self.inputs, self.outputs = message[1:]
+        self.ready = True
         print(f"model process {self.index} ready (pid {self.pid})", flush=True)
 
     async def receive(self) -> Any:
@@ -146,6 +171,13 @@ class ModelProcess:
             await loop.run_in_executor(None, self.process.join, 5)
             raise ProcessDied(self.stalled or how_it_ended(self.process.exitcode)) from None
 
+    async def _send(self, message: Any) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:
+            await asyncio.get_running_loop().run_in_executor(None, self.process.join, 5)
+            raise ProcessDied(how_it_ended(self.process.exitcode)) from None
+
     async def forward(self, values: Sequence[Any]) -> Any:
         """Class probabilities of ``values`` (uint8 [C, H, W] each), run in the process."""
         n = len(values)
@@ -156,11 +188,7 @@ class ModelProcess:
             for row, v in zip(self.inputs, values):
                 row.view(-1)[: v.numel()] = v.reshape(-1)
             message = (n, [tuple(v.shape) for v in values])
-        try:
-            self.conn.send(message)
-        except OSError:
-            await asyncio.get_running_loop().run_in_executor(None, self.process.join, 5)
-            raise ProcessDied(how_it_ended(self.process.exitcode)) from None
+        await self._send(message)
         message = await self.receive()
         if message[0] == "error":
             raise RuntimeError(message[1])
@@ -168,18 +196,42 @@ class ModelProcess:
         self.images += n
         return self.outputs[:n].clone()
 
-    async def restart(self) -> None:
-        """Started again, until it says ready (pausing between tries that fail)."""
+    async def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """The served model's method ``name`` (an explanation) run in the process; a
+        RequestError it raised there is raised here."""
+        plain = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
+        await self._send(("call", name, plain, kwargs))
+        message = await self.receive()
+        if message[0] == "refused":
+            raise RequestError(message[1], message[2])
+        if message[0] == "error":
+            raise RuntimeError(message[1])
+        return message[1]
+
+    async def restart(self) -> bool:
+        """Started again, until it says ready (True), pausing longer after each failed start;
+        given up after MAX_FAILED_STARTS in a row (False, said in one line)."""
         self.restarts += 1
-        while True:
+        pause, last = RESTART_PAUSE_S, ""
+        for self.failed_starts in range(MAX_FAILED_STARTS):
+            if self.failed_starts:
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, RESTART_PAUSE_MAX_S)
             self.start()
             try:
                 self._ready(await self.receive())
-                return
+                self.failed_starts = 0
+                return True
             except (ProcessDied, VitkitError) as e:
+                last = str(e)
                 print(f"vitkit: model process {self.index} could not start again: {e}",
                       file=sys.stderr, flush=True)  # fmt: skip
-            await asyncio.sleep(RESTART_PAUSE_S)
+        self.failed_starts = MAX_FAILED_STARTS
+        self.given_up = (
+            f"failed to start {MAX_FAILED_STARTS} times in a row (the last: {last}): "
+            "not started again"
+        )
+        return False
 
     def stop(self, until: float) -> bool:
         """Closed (it exits once its forward ends), killed where it still runs at ``until``
@@ -196,14 +248,29 @@ class ModelProcess:
 
 
 class ModelPool:
-    """The N model processes, started and ready (blocking) before the front listens."""
+    """The N model processes, started and ready (blocking) before the front listens: the
+    first alone (it decides how the model runs: ``decide(args, facts)`` gives the arguments
+    every process loads with from then on), then the others together. ``served``: the first's
+    served model without its weights, what the front answers with."""
 
-    def __init__(self, args: Any, load: Callable[[Any], Any], shapes: Any, count: int):
+    def __init__(
+        self,
+        args: Any,
+        load: Callable[[Any], Any],
+        count: int,
+        decide: Callable[[Any, dict[str, Any]], Any] = lambda args, _: args,
+    ):
         self.processes: list[ModelProcess] = []
         try:
-            for i in range(count):
-                self.processes.append(ModelProcess(i + 1, args, load, shapes))
-            for p in self.processes:
+            first = ModelProcess(1, args, load)
+            self.processes.append(first)
+            first.wait_ready(None)
+            print(first.facts["said"], end="", flush=True)
+            first.args = decide(args, first.facts)
+            self.served = first.facts["served"]
+            for i in range(1, count):
+                self.processes.append(ModelProcess(i + 1, first.args, load))
+            for p in self.processes[1:]:
                 p.wait_ready(None)
         except BaseException:
             self.stop(time.monotonic())
@@ -212,10 +279,19 @@ class ModelPool:
     def stop(self, until: float) -> bool:
         return all([p.stop(until) for p in self.processes])
 
+    def unavailable(self) -> str:
+        """Why no model process can serve now ("": one can)."""
+        if any(p.ready for p in self.processes):
+            return ""
+        if all(p.given_up for p in self.processes):
+            return NoModelProcess().message
+        return "no model process is ready: each is starting again"
+
     def stats(self) -> list[dict[str, Any]]:
         return [
             {"process": p.index, "pid": p.pid, "forwards": p.forwards, "images": p.images,
-             "restarts": p.restarts}
+             "restarts": p.restarts, "failed_starts": p.failed_starts,
+             "state": "given up" if p.given_up else "ready" if p.ready else "starting"}
             for p in self.processes
         ]  # fmt: skip
 
@@ -245,7 +321,8 @@ class FrontBatcher(Batcher):
 
     def start(self) -> None:
         self._arrived, self._freed = asyncio.Event(), asyncio.Event()
-        self._free = self.pool.processes[::-1]  # (process 1 takes the first batch)
+        for proc in self.pool.processes[::-1]:  # (process 1 takes the first batch)
+            self._release(proc)
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
 
     def expected_wait(self, images: int) -> float:
@@ -261,6 +338,8 @@ class FrontBatcher(Batcher):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        while self._free:  # (their pipes close now: not a death)
+            self._take_free()
         self.executor.shutdown(wait=False)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.pool.stop, time.monotonic() + wait_s)
@@ -273,8 +352,11 @@ class FrontBatcher(Batcher):
                 self._freed.clear()
                 await self._freed.wait()
             batch = await self._next_batch()
+            while batch and not self._free:  # (an explanation took the process meanwhile)
+                self._freed.clear()
+                await self._freed.wait()
             if batch:
-                task = loop.create_task(self._forward(self._free.pop(), batch))
+                task = loop.create_task(self._forward(self._take_free(), batch))
                 self._forwards.add(task)
                 task.add_done_callback(self._forwards.discard)
 
@@ -300,17 +382,114 @@ class FrontBatcher(Batcher):
             self._running = [i for i in self._running if i not in batch]
         if died is not None:
             self._put_back(batch, died)
-            print(f"vitkit: model process {proc.index} (pid {proc.pid}) {died} during a "
-                  f"forward of {len(batch)} images: they go to the next free model "
-                  "process; starting it again", file=sys.stderr, flush=True)  # fmt: skip
-            if self.on_restart is not None:
-                self.on_restart(proc.index, died)
-            await proc.restart()
+            what = (
+                f"during a forward of {len(batch)} images: they go to the next free model process"
+            )
+            if not await self._died(proc, died, what):
+                return
         elif outputs is not None:
             seconds = time.perf_counter() - start
             self._answer(batch, outputs, seconds)
+        self._release(proc)
+
+    async def _died(self, proc: ModelProcess, how: str, what: str) -> bool:
+        """``proc`` died during ``what``: said, started again; whether it could be (else its
+        slot is given up, said in one line, and where none is left every request waiting is
+        answered 503)."""
+        print(f"vitkit: model process {proc.index} (pid {proc.pid}) {how} {what}; "
+              "starting it again", file=sys.stderr, flush=True)  # fmt: skip
+        if self.on_restart is not None:
+            self.on_restart(proc.index, how)
+        if await proc.restart():
+            return True
+        left = sum(not p.given_up for p in self.pool.processes)
+        print(f"vitkit: model process {proc.index} {proc.given_up}; {left} of "
+              f"{len(self.pool.processes)} model processes serve", file=sys.stderr,
+              flush=True)  # fmt: skip
+        if not left:
+            for item in [*self._waiting, *self._gathering]:
+                if not item.future.done():
+                    item.future.set_exception(NoModelProcess())
+            self._waiting.clear()
+        return False
+
+    def unavailable(self) -> str:
+        return self.pool.unavailable()
+
+    def enqueue(self, values: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        if all(p.given_up for p in self.pool.processes):
+            raise NoModelProcess()
+        return super().enqueue(values, *args, **kwargs)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The served model's method ``fn`` (an explanation) run in the next free model
+        process, between its forwards (the front holds no weights). A request given up
+        meanwhile leaves it to finish: the process's answer is read, never left on its pipe."""
+        task = asyncio.get_running_loop().create_task(self._call(fn.__name__, args, kwargs))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
+        return await asyncio.shield(task)
+
+    async def _call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        assert self._freed is not None
+        while not self._free:
+            if all(p.given_up for p in self.pool.processes):
+                raise NoModelProcess()
+            self._freed.clear()
+            await self._freed.wait()
+        proc = self._take_free()
+        limit = STALL_S + 16 * self.times.forward(1)
+        watch = asyncio.get_running_loop().call_later(limit, self._stalled, proc, limit)
+        try:
+            answer = await proc.call(name, args, kwargs)
+        except ProcessDied as e:
+            back = asyncio.get_running_loop().create_task(self._back(proc, str(e)))
+            self._forwards.add(back)
+            back.add_done_callback(self._forwards.discard)
+            raise RequestError(
+                500, f"the model process running this explanation {e}; it is started again"
+            ) from None
+        except BaseException:
+            self._release(proc)
+            raise
+        finally:
+            watch.cancel()
+        self._release(proc)
+        return answer
+
+    async def _back(self, proc: ModelProcess, how: str) -> None:
+        if await self._died(proc, how, "during an explanation"):
+            self._release(proc)
+
+    def _release(self, proc: ModelProcess) -> None:
+        """``proc`` free for the next batch or call; its pipe watched meanwhile (it sends
+        nothing while idle: readable means it died, and it is started again at once)."""
+        assert self._freed is not None
         self._free.append(proc)
+        asyncio.get_running_loop().add_reader(proc.conn.fileno(), self._idle_died, proc)
         self._freed.set()
+
+    def _take_free(self) -> ModelProcess:
+        proc = self._free.pop()
+        asyncio.get_running_loop().remove_reader(proc.conn.fileno())
+        return proc
+
+    def _idle_died(self, proc: ModelProcess) -> None:
+        """An idle process's pipe closed: out of the free ones, started again."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(proc.conn.fileno())
+        if proc not in self._free:
+            return
+        self._free.remove(proc)
+
+        async def again() -> None:
+            await loop.run_in_executor(None, proc.process.join, 5)
+            if await self._died(proc, how_it_ended(proc.process.exitcode), "while idle"):
+                self._release(proc)
+
+        task = loop.create_task(again())
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
 
     @staticmethod
     def _stalled(proc: ModelProcess, limit: float) -> None:

@@ -440,14 +440,20 @@ def build_app(
     @app.get("/v1/info")
     async def info_route() -> dict[str, Any]:
         """The model, engine, precision and why that precision, and preprocessing."""
-        return {**served.describe(), "precision_why": served.precision_why}
+        info = {**served.describe(), "precision_why": served.precision_why}
+        if metrics.processes is not None:  # (--workers: each model process and its state)
+            info["model_processes"] = metrics.processes()
+        return info
 
     @app.get("/ready", responses={503: {"model": ErrorAnswer, "description": "not ready"}})
     async def ready() -> JSONResponse:
-        """Ready for more traffic: 503 while the server drains (SIGTERM) or sheds load (a
-        request refused for load within the last 2 s). Liveness is /health."""
+        """Ready for more traffic: 503 while the server drains (SIGTERM), while no model
+        process can serve (--workers) or while it sheds load (a request refused for load
+        within the last 2 s). Liveness is /health."""
         if batcher.draining:
             why = "draining: the server is stopping"
+        elif down := batcher.unavailable():  # (--workers: no model process can serve)
+            why = down
         elif time.monotonic() - metrics.last_shed < SHED_WINDOW_S:
             why = f"shedding load: a request was refused as busy within {SHED_WINDOW_S:g} s"
         else:

@@ -268,6 +268,17 @@ def _process_lines(stats: list[dict[str, Any]]) -> list[str]:
             *(f'vitkit_model_process_{name}_total{{process="{s["process"]}"}} {s[key]}'
               for s in stats),
         ]  # fmt: skip
+    lines += [
+        "# HELP vitkit_model_process_given_up Whether each model process's slot was given up "
+        "(it failed to start too many times in a row: not started again).",
+        "# TYPE vitkit_model_process_given_up gauge",
+        *(f'vitkit_model_process_given_up{{process="{s["process"]}"}} '
+          f'{int(s.get("state") == "given up")}' for s in stats),
+        "# HELP vitkit_model_process_ready Whether each model process is ready to serve.",
+        "# TYPE vitkit_model_process_ready gauge",
+        *(f'vitkit_model_process_ready{{process="{s["process"]}"}} '
+          f'{int(s.get("state") == "ready")}' for s in stats),
+    ]  # fmt: skip
     return lines
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
+import dataclasses
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -99,11 +101,12 @@ class ServedModel:
                 "a NaFlex model's attention maps are not served (each image runs at its own "
                 "size): /v1/classify answers it"
             )
-        self.model = model.eval() if isinstance(model, nn.Module) else model
+        self.model: Any = model.eval() if isinstance(model, nn.Module) else model
         self.ckpt = ckpt
         self.engine = engine
         self.precision = precision
         self.attention_model = attention_model
+        self.explainable = attention_model is not None  # (a copy without weights keeps it)
         self.no_attention_reason = no_attention_reason
         self.precision_why = precision_why  # how the precision was chosen (/v1/info)
         self.transform: Any = eval_transform(ckpt.preprocess)
@@ -216,8 +219,17 @@ class ServedModel:
             self.explain(x, k=1, layers=False)
 
     def check_explainable(self) -> None:
-        if self.attention_model is None:
+        if not self.explainable:
             raise RequestError(409, self.no_attention_reason)
+
+    def without_weights(self) -> ServedModel:
+        """This served model less its models and weights: what the front of ``--workers N``
+        holds (preprocessing, labels, which engine and precision, whether it explains), the
+        model processes answering the forwards and explanations."""
+        light = copy.copy(self)
+        light.model, light.attention_model = None, None
+        light.ckpt = dataclasses.replace(self.ckpt, state_dict={}, train_state=None)
+        return light
 
     def explain(
         self,
@@ -235,6 +247,8 @@ class ServedModel:
 
         self.check_explainable()
         model: Any = self.attention_model
+        if model is None:  # (the front's copy: a model process explains)
+            raise RuntimeError("this served model holds no weights: a model process explains")
         x = self.normalized([image])
         found = explain(model, x, head_fusion=head_fusion)  # type: ignore[arg-type]
         cfg = input_config(model, x)
