@@ -168,6 +168,9 @@ def test_the_deployment_runs_a_pinned_tag_with_the_memory_dry_run_printed():
     assert version and c["image"] == f"vitkit-serve:{version.group(1)}"
     printed = re.findall(r"memory: .* request (\d+)Mi, limit (\d+)Mi", text)
     assert len(printed) == 2  # the MNIST model's (used) and B/16's
+    decoders = DECODE_SHARED_MB + 8 * DECODE_PROCESS_MB  # (the default --decode-workers 2)
+    lines = re.findall(r"memory: .* request \d+Mi, limit \d+Mi", text)
+    assert all(f"+ {decoders} MiB of up to 8 decode processes =" in ln for ln in lines), lines
     request, limit = printed[0]
     assert c["resources"]["requests"]["memory"] == f"{request}Mi"
     assert c["resources"]["limits"]["memory"] == f"{limit}Mi"
