@@ -164,3 +164,26 @@ def test_a_pool_refuses_in_one_line_when_its_first_process_cannot_load(tmp_path,
         err[0].startswith("vitkit: error: model process 1 could not start: ")
         and str(weights.parent) in err[0]
     ), err
+
+
+def test_an_explanation_larger_than_the_pipes_buffer_crosses_whole(tmp_path):
+    """An explanation of a 224 px image (two PNGs of noise: about 400 kB) is more than a pipe
+    holds at once: it crosses whole (the event loop's reader leaves the pipe non-blocking,
+    which would cut it short)."""
+    import numpy as np
+    from PIL import Image
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/16", num_classes=3, image_size=224, in_chans=3, width=32,
+                                depth=1, num_heads=2, mlp_dim=64)  # fmt: skip
+    vitkit.save_checkpoint(tmp_path / "ck", model, class_names=["a", "b", "c"])
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)).save(tmp_path / "i.png")
+    proc, _, port = serve(tmp_path)
+    try:
+        status, raw, _ = call(port, "/v1/explain?layers=true", (tmp_path / "i.png").read_bytes())
+        assert status == 200 and len(raw) > 300_000, (status, raw[:300])
+        assert call(port, "/v1/classify", (tmp_path / "i.png").read_bytes())[0] == 200
+        stopped_cleanly(proc)
+    finally:
+        proc.kill()

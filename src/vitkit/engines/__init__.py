@@ -14,6 +14,10 @@ precision is measured against) for ``vitkit predict``, ``eval`` and ``serve`` al
     print(run.line)  # e.g. engine: openvino, fp32 (--fast: the fastest exact fp32 path installed)
     top5 = predict_files(run.model, run.checkpoint, ["a.png"], k=5)  # its preprocessing
 
+``precision="auto"`` (serve's default) is decided there too: bf16 where the CPU has it natively
+and the model's bf16 top-1 agrees with fp32's on synthetic images, else fp32; ``run.precision``
+and ``run.precision_why`` say which and why (:mod:`vitkit.engines.auto_precision`).
+
 ``runner`` and ``Runner`` are loaded on first use: ``import vitkit.engines`` imports nothing
 (the CLI sets the allocator before PyTorch starts)."""
 

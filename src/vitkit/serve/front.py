@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -94,6 +95,14 @@ def how_it_ended(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def blocking(fd: int) -> None:
+    """``fd`` blocking again: uvloop's add_reader leaves it non-blocking, and a pipe message
+    larger than the socket's buffer (an explanation of B/16, 365 kB) would then be read or
+    written in part (BlockingIOError)."""
+    with contextlib.suppress(OSError):
+        os.set_blocking(fd, True)
 
 
 class ModelProcess:
@@ -165,6 +174,7 @@ class ModelProcess:
             await done
         finally:
             loop.remove_reader(fd)
+            blocking(fd)
         try:
             return self.conn.recv()
         except (EOFError, OSError):
@@ -472,6 +482,7 @@ class FrontBatcher(Batcher):
     def _take_free(self) -> ModelProcess:
         proc = self._free.pop()
         asyncio.get_running_loop().remove_reader(proc.conn.fileno())
+        blocking(proc.conn.fileno())
         return proc
 
     def _idle_died(self, proc: ModelProcess) -> None:

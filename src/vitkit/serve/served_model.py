@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
-import dataclasses
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -228,7 +227,10 @@ class ServedModel:
         model processes answering the forwards and explanations."""
         light = copy.copy(self)
         light.model, light.attention_model = None, None
-        light.ckpt = dataclasses.replace(self.ckpt, state_dict={}, train_state=None)
+        light.ckpt = copy.copy(self.ckpt)  # (a checkpoint, an engine's or a package's)
+        light.ckpt.state_dict = {}
+        if getattr(light.ckpt, "train_state", None) is not None:
+            light.ckpt.train_state = None
         return light
 
     def explain(
