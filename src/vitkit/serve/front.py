@@ -459,7 +459,7 @@ class FrontBatcher(Batcher):
             raise RequestError(
                 500, f"the model process running this explanation {e}; it is started again"
             ) from None
-        except BaseException:
+        except Exception:  # (answered: the pipe is in step; cancelled at stop: not freed)
             self._release(proc)
             raise
         finally:
