@@ -100,6 +100,29 @@ def test_eval_at_bf16_records_top1_against_fp32_and_agreement(ckpt, capsys):
     assert 95 <= v["top1_agreement"] <= 100
 
 
+def test_eval_at_auto_runs_the_runners_choice_and_says_it(ckpt, capsys, tmp_path):
+    """eval --precision auto: the precision vitkit.engines.runner chooses (bf16 where native
+    and agreeing with fp32 on synthetic images, else fp32), said in its words, and the
+    evaluation that precision gives; refused in one line on another device."""
+    d, _, _ = ckpt
+    run = vitkit.engines.runner(d / "ck", precision="auto")
+    out = tmp_path / "ev-auto"
+    assert main(["eval", "--from", str(d / "ck"), "--precision", "auto", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"precision: {run.precision} ({run.precision_why})", printed
+    record = json.loads((out / "eval.json").read_text())
+    assert record["precision"] == run.precision
+    same = tmp_path / "ev-same"
+    argv = ["eval", "--from", str(d / "ck"), "--precision", run.precision, "--out", str(same)]
+    assert main(argv) == 0
+    assert json.loads((same / "eval.json").read_text())["top1"] == record["top1"]
+    capsys.readouterr()
+    argv = ["eval", "--from", str(d / "ck"), "--precision", "auto", "--device", "meta"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--precision auto decides for the CPU" in err[0], err
+
+
 @needs_bf16
 @pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
 def test_export_bf16_for_openvino_records_precision_and_accuracy(ckpt, capsys, tmp_path):

@@ -125,7 +125,7 @@ def test_eval_help_says_what_bf16_does_on_the_cpu(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     text = one_line(capsys.readouterr().out)
-    help_ = text.split("--precision {fp32,bf16,fp8}")[-1].split("--threads")[0]
+    help_ = text.split("--precision {auto,fp32,bf16,fp8}")[-1].split("--threads")[0]
     assert "bf16: on the CPU the weights converted to bf16 once" in help_
     assert "autocast with --tta-*" in help_
     guide = one_line(section(read("docs/guide/inference.md"), "bf16 on the CPU"))

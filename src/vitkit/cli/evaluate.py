@@ -165,7 +165,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def auto_precision(args: argparse.Namespace, path: str) -> argparse.Namespace:
+    """``--precision auto`` decided as :func:`vitkit.engines.runner` decides it (and said in
+    its words): ``args`` at the precision chosen (an exported model: its own). A decision for
+    the CPU: on another --device, refused in one line."""
+    import copy
+
+    from vitkit.cli.engines import inference_runner
+
+    if args.device not in (None, "cpu"):
+        raise VitkitError(
+            f"--precision auto decides for the CPU (its native bf16); on --device {args.device} "
+            "give --precision bf16 or fp32"
+        )
+    run = inference_runner(args, path, precision="auto")
+    print(f"precision: {run.precision} ({run.precision_why})")
+    chosen = copy.copy(args)
+    chosen.precision = run.precision if run.precision in ("fp32", "bf16") else None
+    return chosen
+
+
 def _eval_one(args: argparse.Namespace, path: str, out_arg: str | Path | None) -> Any:
+    if args.precision == "auto":
+        return _eval_one(auto_precision(args, path), path, out_arg)
     from vitkit.checkpoints import atomic_write_text
     from vitkit.data.shapes_hard import HARD_CLASSES, answer_accuracy
     from vitkit.engines.backends import EngineModel

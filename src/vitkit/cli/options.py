@@ -427,12 +427,15 @@ def add_runtime(
         help = "bf16: autocast (default: the checkpoint's, else fp32)"
         if fp8:
             help = (
+                "auto: on the CPU, bf16 where it is native and the model's bf16 top-1 agrees "
+                "with fp32's on 32 synthetic images, else fp32 (vitkit.engines.runner's choice, "
+                "said in one line); "
                 "bf16: on the CPU the weights converted to bf16 once, measured beside fp32 "
                 "(native bf16 only, refused elsewhere; autocast with --tta-*), on a GPU "
                 f"autocast; {FP8_INFERENCE_HELP}, on --device (default: the checkpoint's "
                 "precision as autocast, else fp32)"
             )
-        add_precision(g, default=None, help=help, fp8=fp8)
+        add_precision(g, default=None, help=help, auto=fp8, fp8=fp8)  # (auto: eval's)
     add_threads_device(g, device="cpu")
 
 
