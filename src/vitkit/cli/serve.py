@@ -354,6 +354,8 @@ def _serve(args: argparse.Namespace, key: str | None, worker: Any, sock: Any, uv
         served = pool.served
     else:
         served = process_model(args)
+        if args.threads is None:
+            small_forward_threads(served, args.max_batch, apply=not args.dry_run)
         served.warm_up(args.max_batch)
     settings = server_settings(args, key)
     try:
@@ -371,6 +373,28 @@ def process_model(args: argparse.Namespace) -> Any:
     return served
 
 
+def small_forward_threads(served: Any, max_batch: int, apply: bool = True) -> None:
+    """One intra-op thread where a forward of ``max_batch`` images is too small to split
+    (:func:`vitkit.serve.served_model.forward_threads`), said in one line (``apply``: set it,
+    not only say it)."""
+    import torch
+
+    from vitkit.registry.counts import count_flops
+    from vitkit.serve.served_model import forward_threads
+
+    cfg = served.ckpt.model_config
+    threads = forward_threads(cfg, max_batch)
+    if threads is not None:
+        if apply:
+            torch.set_num_threads(threads)
+        gflop = count_flops(cfg) * max_batch / 1e9
+        print(
+            f"threads: {threads} a forward (one of {max_batch} images is {gflop:.2g} GFLOP, too "
+            "small to split; --threads N to choose)",
+            flush=True,
+        )
+
+
 def start_model_processes(args: argparse.Namespace) -> Any:
     """The model processes of ``--workers N`` (front mode), ready: the first loads the model
     (deciding ``--precision auto``), the others then load it at the precision it chose."""
@@ -381,6 +405,7 @@ def start_model_processes(args: argparse.Namespace) -> Any:
 
     child = copy.copy(args)
     child.threads = args.threads or max(1, cpus() // args.workers)
+    child.threads_auto = args.threads is None  # (one thread where a forward is small)
 
     def decide(first: argparse.Namespace, facts: dict[str, Any]) -> argparse.Namespace:
         chosen = copy.copy(first)

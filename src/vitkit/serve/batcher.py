@@ -5,8 +5,18 @@ queued: the first image, then more until ``max_batch`` images are taken or ``max
 has passed since the first, and runs them as one forward on the model's own thread (forwards
 never overlap; the event loop keeps accepting requests meanwhile). While a forward runs the
 next batch gathers, so under load batches fill without waiting; a client alone (no other
-request on its way and none of the last ``COMPANY_WINDOW`` found another) does not wait. A
-request's images always go in order and may span two forwards.
+request on its way and none of the last ``COMPANY_WINDOW`` found another) does not wait, nor
+does a batch that holds every request there can be (``idle()``: no open connection without a
+request in the server, and none on its way: 8 clients each waited out the whole
+``max_wait_ms`` for a 9th that could not come). A request's images always go in order and may
+span two forwards.
+
+A forward expected to take less than ``inline_ms`` (by the recent forwards of its size) runs
+on the event loop itself: handing it to the model's thread and its answer back costs two
+thread wake-ups and the interpreter's lock changing hands, each a wait for a CPU on a busy
+host, more than such a forward takes (the MNIST model: 1.7-6 ms for 1-32 images on one
+thread). The loop is then held no longer than that; the first forward of a batcher, and any
+while an explanation runs on the model's thread, go to the model's thread.
 
 The model's thread and the event loop share the interpreter: a forward of a small model is
 hundreds of short PyTorch calls, each giving the interpreter up and taking it back, and a busy
@@ -109,9 +119,14 @@ class Batcher:
         on_batch: Callable[[int, float], None] | None = None,
         on_abandoned: Callable[[int], None] | None = None,
         others: Callable[[], int] | None = None,
+        inline_ms: float = 0.0,
+        idle: Callable[[], int | None] | None = None,
     ):
         if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
             raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
+        self.inline = inline_ms / 1000  # forwards expected to take less run on the loop
+        self.inline_forwards = 0  # forwards that ran on the loop
+        self._calls = 0  # explanations on the model's thread now
         self.run = run
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
@@ -124,6 +139,9 @@ class Batcher:
         # waiting kept the MNIST model's req/s at 2 and 8 clients), the forward starts at once
         self.others = others
         self._company: deque[bool] = deque(maxlen=COMPANY_WINDOW)
+        # open connections with no request in the server (each may still send one; None: not
+        # known): where none is and none is on its way, no request can join a gathering batch
+        self.idle = idle
         self.requests = 0  # requests with images queued or in a forward, not yet answered
         self.times = ForwardTimes()
         self.executor = ModelThread()
@@ -268,11 +286,31 @@ class Batcher:
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on the model's thread, between forwards (an explanation)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        self._calls += 1  # (meanwhile no forward runs on the loop: they never overlap)
+        try:
+            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        finally:
+            self._calls -= 1
+
+    def _on_loop(self, size: int) -> bool:
+        """Whether a forward of ``size`` images runs on the event loop: one of that size is
+        expected to take less than ``inline_ms`` (a forward was seen) and no explanation runs on
+        the model's thread."""
+        return (
+            self.times.per_image > 0 and self._calls == 0 and self.times.forward(size) < self.inline
+        )
 
     def _alone(self) -> bool:
         """No other request on its way, and none of the last requests found company."""
         return self.others is not None and not any(self._company) and self.others() <= 0
+
+    def _all_in(self) -> bool:
+        """Every request there can be is in the queue: no open connection is without one and
+        none is on its way (only a new connection could bring another)."""
+        if self.idle is None or self.others is None:
+            return False
+        idle = self.idle()
+        return idle is not None and idle <= 0 and self.others() <= 0
 
     def _pop_live(self) -> _Item | None:
         while self._waiting:
@@ -294,7 +332,7 @@ class Batcher:
                 batch.append(item)
                 continue
             left = until - time.monotonic()
-            if left <= 0 or self.draining or self._alone():
+            if left <= 0 or self.draining or self._alone() or self._all_in():
                 break
             self._arrived.clear()
             try:
@@ -346,7 +384,11 @@ class Batcher:
             self._running = batch
             try:
                 values = [i.value for i in batch]
-                outputs = await loop.run_in_executor(self.executor, self.run, values)
+                if self._on_loop(len(batch)):
+                    self.inline_forwards += 1
+                    outputs = self.run(values)
+                else:
+                    outputs = await loop.run_in_executor(self.executor, self.run, values)
             except Exception as e:  # the forward failed: every request in it hears why
                 for item in batch:
                     if not item.future.done():

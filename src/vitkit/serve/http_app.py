@@ -33,7 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vitkit.serve.admission import Admission, ClientGone, Dropped, unless_gone
 from vitkit.serve.batcher import Batcher
 from vitkit.serve.decode_process import ImageDecoder
-from vitkit.serve.limits import FIRST_BYTE, GONE, check_multipart, quiet_multipart
+from vitkit.serve.limits import (
+    CONNECTIONS,
+    FIRST_BYTE,
+    GONE,
+    check_multipart,
+    quiet_multipart,
+)
 from vitkit.serve.prometheus import CONTENT_TYPE, Metrics
 from vitkit.serve.served_model import Limits, RequestError, ServedModel
 
@@ -137,6 +143,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# A forward expected to take less than this runs on the event loop, not the model's thread
+# (vitkit.serve.batcher: the hand-offs cost more than such a forward); /health waits at most
+# this long behind one.
+INLINE_FORWARD_MS = 5.0
+
 # A request expected to wait less than this for its forward is not watched for its client
 # leaving: at most this much work is done for a client already gone.
 WATCH_AFTER_S = 0.25
@@ -163,8 +174,12 @@ class Guard:
         metrics: Metrics,
         batcher: Batcher | None = None,
         direct: Direct | None = None,
+        connections: list[Any] | None = None,
     ):
         self.app = app
+        # the server's open connections (uvicorn's set), kept here from the first request's
+        # scope where the bounded protocol put them
+        self.connections = connections if connections is not None else []
         self.settings = settings
         self.metrics = metrics
         # answers a request itself where it can (a raw image to classify), past the router:
@@ -202,6 +217,8 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if not self.connections and CONNECTIONS in scope:
+            self.connections.append(scope[CONNECTIONS])
         start = time.perf_counter()
         route = scope["path"] if scope["path"] in ROUTES else "other"
         status: list[int | str] = ["disconnected"]
@@ -348,6 +365,12 @@ def build_app(
     limits = settings.limits
     admission = settings.admission
     metrics: Metrics
+    connections: list[Any] = []  # the server's open connections (Guard: from a request)
+
+    def idle() -> int | None:
+        """Open connections with no request in the server (None: not known)."""
+        return len(connections[0]) - metrics.in_flight if connections else None
+
     batcher: Batcher = make_batcher(
         lambda images: list(served.probabilities(images)),
         max_batch=settings.max_batch,
@@ -357,6 +380,8 @@ def build_app(
         on_abandoned=lambda n: metrics.images_abandoned(n),
         # requests in the server that the queue does not hold yet (arriving, decoding)
         others=lambda: metrics.in_flight - batcher.requests,
+        inline_ms=INLINE_FORWARD_MS,
+        idle=idle,
     )
     described = served.describe()  # (every answer names them; computed once)
     info = {"model": described["model"]["name"], "engine": served.engine}
@@ -523,6 +548,16 @@ def build_app(
         await answer(scope, receive, send)
         return True
 
+    alive = JSONResponse({"status": "ready", **described})  # (/health's answer: always this)
+
+    async def answer_direct(scope: Scope, body: bytes, receive: Receive, send: Send) -> bool:
+        """/health (the probe: the answer built once) and a raw image to classify
+        (:func:`classify_direct`) answered past FastAPI's router; whether it was."""
+        if scope["path"] == "/health" and scope["method"] == "GET":
+            await alive(scope, receive, send)
+            return True
+        return await classify_direct(scope, body, receive, send)
+
     @app.post(
         "/v1/explain",
         response_model=ExplainAnswer,
@@ -553,6 +588,7 @@ def build_app(
         return JSONResponse({**served.describe(), **found})
 
     app.add_middleware(
-        Guard, settings=settings, metrics=metrics, batcher=batcher, direct=classify_direct
-    )
+        Guard, settings=settings, metrics=metrics, batcher=batcher, direct=answer_direct,
+        connections=connections,
+    )  # fmt: skip
     return app

@@ -27,10 +27,12 @@ PART_HEADERS = 16  # header lines of one part
 # closed at once with unread bytes, it is reset, and a client still sending (a 20 MB header)
 # never read its 431.
 LINGER_S = 1.0
-# Keys of a request's ASGI scope: the time.monotonic() its first byte arrived, and a callable
-# telling whether its connection has closed (the client gone).
+# Keys of a request's ASGI scope: the time.monotonic() its first byte arrived, a callable
+# telling whether its connection has closed (the client gone), and the server's open
+# connections (uvicorn's set: a forward need not wait for a request none of them can send).
 FIRST_BYTE = "vitkit.first_byte"
 GONE = "vitkit.gone"
+CONNECTIONS = "vitkit.connections"
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ def bounded_http(limits: HttpLimits) -> type[asyncio.Protocol]:
             # connection closed): read before a forward, no task watching each request
             self.scope[FIRST_BYTE] = getattr(self, "_first_byte", time.monotonic())  # type: ignore[literal-required]
             self.scope[GONE] = self.transport.is_closing  # type: ignore[literal-required]
+            self.scope[CONNECTIONS] = self.server_state.connections  # type: ignore[literal-required]
             if self._head_bytes > limits.max_header_bytes or len(self.headers) > limits.max_headers:
                 self._head_too_large()
                 return

@@ -49,6 +49,12 @@ def model_main(index: int, args: Any, load: Callable[[Any], Any], conn: Any) -> 
     try:
         with contextlib.redirect_stdout(said):  # (the front prints it, once)
             served = load(args)
+            if getattr(args, "threads_auto", False):  # (--threads not given)
+                from vitkit.serve.served_model import forward_threads
+
+                threads = forward_threads(served.ckpt.model_config, args.max_batch)
+                if threads is not None:  # a forward too small to split
+                    torch.set_num_threads(threads)
             served.warm_up(args.max_batch)
         pre = served.ckpt.preprocess
         shape = (args.max_batch, pre.channels, *pre.image_size)

@@ -37,6 +37,22 @@ from vitkit.serve.request_images import Limits, RequestError, load_image, open_c
 RELEASE_AFTER = 32_000_000
 
 
+# A forward of fewer FLOPs than this runs on one intra-op thread where --threads is not given:
+# its operations are too small to split (a 2-vCPU Zen 4 EPYC, host loaded, the MNIST model on
+# one thread against two: 1.7 against 5.8 ms for one image, 6.0 against 9.5 for 32, 40 against
+# 77 for 128 (0.93 GFLOP); Ti/16, one image, 2.5 GFLOP: 65 against 119 ms, where an idle host
+# gains from the second thread).
+ONE_THREAD_FLOPS = 1e9
+
+
+def forward_threads(cfg: Any, max_batch: int) -> int | None:
+    """1 where a forward of ``max_batch`` images of ``cfg`` is under :data:`ONE_THREAD_FLOPS`
+    (analytic FLOPs), None (PyTorch's choice) otherwise."""
+    from vitkit.registry.counts import count_flops
+
+    return 1 if count_flops(cfg) * max_batch < ONE_THREAD_FLOPS else None
+
+
 def forward_bytes(cfg: Any, batch: int, max_seq_len: int | None = None) -> int:
     """About the most memory one forward of ``batch`` images holds at once: the float input
     and, in one encoder block, the tokens, q/k/v, the attention matrix of every head and the
