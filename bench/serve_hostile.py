@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_http import read_response, rss_mb, run_clients, start_server  # noqa: E402
+from serve_http import HealthProbe, read_response, rss_mb, run_clients, start_server  # noqa: E402
+from serve_reports import write_bombs, write_hostile  # noqa: E402
 
 Request = tuple[str, str, str, list[tuple[str, str]], bytes]
 
@@ -230,10 +231,12 @@ def run(
     *, port: int, seconds: float, good_request: Any, check: Any, server_pid: int
 ) -> dict[str, Any]:
     """8 good clients for ``seconds`` while every hostile request is fired in turn (again
-    and again), 4 slowloris connections are opened and /health is asked every 50 ms; the
-    server's resident memory sampled every 20 ms."""
+    and again), 4 slowloris connections are opened and /health is asked every 50 ms, from a
+    process of its own (:class:`HealthProbe`) and from the clients' event loop (its figure
+    includes that loop's own waits); the server's resident memory sampled every 20 ms."""
     requests = list(hostile_requests())
     memory = PeakRss(server_pid)
+    probe = HealthProbe(port, seconds)
 
     async def main() -> dict[str, Any]:
         stop_at = time.perf_counter() + seconds
@@ -265,6 +268,7 @@ def run(
 
     got = asyncio.run(main())
     idle, peak = memory.stop()
+    probed = probe.latencies()
 
     def ms(values: list[float], q: float) -> float | None:
         import numpy as np
@@ -284,8 +288,12 @@ def run(
     return {
         "good_clients": got["good"].summary(),
         "hostile": per_request,
-        "health_p99_ms": ms(got["health"], 99),
-        "health_max_ms": ms(got["health"], 100),
+        "health_probes": len(probed),
+        "health_p50_ms": ms(probed, 50),
+        "health_p99_ms": ms(probed, 99),
+        "health_max_ms": ms(probed, 100),
+        "health_in_client_p99_ms": ms(got["health"], 99),
+        "health_in_client_max_ms": ms(got["health"], 100),
         "slowloris": got["slowloris"],
         "rss_idle_mb": idle,
         "rss_peak_mb": peak,
@@ -444,45 +452,23 @@ def _serve_bombs(args: Any, src: str | None) -> dict[str, Any]:
             proc.wait(timeout=60)
 
 
-def _write_bombs(args: Any, runs: dict[str, dict[str, Any]]) -> None:
-    import os
-    import shlex
+def _serve_hostile(args: Any, extra: str) -> dict[str, Any]:
+    from bench_models import mnist_checkpoint
 
-    from vitkit.hardware import cpu_name
-
-    out = Path(__file__).resolve().parent / "results" / args.out
-    command = "python bench/serve_hostile.py " + shlex.join(sys.argv[1:])
-    load = os.getloadavg()
-    meta = {"command": command, "cpu": cpu_name(), "load_average": [round(x, 2) for x in load]}
-    out.with_suffix(".json").write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
-    lines = [
-        "# Decode bombs under load: `vitkit serve` (the MNIST model, `--timeout 5`)",
-        "",
-        f"`{command}`; {meta['cpu']}; load average {load[0]:.1f} at the end (a shared host).",
-        "Each case as 4 concurrent requests, one case after another, beside 8 good clients "
-        "(28 x 28 PNGs) and a /health probe every 50 ms. Memory: the PSS of the server's "
-        "whole process tree (the server, its fork server and decode processes), sampled "
-        "every 50 ms.",
-        "",
-    ]
-    for name, run in runs.items():
-        g = run["good_clients"]
-        lines += [
-            f"## {name}",
-            "",
-            "| case | bytes | statuses | slowest answer (s) | within --timeout + 1 s |",
-            "| --- | ---: | --- | ---: | --- |",
-            *(f"| {c['case']} | {c['bytes']:,} | {', '.join(map(str, c['statuses']))} | "
-              f"{c['max_s']} | {'yes' if c['within_timeout_plus_1s'] else 'no'} |"
-              for c in run["cases"]),
-            "",
-            f"Good clients: {g['ok']:,} answered, {g['failed']} failed, {g['requests_per_s']} "
-            f"req/s, p99 {g['p99_ms']} ms. /health p99 {run['health_p99_ms']} ms (max "
-            f"{run['health_max_ms']}). Process tree PSS {run['tree_pss_idle_mb']} MB idle, "
-            f"{run['tree_pss_peak_mb']} MB at its peak (+{run['tree_pss_growth_mb']} MB).",
-            "",
-        ]  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines))
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = mnist_checkpoint(Path(tmp) / "mnist")
+        argv = ["-m", "vitkit", "serve", str(ckpt), "--port", "0", *args.serve_args.split()]
+        proc, port = start_server(
+            argv + extra.split(), env={"PYTHONPATH": args.src} if args.src else None
+        )
+        try:
+            request = ("POST", "/v1/classify", _png(28, 28, "L"), {"Content-Type": "image/png"})
+            got = run(port=port, seconds=args.seconds, good_request=lambda _: request,
+                      check=None, server_pid=proc.pid)  # fmt: skip
+            return {"serve_args": " ".join([*args.serve_args.split(), *extra.split()]), **got}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def _main() -> None:
@@ -502,16 +488,25 @@ def _main() -> None:
     ap.add_argument(
         "--out",
         default=None,
-        help="with --decode-bombs: also write bench/results/OUT.json and OUT.md (a second run "
-        "with --baseline-src is written beside it as the code before)",
+        help="write bench/results/OUT.json and OUT.md: the hostile set (each of --variants), or "
+        "with --decode-bombs those (a second run with --baseline-src beside it as the code "
+        "before)",
     )
     ap.add_argument("--baseline-src", default=None, help="with --out: the code before, to compare")
+    ap.add_argument(
+        "--variants", default="one process=",
+        help="with --out (the hostile set): 'NAME=SERVE ARGS;...', each served and measured",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.out and not (args.decode_bombs or args.alone):
+        pairs = [v.partition("=") for v in args.variants.split(";") if v.strip()]
+        write_hostile(args, {n.strip(): _serve_hostile(args, extra) for n, _, extra in pairs})
+        return
     if args.decode_bombs and args.out:
         runs = {"this code": _serve_bombs(args, args.src)}
         if args.baseline_src:
             runs["the code before"] = _serve_bombs(args, args.baseline_src)
-        _write_bombs(args, runs)
+        write_bombs(args, runs)
         return
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = mnist_checkpoint(Path(tmp) / "mnist")

@@ -176,3 +176,42 @@ def rss_mb(pid: int, children: bool = False) -> float:
             continue
         total += int(re.search(r"VmRSS:\s+(\d+)", text).group(1))  # type: ignore[union-attr]
     return round(total / 1024, 1)
+
+
+PROBE = """
+import json, socket, sys, time
+port, every, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+ask = b"GET /health HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nConnection: close\\r\\n\\r\\n"
+took, end = [], time.perf_counter() + seconds
+while time.perf_counter() < end:
+    start = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(ask)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        ok = answer.startswith(b"HTTP/1.1 200")
+    except OSError:
+        ok = False
+    took.append(time.perf_counter() - start if ok else float("inf"))
+    time.sleep(every)
+print(json.dumps(took))
+"""
+
+
+class HealthProbe:
+    """/health asked every ``every`` seconds on a fresh connection from a process of its own
+    (as a kubelet probes), for ``seconds``: its latencies are the server's, not the wait of a
+    load generator's own busy event loop."""
+
+    def __init__(self, port: int, seconds: float, every: float = 0.05):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PROBE, str(port), str(every), str(seconds)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def latencies(self) -> list[float]:
+        """Seconds of each probe (inf: not answered 200), once its time is over."""
+        out, _ = self.proc.communicate(timeout=120)
+        return [float(x) for x in json.loads(out)]
