@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitkit.cli import build_parser
-from vitkit.cli.serve import DECODE_PROCESS_MB, DECODE_SHARED_MB
+from vitkit.cli.serve_memory import DECODE_PROCESS_MB, DECODE_SHARED_MB
 from vitkit.serve.workers import STOP_MARGIN_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,7 +237,7 @@ def test_the_weights_the_front_does_not_hold_are_the_models_each_tensor_once():
     import torch
 
     import vitkit
-    from vitkit.cli.serve import weights_mb
+    from vitkit.cli.serve_memory import weights_mb
 
     model = vitkit.create_model(
         "Ti/16", num_classes=10, image_size=32, width=256, depth=2, num_heads=4

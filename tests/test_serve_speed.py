@@ -176,3 +176,39 @@ def test_over_http_a_forward_waits_only_while_an_open_connection_could_send_a_re
             assert time.perf_counter() - start >= 4.9
     finally:
         server.stop()
+
+
+def test_serve_moves_what_its_start_made_out_of_the_collectors_reach_before_it_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """A full collection walked every object of the start (the model, PyTorch's and FastAPI's
+    modules) while requests waited: by the time the server listens they are frozen. (The
+    server's run here only records that and says it could not listen.)"""
+    import gc
+
+    import vitkit.cli.serve as serve_cli
+
+    frozen: list[int] = []
+
+    class Recording:
+        def __init__(self, config: Any):
+            pass
+
+        def run(self, sockets: Any = None) -> None:
+            frozen.append(gc.get_freeze_count())
+            raise SystemExit(1)
+
+    monkeypatch.setattr(serve_cli, "_draining_server", lambda: Recording)
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/4", num_classes=3, image_size=16, width=32, depth=1,
+                                num_heads=2, mlp_dim=64)  # fmt: skip
+    vitkit.save_checkpoint(tmp_path / "ck", model, class_names=["a", "b", "c"])
+    threads = torch.get_num_threads()
+    gc.unfreeze()
+    try:
+        assert main(["serve", str(tmp_path / "ck"), "--port", "0", "--threads", "1"]) == 2
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
+    assert "could not listen" in capsys.readouterr().err
+    assert len(frozen) == 1 and frozen[0] > 10_000, frozen

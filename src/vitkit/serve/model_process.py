@@ -67,6 +67,10 @@ def model_main(index: int, args: Any, load: Callable[[Any], Any], conn: Any) -> 
         conn.send(("failed", str(e) if isinstance(e, VitkitError) else f"{type(e).__name__}: {e}"))
         sys.exit(1)
     facts = {"served": served.without_weights(), "said": said.getvalue()}
+    import gc
+
+    gc.collect()
+    gc.freeze()  # (the start's objects out of the collector's reach: no full-heap pauses)
     conn.send(("ready", os.getpid(), facts, inputs, outputs))
     while True:
         try:
