@@ -387,6 +387,7 @@ def decode_bombs(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    own = HealthProbe(port, seconds)  # (from a process of its own, as a kubelet probes)
 
     async def main() -> dict[str, Any]:
         health: list[float] = []
@@ -422,25 +423,27 @@ def decode_bombs(
     import numpy as np
 
     health = np.array(got["health"]) * 1000
+    probed = np.array(own.latencies()) * 1000
     return {
         "cases": got["cases"],
         "good_clients": got["good"].summary(),
-        "health_p99_ms": round(float(np.percentile(health, 99)), 1),
-        "health_max_ms": round(float(health.max()), 1),
+        "health_p99_ms": round(float(np.percentile(probed, 99)), 1),
+        "health_max_ms": round(float(probed.max()), 1),
+        "health_in_client_p99_ms": round(float(np.percentile(health, 99)), 1),
         "tree_pss_idle_mb": idle,
         "tree_pss_peak_mb": peak[0],
         "tree_pss_growth_mb": round(peak[0] - idle, 1),
     }
 
 
-def _serve_bombs(args: Any, src: str | None) -> dict[str, Any]:
+def _serve_bombs(args: Any, src: str | None, extra: str = "") -> dict[str, Any]:
     from bench_models import mnist_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = mnist_checkpoint(Path(tmp) / "mnist")
         proc, port = start_server(
             ["-m", "vitkit", "serve", str(ckpt), "--port", "0", "--timeout", "5",
-             *args.serve_args.split()],
+             *args.serve_args.split(), *extra.split()],
             env={"PYTHONPATH": src} if src else None,
         )  # fmt: skip
         try:
@@ -495,7 +498,8 @@ def _main() -> None:
     ap.add_argument("--baseline-src", default=None, help="with --out: the code before, to compare")
     ap.add_argument(
         "--variants", default="one process=",
-        help="with --out (the hostile set): 'NAME=SERVE ARGS;...', each served and measured",
+        help="with --out (the hostile set or --decode-bombs): 'NAME=SERVE ARGS;...', each "
+        "served and measured",
     )  # fmt: skip
     args = ap.parse_args()
     if args.out and not (args.decode_bombs or args.alone):
@@ -503,7 +507,8 @@ def _main() -> None:
         write_hostile(args, {n.strip(): _serve_hostile(args, extra) for n, _, extra in pairs})
         return
     if args.decode_bombs and args.out:
-        runs = {"this code": _serve_bombs(args, args.src)}
+        pairs = [v.partition("=") for v in args.variants.split(";") if v.strip()]
+        runs = {n.strip(): _serve_bombs(args, args.src, extra) for n, _, extra in pairs}
         if args.baseline_src:
             runs["the code before"] = _serve_bombs(args, args.baseline_src)
         write_bombs(args, runs)

@@ -73,7 +73,9 @@ def write_bombs(args: Any, runs: dict[str, dict[str, Any]]) -> None:
         "",
         f"`{command}`; {meta['cpu']}; load average {load[0]:.1f} at the end (a shared host).",
         "Each case as 4 concurrent requests, one case after another, beside 8 good clients "
-        "(28 x 28 PNGs) and a /health probe every 50 ms. Memory: the PSS of the server's "
+        "(28 x 28 PNGs) and a /health probe every 50 ms on a fresh connection from a process "
+        "of its own (as a kubelet probes; 'in the client': the same probe from the load "
+        "generator's event loop, its own waits included). Memory: the PSS of the server's "
         "whole process tree (the server, its fork server and decode processes), sampled "
         "every 50 ms.",
         "",
@@ -91,7 +93,9 @@ def write_bombs(args: Any, runs: dict[str, dict[str, Any]]) -> None:
             "",
             f"Good clients: {g['ok']:,} answered, {g['failed']} failed, {g['requests_per_s']} "
             f"req/s, p99 {g['p99_ms']} ms. /health p99 {run['health_p99_ms']} ms (max "
-            f"{run['health_max_ms']}). Process tree PSS {run['tree_pss_idle_mb']} MB idle, "
+            f"{run['health_max_ms']}; in the client p99 "
+            f"{run.get('health_in_client_p99_ms', '-')} ms). Process tree PSS "
+            f"{run['tree_pss_idle_mb']} MB idle, "
             f"{run['tree_pss_peak_mb']} MB at its peak (+{run['tree_pss_growth_mb']} MB).",
             "",
         ]  # fmt: skip
