@@ -180,12 +180,13 @@ def inference_runner(
     (one line naming them). ``source_options`` (eval): for an engine directory, the loading
     options read its fp32 source (:func:`source_comparison`), not the engine (refused with one
     elsewhere)."""
-    from vitkit.engines.backends import is_engine_dir
     from vitkit.engines.checkpoint_runner import runner
 
-    if path.endswith(".pt2"):  # (runs as compiled: no fp8 settings read)
+    if path.endswith(".pt2"):  # (runs as compiled: no fp8 settings read, no model code imported)
         engine = getattr(args, "engine", None)
         return runner(path, engine=engine, precision=precision, **loading(args))
+    from vitkit.engines.backends import is_engine_dir
+
     check_fp8_options(args)
     options = runner_options(args)
     if precision != "fp8":  # (refused above as typed; they set nothing at another precision)
