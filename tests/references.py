@@ -13,7 +13,27 @@ import importlib.util
 import sys
 from types import ModuleType
 
+import pytest
 import torch
+
+# A test that loads OpenVINO or NNCF: run in a pytest process of its own (tests/conftest.py),
+# skipped where OpenVINO is not installed. `pytestmark = OPENVINO`, `pytest.param(..., marks=
+# OPENVINO)`, or each mark on a test function.
+OPENVINO = [
+    pytest.mark.openvino,
+    pytest.mark.skipif(
+        importlib.util.find_spec("openvino") is None,
+        reason="openvino is not installed (the openvino extra)",
+    ),
+]
+
+
+def needs_openvino(test):  # type: ignore[no-untyped-def]
+    """``test`` marked OPENVINO (a child process; skipped without OpenVINO)."""
+    for mark in OPENVINO:
+        test = mark(test)
+    return test
+
 
 _SHIM: torch.library.Library | None = None
 
@@ -37,8 +57,6 @@ def _define_torchvision_ops() -> None:
 
 def import_reference(name: str) -> ModuleType:
     """``timm`` or ``transformers``; skips the test where the package is not installed."""
-    import pytest
-
     if importlib.util.find_spec(name) is None:
         pytest.skip(f"{name} is not installed (a test-only dependency: pip install -e '.[test]')")
     _define_torchvision_ops()  # before the import: timm imports torchvision at import time

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from references import needs_openvino
 
 import vitkit
 from vitkit.checkpoints import save_checkpoint
 from vitkit.cli import main
-from vitkit.engines.backends import available, engine_model, load_engine_dir
+from vitkit.engines.backends import engine_model, load_engine_dir
 from vitkit.engines.bf16 import BF16Model, bf16_refusal
 from vitkit.errors import VitkitError
 from vitkit.hardware import native_bf16
@@ -124,7 +125,7 @@ def test_eval_at_auto_runs_the_runners_choice_and_says_it(ckpt, capsys, tmp_path
 
 
 @needs_bf16
-@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+@needs_openvino
 def test_export_bf16_for_openvino_records_precision_and_accuracy(ckpt, capsys, tmp_path):
     d, model, img = ckpt
     out = d / "ov-bf16"
@@ -180,7 +181,7 @@ def test_fast_bf16_picks_openvino_for_a_server_and_torch_for_a_command_over_imag
 
 
 @needs_bf16
-@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+@needs_openvino
 def test_serve_fast_bf16_runs_openvino_and_says_so(ckpt, capsys):
     from vitkit.cli import build_parser
     from vitkit.cli.serve import served_model
@@ -193,7 +194,7 @@ def test_serve_fast_bf16_runs_openvino_and_says_so(ckpt, capsys):
     assert served.engine == "openvino" and served.precision == "bf16"
 
 
-@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+@needs_openvino
 def test_openvino_does_not_pin_its_threads_to_cores():
     """Two `serve --workers 2` processes of one thread each pinned that thread to the same core
     (B/16 served 0.49x one worker; 0.97x unpinned): the runner turns pinning off."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from references import OPENVINO
 
 import vitkit
 import vitkit.engines
@@ -66,7 +67,7 @@ def test_the_default_runner_is_the_torch_engine_on_onednn(ckpt, capsys):
     )
 
 
-@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("engine", ["onnxruntime", pytest.param("openvino", marks=OPENVINO)])
 def test_an_engine_asked_for_runs_the_same_numbers_as_predict_says(ckpt, capsys, engine):
     if not available(engine):
         pytest.skip(f"{engine} is not installed")
@@ -77,6 +78,7 @@ def test_an_engine_asked_for_runs_the_same_numbers_as_predict_says(ckpt, capsys,
     _close_to_loaded(run, path, 1e-4)
 
 
+@pytest.mark.openvino  # --fast picks OpenVINO where it is installed
 def test_fast_picks_as_predict_fast_does(ckpt, capsys):
     path, img = ckpt
     run = vitkit.engines.runner(path, fast=True)

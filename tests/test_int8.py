@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from references import OPENVINO, needs_openvino
 
 import vitkit
 from vitkit.checkpoints import save_checkpoint
@@ -38,7 +39,7 @@ def ckpt(tmp_path_factory):
     return d, m
 
 
-ENGINES = ["onnxruntime"] + (["openvino"] if available("openvino") else [])
+ENGINES = ["onnxruntime", pytest.param("openvino", marks=OPENVINO)]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -76,6 +77,7 @@ def test_int8_round_trip_and_accuracy_report(ckpt, capsys, engine):
     assert 90 <= v["top1_agreement"] <= 100
 
 
+@pytest.mark.openvino  # --fast picks OpenVINO where it is installed
 def test_fp32_through_an_engine_and_fast_say_which(ckpt, capsys, tmp_path):
     d, _ = ckpt
     from PIL import Image
@@ -146,6 +148,7 @@ def test_missing_engine_is_one_line_naming_the_extra(monkeypatch):
     assert not available("openvino")
 
 
+@pytest.mark.openvino  # (with NNCF blocked, OpenVINO loads)
 @pytest.mark.parametrize("blocked", ["openvino", "nncf"])
 def test_export_for_openvino_without_its_packages_is_one_line(ckpt, capsys, monkeypatch, blocked):
     """The test extra installs OpenVINO and NNCF: their absence is simulated (an import of a
@@ -241,7 +244,7 @@ def test_keep_fp32_refusals_are_one_line_and_leave_no_directory(ckpt, capsys):
     assert not out.exists()
 
 
-@pytest.mark.skipif(not available("openvino"), reason="openvino is not installed")
+@needs_openvino
 def test_keep_fp32_under_openvino_leaves_those_matmuls_unquantized(ckpt):
     """NNCF's ignored scope: the named modules' MatMuls get no FakeQuantize on their inputs,
     the other blocks' matmuls do."""
@@ -273,15 +276,19 @@ def test_keep_fp32_under_openvino_leaves_those_matmuls_unquantized(ckpt):
 
 @pytest.fixture(scope="module")
 def engine_dirs(ckpt):
-    """One int8 folder per engine here, written once; each test damages a copy."""
+    """One int8 folder per engine, written where first asked for (OpenVINO's in its own
+    process); each test damages a copy."""
     d, _ = ckpt
-    out = {}
-    for engine in ENGINES:
-        out[engine] = d / f"intact-{engine}"
-        args = ["export", str(d / "ck"), str(out[engine]), "--int8", "--engine", engine]
-        args += ["--calib-images", "8"] + (["--static"] if engine == "onnxruntime" else [])
-        assert main(args) == 0
-    return out
+
+    def intact(engine: str):
+        out = d / f"intact-{engine}"
+        if not out.exists():
+            args = ["export", str(d / "ck"), str(out), "--int8", "--engine", engine]
+            args += ["--calib-images", "8"] + (["--static"] if engine == "onnxruntime" else [])
+            assert main(args) == 0
+        return out
+
+    return intact
 
 
 def damaged(tmp_path, folder, how):
@@ -309,7 +316,7 @@ def test_a_damaged_engine_file_is_one_line_naming_it(engine_dirs, tmp_path, caps
     """model.onnx truncated or overwritten with random bytes inside an --int8 folder: predict
     printed onnxruntime's InvalidProtobuf traceback (OpenVINO's files alike; its half runs
     where openvino is installed)."""
-    folder, model_file = damaged(tmp_path, engine_dirs[engine], how)
+    folder, model_file = damaged(tmp_path, engine_dirs(engine), how)
     img = tmp_path / "img.png"
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(img)
     for args in (["predict", str(img), "--from", str(folder)], ["eval", "--from", str(folder)]):
@@ -325,7 +332,7 @@ def test_engine_json_with_more_class_names_than_outputs_is_refused(engine_dirs, 
     import shutil
 
     folder = tmp_path / "q"
-    shutil.copytree(engine_dirs["onnxruntime"], folder)
+    shutil.copytree(engine_dirs("onnxruntime"), folder)
     info = json.loads((folder / "engine.json").read_text())
     img = tmp_path / "img.png"
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(img)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from references import perturbed
+from references import needs_openvino, perturbed
 
 import vitkit
 from vitkit.checkpoints import save_checkpoint
@@ -59,8 +59,8 @@ def test_naflex_export_of_any_size_equals_the_packed_model(tmp_path, capsys, kw)
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), img.shape
 
 
+@needs_openvino
 def test_predict_runs_a_naflex_engine_at_each_images_own_size(tmp_path, capsys):
-    pytest.importorskip("openvino")
     _, ck = saved(tmp_path, naflex_antialias=False)
     out = tmp_path / "ov"
     args = ["--engine", "openvino", "--dynamic-size", "--max-size", "64"]

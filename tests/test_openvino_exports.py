@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from references import perturbed
+from references import OPENVINO, perturbed
 
 import vitkit
 from vitkit.checkpoints import save_checkpoint
@@ -23,9 +23,9 @@ from vitkit.hardware import native_bf16
 
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
 pytest.importorskip("sklearn")  # the digits dataset: calibration and the bf16 comparison
 
+pytestmark = OPENVINO  # each test in a child pytest process (tests/conftest.py)
 NOT_TRACED = [(8, 8), (32, 12), (20, 28)]  # (traced at the checkpoint's own 16x16)
 DYNAMIC = ["--dynamic-size", "--max-size", "32"]
 needs_bf16 = pytest.mark.skipif(

