@@ -25,7 +25,13 @@ from vitkit.checkpoints import load_state_dict_strict, read_checkpoint, write_ch
 from vitkit.cli import main
 from vitkit.data import DataInfo
 from vitkit.errors import AssumptionWarning, VitkitError
-from vitkit.models.posemb_resample import RESAMPLE_MODES, Resample, resample_pos_embed
+from vitkit.models.posemb_resample import (
+    RESAMPLE_MODES,
+    Resample,
+    antialias_matrix,
+    antialiased,
+    resample_pos_embed,
+)
 from vitkit.models.vit import build_model
 from vitkit.train.setup import init_checkpoint
 from vitkit.train.train_config import TrainConfig
@@ -342,3 +348,49 @@ def test_npz_takes_the_official_codes_zoom(tmp_path):
     del config["model"]["pos_resample"]  # as written before the kernel was recorded
     (tmp_path / "vk" / "config.json").write_text(json.dumps(config))
     assert read_checkpoint(tmp_path / "vk").model_config.pos_resample == "zoom"
+
+
+# Grid sides of 2 and more: an export's range starts at 2 patches a side (PyTorch's own
+# antialiased kernel computes a 14x1 -> 24x1 grid unlike its 14x2 -> 24x2 one's columns).
+SIDES = [2, 3, 5, 7, 8, 12, 14, 16, 24, 37, 64]
+
+
+@pytest.mark.parametrize("kind", ["bicubic", "bilinear"])
+def test_the_antialias_matrices_are_pytorchs_antialiased_interpolate(kind: str) -> None:
+    """An export of any size resamples an antialiased E_pos as two matrix products
+    (OpenVINO's antialiased Resize is not PyTorch's): equal to F.interpolate(antialias=True) up
+    and down, square or not, to float32 rounding; the plain kernel is not (so this can fail)."""
+    g = torch.Generator().manual_seed(0)
+    worst, plain = 0.0, 0.0
+    for n, (old_h, old_w) in enumerate([(14, 14), (7, 5), (16, 16), (37, 24), (2, 3)]):
+        grid = torch.randn(1, 16, old_h, old_w, generator=g)
+        for h in SIDES:
+            w = SIDES[(SIDES.index(h) + 3 + n) % len(SIDES)]  # non-square, up and down
+            want = F.interpolate(grid, size=(h, w), mode=kind, align_corners=False, antialias=True)
+            got = antialiased(grid, [h, w], kind)
+            scale = want.abs().max()
+            worst = max(worst, float((got - want).abs().max() / scale))
+            other = F.interpolate(grid, size=(h, w), mode=kind, align_corners=False)
+            plain = max(plain, float((other - want).abs().max() / scale))
+    assert worst <= 2e-6, worst
+    assert plain > 1e-2, plain  # shrinking: the antialiased kernel is another one
+    rows = antialias_matrix(37, 8, kind)
+    assert rows.shape == (8, 37) and torch.allclose(rows.sum(1), torch.ones(8))
+
+
+def test_the_antialias_matrices_follow_a_traced_size() -> None:
+    """The matrices are computed in the graph from the target size: one torch.export with a
+    dynamic height and width equals F.interpolate at sizes it was not traced at."""
+
+    class Resample(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return antialiased(self.grid, [x.shape[-2], x.shape[-1]], "bicubic")
+
+    module = Resample()
+    module.grid = torch.randn(1, 8, 14, 14)
+    dims = {"x": {0: torch.export.Dim("h", min=2, max=64), 1: torch.export.Dim("w", min=2, max=64)}}
+    program = torch.export.export(module, (torch.zeros(10, 20),), dynamic_shapes=dims)
+    for h, w in [(3, 40), (28, 28), (7, 9), (64, 2)]:
+        want = F.interpolate(module.grid, size=(h, w), mode="bicubic", antialias=True)
+        got = program.module()(torch.zeros(h, w))
+        assert float((got - want).abs().max() / want.abs().max()) <= 2e-6, (h, w)

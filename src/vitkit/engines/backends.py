@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
-from vitkit.engines.dynamic_size import SizeRange
+from vitkit.engines.dynamic_size import ANTIALIAS_GRAPH, SizeRange
 from vitkit.errors import VitkitError, why_unreadable
 from vitkit.registry.model_config import PreprocessConfig, config_from_dict
 
@@ -243,11 +243,14 @@ def load_engine_dir(
         raise VitkitError(f"{path}: a bf16 model runs under openvino only, not {engine}")
     if engine == "openvino" and info.get("engine") != "openvino" and info.get("sizes"):
         cfg: Any = ckpt.model_config
-        if cfg.pos_resample == "bicubic-antialias" or (cfg.naflex and cfg.naflex_antialias):
+        antialiased = cfg.pos_resample == "bicubic-antialias" or (
+            cfg.naflex and cfg.naflex_antialias
+        )
+        if antialiased and info.get("antialias_graph") != ANTIALIAS_GRAPH:
             raise VitkitError(
-                f"{path}: an export of any size checked under onnxruntime; OpenVINO's "
-                "antialiased Resize (this checkpoint's E_pos kernel) is not PyTorch's away from "
-                "its own size: run it under onnxruntime, or export it again with --engine openvino"
+                f"{path}: an export of any size checked under onnxruntime whose graph resamples "
+                "E_pos with an antialiased Resize, which OpenVINO does not compute as PyTorch "
+                "away from its own size: run it under onnxruntime, or export it again"
             )
     model_file = Path(path) / files[engine]
     try:

@@ -26,6 +26,11 @@ from vitkit.errors import VitkitError
 
 EXACT = 1e-4  # the largest relative error an export may have against PyTorch
 
+# How a graph of any size holds an antialiased E_pos kernel: two matrix products (exact under
+# every runtime), not the runtime's antialiased Resize (OpenVINO's is not PyTorch's); an engine
+# directory without it was written with the Resize.
+ANTIALIAS_GRAPH = "matrices"
+
 
 @dataclass(frozen=True)
 class SizeRange:
@@ -152,6 +157,7 @@ def inexact_line(kernel: str, where: str, worst: float, at: tuple[int, int], ok:
 
 
 __all__ = [
+    "ANTIALIAS_GRAPH",
     "EXACT",
     "SizeRange",
     "check_sizes",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.engines.dynamic_size import (
+    ANTIALIAS_GRAPH,
     EXACT,
     SizeRange,
     check_sizes,
@@ -53,6 +54,7 @@ def record(
         "image_size": list(cfg.image_size),
         "sizes": sizes.to_dict() if sizes is not None else None,
         "pos_resample": getattr(cfg, "pos_resample", None),
+        "antialias_graph": ANTIALIAS_GRAPH,
         "features": features,
         "outputs": features["outputs"] if features else ["logits"],
     }

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.engines.backends import ENGINE_FILE, FORMAT, require
-from vitkit.engines.dynamic_size import SizeRange
+from vitkit.engines.dynamic_size import ANTIALIAS_GRAPH, SizeRange
 from vitkit.errors import VitkitError
 from vitkit.output_files import check_destination, publish, writing
 
@@ -343,6 +343,7 @@ def write_engine_dir(
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
                 fp32 = export_onnx(module, tmp / "fp32.onnx", sizes=sizes, outputs=outputs)
             extra: dict[str, Any] = {"features": described, "outputs": outputs}
+            extra["antialias_graph"] = ANTIALIAS_GRAPH
             if sizes is not None:
                 sizes, checked = _checked_fp32(module, ckpt, fp32, sizes, out)
                 extra.update(checked)

@@ -2,10 +2,11 @@
 ``vitkit export`` runs them (vitkit.engines.openvino_export, vitkit.engines.int8).
 
 ONNX Runtime's check of the fp32 graph does not speak for OpenVINO: its antialiased bicubic
-``Resize`` (timm's and DINOv2's E_pos kernel) is not PyTorch's, so a graph exact under ONNX
-Runtime at every size is off under OpenVINO away from the checkpoint's own size. OpenVINO's
-fp32 run is checked at the sizes :func:`vitkit.engines.dynamic_size.check_sizes` picks and the
-range narrowed to where it is exact (said in one line); bf16's error is recorded as measured.
+``Resize`` is not PyTorch's (which is why an export of any size resamples an antialiased E_pos
+as matrix products, :func:`vitkit.models.posemb_resample.antialiased`). OpenVINO's fp32 run is
+checked at the sizes :func:`vitkit.engines.dynamic_size.check_sizes` picks and the range
+narrowed to where it is exact, should it not be (said in one line); bf16's error is recorded
+as measured.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ def openvino_fp32_check(
     module: nn.Module, graph: Path, own: tuple[int, int], sizes: SizeRange | None, where: str
 ) -> tuple[SizeRange | None, dict[str, Any]]:
     """The fp32 graph ``graph`` (ONNX or IR) run by OpenVINO at f32 against ``module``: the
-    range where it is exact, and the check. OpenVINO's antialiased bicubic Resize (timm's and
-    DINOv2's E_pos kernel) is not PyTorch's: 1.3e-3 relative for Ti/16 at 112 px, where
-    onnxruntime's is 1e-6; such a range is narrowed, said in one line."""
+    range where it is exact, and the check (a range over 1e-4 somewhere is narrowed, said in
+    one line)."""
     run = openvino_runner(graph, None, "fp32")
     return openvino_check(module, run, own, sizes, "fp32", where)
 

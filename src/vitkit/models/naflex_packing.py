@@ -36,7 +36,7 @@ from torch import Tensor
 
 from vitkit.errors import VitkitError
 from vitkit.models.map_head import require_map_head
-from vitkit.models.posemb_resample import symbolic
+from vitkit.models.posemb_resample import antialiased, symbolic
 from vitkit.pil_images import fit_size as fit_size  # (the size an image is resized to)
 from vitkit.registry.model_config import ViTConfig
 
@@ -62,6 +62,9 @@ def pos_embed_for_grid(table: Tensor, cfg: ViTConfig, grid: tuple[int, int]) -> 
         return table
     size = (side, side) if cfg.naflex_ar_preserving else (h, w)
     grid_table = table.reshape(1, gh, gw, -1).permute(0, 3, 1, 2).float()
+    if traced and cfg.naflex_antialias and not cfg.naflex_align_corners:  # (no Resize: exact)
+        out = antialiased(grid_table, list(size), cfg.naflex_interp)[:, :, :h, :w]
+        return out.flatten(2).transpose(1, 2).to(table.dtype)
     out = F.interpolate(
         grid_table,
         size=size,
