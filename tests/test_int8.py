@@ -348,3 +348,34 @@ def test_engine_json_with_more_class_names_than_outputs_is_refused(engine_dirs, 
         assert len(err.strip().splitlines()) == 1, err
     (folder / "engine.json").write_text(json.dumps(info))
     assert main(["predict", str(img), "--from", str(folder)]) == 0
+
+
+def test_the_position_matmuls_of_an_export_of_any_size_stay_fp32(tmp_path):
+    """An antialiased E_pos in a graph of any size is two matrix products: dynamic and static
+    int8 quantized them too (the position table rounded to 8 bits; Ti/16's error against
+    PyTorch went from 5.2e-2 to 2.3e-1). They stay float MatMuls now, the blocks' are int8."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("sklearn")
+    from vitkit.engines.int8 import position_nodes
+
+    torch.manual_seed(0)
+    m = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=10, width=32, depth=2, num_heads=2,
+        mlp_dim=64, pos_resample="bicubic-antialias",
+    )  # fmt: skip
+    save_checkpoint(tmp_path / "ck", m, meta={"dataset": "digits"})
+    assert main(["export", str(tmp_path / "ck"), str(tmp_path / "f.onnx"), "--dynamic-size"]) == 0
+    position = position_nodes(tmp_path / "f.onnx")
+    assert len(position) == 2  # rows and columns
+    for extra in ([], ["--static", "--calib-images", "8"]):
+        out = tmp_path / f"q{len(extra)}"
+        args = ["export", str(tmp_path / "ck"), str(out), "--int8", "--dynamic-size", *extra]
+        assert main(args) == 0
+        g = onnx.load(str(out / "model.onnx")).graph
+        made_by = {o: n.op_type for n in g.node for o in n.output}
+        float_matmuls = {
+            n.name for n in g.node if n.op_type == "MatMul" and not {
+                made_by.get(i) for i in n.input} & {"DequantizeLinear", "DynamicQuantizeLinear"}
+        }  # fmt: skip
+        assert set(position) <= float_matmuls, (position, float_matmuls)
+        assert any(n.op_type in ("MatMulInteger", "DequantizeLinear") for n in g.node)
