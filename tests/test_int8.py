@@ -351,9 +351,10 @@ def test_engine_json_with_more_class_names_than_outputs_is_refused(engine_dirs, 
 
 
 def test_the_position_matmuls_of_an_export_of_any_size_stay_fp32(tmp_path):
-    """An antialiased E_pos in a graph of any size is two matrix products: dynamic and static
-    int8 quantized them too (the position table rounded to 8 bits; Ti/16's error against
-    PyTorch went from 5.2e-2 to 2.3e-1). They stay float MatMuls now, the blocks' are int8."""
+    """An antialiased E_pos in a graph of any size is two matrix products: on this small grid
+    (its table a constant of the graph) dynamic and static int8 quantized them as weight
+    matmuls, the position table rounded to 8 bits. They stay float MatMuls now; the blocks' are
+    int8."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("sklearn")
     from vitkit.engines.int8 import position_nodes

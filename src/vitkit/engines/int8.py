@@ -134,8 +134,9 @@ def nodes_of_modules(graph: Path, modules: tuple[str, ...]) -> list[str]:
 def position_nodes(graph: Path) -> list[str]:
     """The names of the matmuls of ``graph`` outside every module of the model: an antialiased
     E_pos resampled in a graph of any size (two matrix products,
-    :func:`vitkit.models.posemb_resample.antialiased`). They stay fp32: int8 there rounds the
-    position table itself (Ti/16's dynamic int8 went from 5.2e-2 to 2.3e-1 relative error)."""
+    :func:`vitkit.models.posemb_resample.antialiased`). They stay fp32: where the exporter
+    folds the table into a constant (a small grid), a quantizer takes them for weight matmuls
+    and rounds the position table itself to 8 bits."""
     import onnx
 
     found = []
