@@ -144,7 +144,8 @@ def _run_child(config: pytest.Config, items: list[pytest.Item]) -> None:
             command += ["-p", "no:cacheprovider", "--rootdir", str(config.rootpath)]
             command += ["-c", str(config.inipath)] if config.inipath else []
             command += ["--basetemp", str(work / "tmp"), *[i.nodeid for i in todo]]
-            env = {**os.environ, REPORTS: str(reports_file)}
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+            env[REPORTS] = str(reports_file)  # (a child of an xdist worker is no worker)
             start = time.monotonic()
             with open(log, "wb") as out:
                 child = subprocess.Popen(
