@@ -208,3 +208,34 @@ def test_openvino_does_not_pin_its_threads_to_cores():
     assert request.get_compiled_model().get_property("ENABLE_CPU_PINNING") is False
     x = torch.randn(2, 1, 8, 8)
     assert torch.allclose(em(x), m(x), atol=1e-4)
+
+
+@needs_openvino
+def test_openvino_models_freed_out_of_order_leave_signal_handlers_working():
+    """OpenVINO gives the compiling thread an alternate signal stack and puts the one before
+    back when the compiled model is freed: two engines freed in another order than made left
+    the thread on a freed stack, and the next Python signal handler killed the process with
+    SIGSEGV, no traceback (how a whole test run died). The thread's own stack is kept now."""
+    import gc
+    import os
+    import signal
+
+    torch.manual_seed(0)
+    model = vitkit.create_model(
+        "Ti/4", image_size=8, in_chans=1, num_classes=3, width=16, depth=1, num_heads=2, mlp_dim=32
+    ).eval()
+    first = engine_model(model, "openvino", "fp32", threads=1)
+    second = engine_model(model, "openvino", "fp32", threads=1)
+    x = torch.randn(1, 1, 8, 8)
+    first(x), second(x)
+    del first
+    gc.collect()
+    del second
+    gc.collect()
+    heard = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: heard.append(1))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert heard == [1]

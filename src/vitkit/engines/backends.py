@@ -166,7 +166,10 @@ def openvino_runner(
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
     }
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    from vitkit.engines.signal_stack import kept_signal_stack
+
+    with kept_signal_stack():  # (OpenVINO's own stack, freed out of order, killed a process)
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
     n = len(compiled.outputs)
 

@@ -237,7 +237,10 @@ def quantize_openvino(
     model = ov.Core().read_model(str(fp32))
     batches = list(_batches(calib))
     dataset = nncf.Dataset(batches)
-    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
+    from vitkit.engines.signal_stack import kept_signal_stack
+
+    # (NNCF compiles models to gather its statistics: the thread's signal stack kept)
+    with contextlib.redirect_stdout(io.StringIO()), kept_signal_stack():  # NNCF's progress bars
         quantized = nncf.quantize(
             model,
             dataset,
