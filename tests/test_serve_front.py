@@ -150,8 +150,9 @@ def test_both_model_processes_get_work_and_every_scrape_counts_every_answer(work
     """Work goes where there is room: with process 1 busy (frozen on the first batch) the
     others go to process 2, and process 1 answers its own once it runs again. /metrics is the
     front's: right after each answer a scrape counts it, never going back, a model process
-    killed meanwhile included."""
-    proc, lines, port = serve(work)
+    killed meanwhile included. (Batches of at most 2: the frozen batch cannot hold every
+    request the 8 clients have in flight, which would leave process 2 nothing to take.)"""
+    proc, lines, port = serve(work, "--max-batch", "2")
     try:
         png = (work / "img.png").read_bytes()
         pids = model_pids(lines)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from references import perturbed
+from references import OPENVINO, needs_openvino, perturbed
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 
@@ -106,6 +106,7 @@ def test_a_naflex_checkpoint_is_served_with_predicts_probabilities(work, capsys)
         assert max(abs(q["prob"] - probs[q["label"]]) for q in a) > 1e-3
 
 
+@needs_openvino
 def test_a_naflex_engine_directory_is_served_with_predicts_probabilities(work, capsys):
     out = engine_dir(work)
     s = Server([str(out), "--max-seq-len", SEQ])
@@ -128,7 +129,7 @@ def engine_dir(work: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("source", ["checkpoint", "engine"])
+@pytest.mark.parametrize("source", ["checkpoint", pytest.param("engine", marks=OPENVINO)])
 def test_naflex_under_two_model_processes_answers_what_predict_does(work, capsys, source):
     """--workers 2: the front's shared memory holds each image at its own size."""
     served = work / "ck" if source == "checkpoint" else engine_dir(work)
