@@ -76,12 +76,18 @@ def _examples() -> list[tuple[str, int, str]]:
     return found
 
 
+def _marks(page: str, index: int, code: str) -> list[pytest.MarkDecorator]:
+    """slow where listed; an example that may load OpenVINO (``fast=True`` picks it where it
+    is installed) runs in a pytest process of its own (tests/conftest.py)."""
+    marks = [pytest.mark.slow] if (page, index) in SLOW_EXAMPLES else []
+    if "fast=True" in code or "openvino" in code:
+        marks.append(pytest.mark.openvino)
+    return marks
+
+
 @pytest.mark.parametrize(
     "page,index,code",
-    [
-        pytest.param(*ex, marks=pytest.mark.slow) if ex[:2] in SLOW_EXAMPLES else ex
-        for ex in _examples()
-    ],
+    [pytest.param(*ex, marks=_marks(*ex)) for ex in _examples()],
     ids=lambda v: str(v) if not isinstance(v, str) or "\n" not in v else "",
 )
 def test_python_example_runs(
