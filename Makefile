@@ -38,11 +38,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 train: setup
 	$(BIN)/vitkit train $(ARGS)
 
+# The test files are spread over one pytest-xdist worker a CPU (TEST_WORKERS=0: one process).
+# Many tests wait on the processes they start (servers, torchrun ranks, OpenVINO's children), so
+# two workers on 2 CPUs finish sooner than one process.
+TEST_WORKERS ?= auto
+
 test: setup
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 	$(BIN)/mkdocs build --strict --quiet
 
 # The site: every page, the API reference from the docstrings, the CLI reference and the
